@@ -1,0 +1,144 @@
+"""Notebook parameters: read each step's ``parameters`` cell and validate ``-p`` overrides.
+
+An override is ``KEY=VALUE`` (every step whose parameters cell declares KEY) or
+``STEP.KEY=VALUE`` (one step). VALUE is parsed as YAML (``32``, ``0.9``, ``true``, ``bf16``,
+``[1, 8, 32]``) and must have the type of the notebook's default (an int is accepted where the
+default is a float; any value where the default is None). Everything is checked before a step runs.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+import nbformat
+import yaml
+
+from m3lab.errors import M3LabError
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One assignment of a notebook's parameters cell."""
+
+    name: str
+    default: Any
+    help: str
+
+    @property
+    def type_name(self) -> str:
+        return "any" if self.default is None else type(self.default).__name__
+
+
+def notebook_parameters(path: str | Path) -> dict[str, Parameter]:
+    """The parameters declared in the cell tagged ``parameters`` of a notebook, in order."""
+    path = Path(path)
+    return dict(_parameters_cached(str(path.resolve()), path.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=128)
+def _parameters_cached(path: str, _mtime: int) -> tuple[tuple[str, Parameter], ...]:
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        raise M3LabError(f"notebook {path} has no cell tagged 'parameters'",
+                         hint="tag the cell of defaults 'parameters' (papermill's convention)")
+    source = cells[0].source
+    lines = source.splitlines()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise M3LabError(f"notebook {path}: the parameters cell is not valid Python ({err.msg}, line {err.lineno})") from None
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                default = ast.literal_eval(node.value)
+            except ValueError:
+                raise M3LabError(f"notebook {path}: parameter {node.targets[0].id!r} must have a literal default") from None
+            line = lines[node.lineno - 1]
+            help_ = line.split("#", 1)[1].strip() if "#" in line else ""
+            out.append((node.targets[0].id, Parameter(node.targets[0].id, default, help_)))
+    return tuple(out)
+
+
+def parse_overrides(items: Iterable[str]) -> list[tuple[str | None, str, Any]]:
+    """``["tp=8", "shapes.isl=4096"]`` -> ``[(None, "tp", 8), ("shapes", "isl", 4096)]``."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise M3LabError(f"parameter {item!r} is not KEY=VALUE", hint="e.g. -p tp=8 or -p local_shapes.tp=8")
+        step, _, name = key.rpartition(".")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((step or None, name, value))
+    return out
+
+
+def resolve_parameters(pipeline, overrides: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per-step parameters (pipeline file values, then ``-p`` overrides), all validated.
+
+    Returns ``{step name: {param: value}}`` holding only the values that differ from the
+    notebooks' defaults (what papermill injects).
+    """
+    declared = {s.name: notebook_parameters(s.notebook) for s in pipeline.steps}
+    resolved: dict[str, dict[str, Any]] = {s.name: {} for s in pipeline.steps}
+    for s in pipeline.steps:
+        for key, value in s.parameters.items():
+            _assign(resolved, declared, s.name, key, value, f"pipeline file step {s.name!r}")
+    for step, key, value in parse_overrides(overrides):
+        if step is not None:
+            if step not in declared:
+                raise M3LabError(f"-p {step}.{key}: no step named {step!r}",
+                                 hint=f"steps: {', '.join(declared)}")
+            _assign(resolved, declared, step, key, value, f"-p {step}.{key}")
+            continue
+        targets = [name for name, params in declared.items() if key in params]
+        if not targets:
+            valid = sorted({k for params in declared.values() for k in params})
+            raise M3LabError(f"unknown parameter {key!r}: no step of pipeline {pipeline.name!r} declares it",
+                             hint=f"valid keys: {', '.join(valid)}")
+        for name in targets:
+            _assign(resolved, declared, name, key, value, f"-p {key}")
+    return resolved
+
+
+def _assign(resolved, declared, step: str, key: str, value: Any, where: str) -> None:
+    params = declared[step]
+    if key not in params:
+        raise M3LabError(f"{where}: step {step!r} has no parameter {key!r}",
+                         hint=f"its parameters: {', '.join(params) or 'none'}")
+    resolved[step][key] = coerce(params[key], value, where)
+
+
+def coerce(param: Parameter, value: Any, where: str) -> Any:
+    """Check ``value`` against the parameter's default type; ints widen to float."""
+    default = param.default
+    if default is None or value is None:
+        return value
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(default, (list, tuple)):
+        ok = isinstance(value, (list, tuple))
+    elif isinstance(default, dict):
+        ok = isinstance(value, dict)
+    elif isinstance(default, str):
+        ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+        value = str(value) if ok else value
+    else:
+        ok = True
+    if not ok:
+        raise M3LabError(f"{where}: parameter {param.name!r} takes a {param.type_name} "
+                         f"(default {default!r}), got {value!r} ({type(value).__name__})")
+    return value
