@@ -20,6 +20,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial" + target.suffix, dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o644)  # mkstemp makes 0600; results are meant to be read by others
     try:
         yield tmp_path
         os.replace(tmp_path, target)

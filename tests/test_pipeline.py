@@ -144,3 +144,22 @@ def test_report_holds_every_step_with_toc(toy):
     assert html.count('<section class="nb"') == 3
     assert "Plotly.newPlot" not in html or "plotly.js" in html.lower()
     assert "<nav>" in html and "Run summary" in html
+
+
+def test_sweep_runs_every_grid_point_after_validating_all(toy):
+    from m3lab.pipeline.sweep import grid_points, parse_axes, run_sweep
+
+    axes = parse_axes(["n=2,3", "scale=[1.5]"])
+    assert axes == {"n": [2, 3], "scale": [1.5]}
+    assert grid_points(axes) == [["n=2", "scale=1.5"], ["n=3", "scale=1.5"]]
+    with pytest.raises(M3LabError, match="'n'"):
+        run_sweep(toy["yaml"], parse_axes(["n=2,x"]), out_dir=toy["out"], echo=lambda s: None)
+    assert not toy["out"].exists()  # the bad point was caught before anything ran
+
+    toy["marker"].write_text("fixed")
+    rec = run_sweep(toy["yaml"], axes, ["flaky.strict=false"], toy["out"], echo=lambda s: None)
+    assert [p["status"] for p in rec["points"]] == ["ok", "ok"]
+    totals = [json.loads((Path(p["run_dir"]) / "artifacts" / "consume" / "total.json").read_text())["total"]
+              for p in rec["points"]]
+    assert totals == [1.5, 4.5]  # sum(range(n)) * scale
+    assert json.loads((Path(rec["folder"]) / "sweep.json").read_text())["points"][1]["overrides"][-1] == "scale=1.5"

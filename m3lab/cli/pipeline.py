@@ -39,6 +39,23 @@ def run(
         raise typer.Exit(1)
 
 
+def sweep(
+    pipeline: str = typer.Argument("checklist", help="A built-in pipeline name or a pipeline .yaml file."),
+    grid: List[str] = typer.Option(..., "-g", "--grid", help="KEY=V1,V2 or KEY=[V1, V2]: one axis of the grid. Repeatable."),
+    param: List[str] = typer.Option([], "-p", "--param", help="KEY=VALUE applied to every grid point. Repeatable."),
+    out: Path = typer.Option(Path("runs"), "--out", help="Folder in which the sweep folder is created."),
+    ray_address: Optional[str] = typer.Option(None, "--ray", help="Run the points as Ray tasks on this cluster ('auto' for the local one)."),
+) -> None:
+    """Run a pipeline once per point of a parameter grid (locally, or on a Ray cluster)."""
+    from m3lab.pipeline.sweep import parse_axes, run_sweep
+
+    record = run_sweep(pipeline, parse_axes(grid), param, out, ray_address=ray_address)
+    failed = [p for p in record["points"] if p["status"] != "ok"]
+    typer.echo(f"sweep folder: {record['folder']} ({len(record['points']) - len(failed)} ok, {len(failed)} failed)")
+    if failed:
+        raise typer.Exit(1)
+
+
 def list_(
     pipeline: Optional[str] = typer.Argument(None, help="Show only this pipeline."),
 ) -> None:
@@ -101,6 +118,7 @@ def _has_module(name: str) -> bool:
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
+    app.command("sweep")(sweep)
     app.command("list")(list_)
     app.command("report")(report)
     app.command("lab")(lab)

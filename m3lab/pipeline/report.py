@@ -31,7 +31,8 @@ section.nb{border-top:3px solid #345;margin-top:2rem;padding-top:.5rem}
 pre{background:#f6f8fa;padding:.6rem;overflow-x:auto;font-size:12.5px;border-radius:4px}
 pre.out{background:#fff;border-left:3px solid #ccd}
 pre.err{background:#fff0f0;border-left:3px solid #c33}
-table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #dde;padding:2px 6px;text-align:right}
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #dde;padding:2px 6px;text-align:left}
+.dataframe td{text-align:right}
 .status-ok{color:#1a7f37;font-weight:600}.status-failed{color:#c33;font-weight:600}
 .status-pending,.status-running{color:#888}
 """
