@@ -1,0 +1,1 @@
+"""Kernel benchmarks: graph-replayed timing, the long-format result table, per-op entry points."""

@@ -1,0 +1,122 @@
+"""``m3lab shapes`` (local GEMM/attention shapes over a workload) and ``m3lab model`` (parameter and memory facts)."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+MODEL_HELP = "A named model (minimax-m3, minimax-m2, llama-3.1-8b, ...) or a path to a Hugging Face config.json."
+
+
+def _plan(model, tp: int, ep: int, fused_shared: bool):
+    from m3lab.spec import ParallelPlan
+
+    return ParallelPlan(tp=tp, ep=ep, fused_shared_expert=fused_shared).validate(model)
+
+
+def _records(df) -> list[dict]:
+    """DataFrame rows as plain JSON-able dicts (numpy scalars converted)."""
+    out = []
+    for rec in df.to_dict(orient="records"):
+        out.append({k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()})
+    return out
+
+
+def shapes(
+    model: str = typer.Option("minimax-m3", "--model", help=MODEL_HELP),
+    tp: int = typer.Option(4, "--tp", help="Tensor-parallel degree."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (1: TP-MoE)."),
+    quant: str = typer.Option("bf16", "--quant", help="Weight quantisation: bf16, fp8, mxfp8, mxfp4."),
+    isl: int = typer.Option(8192, "--isl", help="Input (prompt) tokens per request."),
+    osl: int = typer.Option(1024, "--osl", help="Output tokens per request."),
+    concurrency: int = typer.Option(128, "--concurrency", help="Requests in flight (closed loop)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests",
+                                               help="Requests in total (default 10 x concurrency)."),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="vLLM max_num_seqs."),
+    max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens",
+                                               help="vLLM token budget per step."),
+    fused_shared: bool = typer.Option(True, "--fused-shared/--separate-shared",
+                                      help="Run the shared expert as extra rows of the routed grouped GEMM."),
+    index_topk_freq: int = typer.Option(1, "--index-topk-freq",
+                                        help="vLLM index sharing: top-k computed every N sparse layers."),
+    routing: str = typer.Option("balanced", "--routing", help="Routing model: balanced or zipf:S."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Local shapes each kernel sees over a workload (projected): distinct GEMMs with their M values."""
+    from m3lab.spec import load_model
+    from m3lab.workload import SchedulerConfig, Workload
+    from m3lab.workload.shapes import shape_histograms
+
+    spec = load_model(model)
+    if index_topk_freq != 1:
+        spec = spec.with_index_sharing(index_topk_freq)
+    plan = _plan(spec, tp, ep, fused_shared)
+    wl = Workload(isl, osl, concurrency, num_requests)
+    cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    rep = shape_histograms(spec, plan, quant, wl, cfg, routing=routing)
+    result = {"model": spec.name, "plan": plan.describe(), "quant": rep.meta["quant"],
+              "workload": {"isl": isl, "osl": osl, "concurrency": concurrency, "num_requests": wl.n_requests},
+              "num_steps": rep.num_steps, "kind": rep.meta["kind"],
+              "distinct_gemms": _records(rep.distinct_gemms), "grouped_gemms": _records(rep.distinct_grouped)}
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    _print_shapes(result)
+
+
+def _print_shapes(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    con.print(f"[bold]{result['model']}[/] plan {result['plan']} quant {result['quant']}: "
+              f"{result['num_steps']} engine steps ({result['kind']})")
+    t = Table("op", "kind", "N", "K", "dtype", "layers", "distinct M", "M range", title="Dense GEMMs (local shapes)")
+    for g in result["distinct_gemms"]:
+        ms = g["m_values"]
+        t.add_row(g["op"], g["kind"], str(g["n"]), str(g["k"]), g["dtype"], str(g["layers"]), str(len(ms)),
+                  f"{ms[0]}..{ms[-1]}")
+    con.print(t)
+    if result["grouped_gemms"]:
+        t = Table("op", "experts", "top-k", "hidden", "inter", "dtype", "distinct T", title="Grouped GEMMs (MoE)")
+        for g in result["grouped_gemms"]:
+            t.add_row(g["op"], str(int(g["experts"])), str(int(g["topk"])), str(int(g["hidden"])),
+                      str(int(g["inter"])), g["dtype"], str(g["num_tokens"]))
+        con.print(t)
+
+
+def model_facts(
+    model: str = typer.Option("minimax-m3", "--model", help=MODEL_HELP),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree."),
+    quant: str = typer.Option("bf16", "--quant", help="Weight quantisation: bf16, fp8, mxfp8, mxfp4."),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="Main KV cache dtype: bf16 or fp8 (default bf16)."),
+    index_dtype: Optional[str] = typer.Option(None, "--index-dtype",
+                                              help="Index-key cache dtype: bf16 (vLLM default) or fp8."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Parameter counts, weight bytes per GPU and KV-cache bytes per token (whole model and per rank)."""
+    from m3lab.spec import load_model, load_quant
+    from m3lab.spec.memory import memory_facts
+
+    spec = load_model(model)
+    plan = _plan(spec, tp, ep, True)
+    q = load_quant(quant).with_cache(kv_dtype, index_dtype)
+    facts = memory_facts(spec, plan, q)
+    if as_json:
+        typer.echo(json.dumps(facts))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table("fact", "value", title=f"{spec.name} at TP{tp} EP{ep}, {q.name} weights, KV {q.kv_dtype}, "
+                                     f"index {q.index_dtype}")
+    for k, v in facts.items():
+        t.add_row(k, f"{v:,.0f}" if isinstance(v, (int, float)) else str(v))
+    Console().print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("shapes")(shapes)
+    app.command("model")(model_facts)

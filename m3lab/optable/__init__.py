@@ -1,0 +1,37 @@
+"""The OpTable: one row per op per layer of one engine step, on one GPU (the single source of truth).
+
+``build_optable(model, plan, quant, step, routing=None) -> pandas.DataFrame``. Every later view (shape
+histograms, rooflines, serving estimates) is a group-by over it.
+
+Columns (units: elements, FLOPs, bytes; NaN where not applicable):
+
+- ``layer``: decoder layer, -1 for embedding/head ops. ``op``: name (input_norm, qkv_proj, indexer_qk_proj,
+  qk_norm, rope, cache_write, indexer, topk, attention, o_proj, allreduce_attn, post_attn_norm, gate_up_proj,
+  act, down_proj, router, moe_gate_up, moe_act, moe_down, shared_gate_up, shared_act, shared_down,
+  moe_dispatch, moe_combine, allreduce_ffn, embedding, allreduce_embed, final_norm, lm_head, logits_gather;
+  MLA: q_a_proj, q_b_proj, q_proj, kv_a_proj, kv_b_proj).
+- ``kind``: gemm, grouped_gemm, attention, indexer, topk, norm, rope, activation, router, cache_write,
+  allreduce, allgather, all2all, embedding, lm_head. Dense GEMM shapes = rows with kind in
+  {gemm, router, lm_head}.
+- ``m``, ``n``, ``k``: local GEMM shape y[m, n] = x[m, k] w[n, k]^T after sharding (m = tokens; for grouped
+  GEMMs m = routed (token, expert) rows; for lm_head m = requests sampled).
+- ``experts``, ``topk``, ``hidden``, ``inter``: grouped GEMM problem (local expert rows incl. a fused shared
+  expert; top-k incl. the shared one); ``routed_tokens`` (expected rows), ``experts_active`` (expected experts
+  touched, whose weights are read), ``tokens_per_expert_max`` (mean load of the most popular expert), all
+  from :mod:`.routing`.
+- ``q_tokens``, ``ctx_tokens`` (sum of context lengths), ``keys_attended`` (sum over queries),
+  ``selected_blocks`` (sum over queries and local KV heads), ``heads_q``, ``heads_kv``, ``head_dim``:
+  attention and indexer (indexer: heads_q = local index heads, one shared key head).
+- ``act_dtype``, ``w_dtype``: activation and weight dtypes (w_dtype of attention/cache rows = KV dtype).
+- ``flops``; bytes in three planes: ``bytes_compute`` (activations read + written), ``bytes_weight``
+  (weights read, MX scales included), ``bytes_kv`` (KV + index-key cache reads and writes),
+  ``bytes_comm`` (on-the-wire bytes per GPU = ``comm_payload`` x ``comm_factor``; ``comm_algo`` ring:
+  factor 2(p-1)/p for all-reduce, gather/all2all: (p-1)/p; ``comm_group`` = p).
+
+Per-expert token counts come from a routing model (balanced, Zipf, recorded) and are never materialised
+per step; long workloads go through :mod:`m3lab.workload.shapes`.
+"""
+from m3lab.optable.builder import COLUMNS, build_optable
+from m3lab.optable.routing import Routing, balanced, make_routing, recorded, zipf
+
+__all__ = ["COLUMNS", "Routing", "balanced", "build_optable", "make_routing", "recorded", "zipf"]

@@ -1,0 +1,70 @@
+"""Per-op row formulas: FLOPs and bytes of one op on one GPU for one step (rows of the OpTable).
+
+Each function returns a dict of OpTable columns (see :mod:`m3lab.optable`). Conventions:
+- GEMM y[m, n] = x[m, k] @ w[n, k]^T: flops 2mnk; bytes_weight = n*k weights (+ MX scales);
+  bytes_compute = x read (in the GEMM's activation dtype, + MX activation scales) + y written (bf16).
+- Norms/activations/rope: memory-bound elementwise; a few FLOPs per element.
+- All-reduce of P bytes over p ranks (ring): 2(p-1)/p * P on the wire per GPU; gather: (p-1)/p * P.
+"""
+from __future__ import annotations
+
+from m3lab.spec.quant import dtype_bytes, gemm_act_dtype, scale_bytes_per_element, weight_bytes
+
+ACT = "bf16"
+OUT_BYTES = dtype_bytes(ACT)
+
+
+def row(op: str, kind: str, **cols) -> dict:
+    """One OpTable row (missing numeric columns become NaN in the frame)."""
+    return {"op": op, "kind": kind, **cols}
+
+
+def gemm(op: str, m: float, n: int, k: int, w_dtype: str, kind: str = "gemm") -> dict:
+    a_dtype = gemm_act_dtype(w_dtype)
+    a_bytes = dtype_bytes(a_dtype) + scale_bytes_per_element(a_dtype)
+    out_bytes = dtype_bytes("fp32") if a_dtype == "fp32" else OUT_BYTES
+    return row(op, kind, m=m, n=n, k=k, act_dtype=a_dtype, w_dtype=w_dtype, flops=2.0 * m * n * k,
+               bytes_compute=m * k * a_bytes + m * n * out_bytes, bytes_weight=weight_bytes(n * k, w_dtype),
+               bytes_kv=0.0, bytes_comm=0.0)
+
+
+def grouped_gemm(op: str, routed: float, n: int, k: int, w_dtype: str, *, experts: int, topk: int, hidden: int,
+                 inter: int, active_experts: float, max_load: float) -> dict:
+    """A MoE grouped GEMM over ``routed`` (token, expert) rows; weights of the touched experts are read."""
+    r = gemm(op, routed, n, k, w_dtype, kind="grouped_gemm")
+    r.update(experts=experts, topk=topk, hidden=hidden, inter=inter, routed_tokens=routed,
+             experts_active=active_experts, tokens_per_expert_max=max_load,
+             bytes_weight=weight_bytes(n * k, w_dtype) * active_experts)
+    return r
+
+
+def elementwise(op: str, kind: str, elements: float, *, reads: float, writes: float, flops_per: float,
+                **cols) -> dict:
+    """Memory-bound op over ``elements`` values: ``reads``/``writes`` tensors of that size in bf16."""
+    return row(op, kind, m=cols.pop("m", float("nan")), act_dtype=ACT, flops=flops_per * elements,
+               bytes_compute=(reads + writes) * elements * OUT_BYTES, bytes_weight=0.0, bytes_kv=0.0,
+               bytes_comm=0.0, **cols)
+
+
+def allreduce(op: str, tokens: float, hidden: int, group: int) -> dict:
+    payload = tokens * hidden * OUT_BYTES
+    factor = 2.0 * (group - 1) / group
+    return row(op, "allreduce", m=tokens, n=hidden, act_dtype=ACT, flops=tokens * hidden * (group - 1) / group,
+               bytes_compute=2.0 * payload, bytes_weight=0.0, bytes_kv=0.0, bytes_comm=factor * payload,
+               comm_payload=payload, comm_factor=factor, comm_algo="ring", comm_group=group)
+
+
+def gather(op: str, rows: float, width_total: int, group: int, dtype: str = ACT) -> dict:
+    payload = rows * width_total * dtype_bytes(dtype)
+    factor = (group - 1) / group
+    return row(op, "allgather", m=rows, n=width_total, act_dtype=dtype, flops=0.0, bytes_compute=payload,
+               bytes_weight=0.0, bytes_kv=0.0, bytes_comm=factor * payload, comm_payload=payload,
+               comm_factor=factor, comm_algo="gather", comm_group=group)
+
+
+def all2all(op: str, rows: float, hidden: int, group: int) -> dict:
+    payload = rows * hidden * OUT_BYTES
+    factor = (group - 1) / group
+    return row(op, "all2all", m=rows, n=hidden, act_dtype=ACT, flops=0.0, bytes_compute=payload,
+               bytes_weight=0.0, bytes_kv=0.0, bytes_comm=factor * payload, comm_payload=payload,
+               comm_factor=factor, comm_algo="all2all", comm_group=group)

@@ -1,0 +1,162 @@
+"""Parameter counts, weight bytes per GPU and KV-cache bytes per token (reference §4, §7).
+
+For MiniMax M3: 426,174,572,928 text-backbone parameters; 23.50 B active per token without embedding and
+LM head; 137,472 B/token of bf16 KV for the whole model; 22,656 B/token/rank at TP4 with fp8 main and index
+caches (29,952 with the default bf16 index cache).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from m3lab.spec.model import ModelSpec
+from m3lab.spec.plan import ParallelPlan
+from m3lab.spec.quant import QuantScheme, dtype_bytes, load_quant, normalize_cache_dtype, weight_bytes
+
+
+def _attention_params(m: ModelSpec) -> dict:
+    """Per-layer attention parameters by weight group (qkv incl. norms, o)."""
+    H = m.hidden
+    if m.mla is not None:
+        a = m.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        q = (H * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * m.heads_q * qk if a.q_lora_rank
+             else H * m.heads_q * qk)
+        kv = H * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank + a.kv_lora_rank * m.heads_q * (
+            a.qk_nope_head_dim + a.v_head_dim)
+        return {"attn_qkv": q + kv, "attn_o": m.heads_q * a.v_head_dim * H}
+    qkv = H * (m.heads_q + 2 * m.heads_kv) * m.head_dim
+    norms = {"per_head": 2 * m.head_dim, "per_layer": (m.heads_q + m.heads_kv) * m.head_dim}.get(m.qk_norm, 0)
+    return {"attn_qkv": qkv + norms, "attn_o": m.q_width * H}
+
+
+def _indexer_params(m: ModelSpec) -> int:
+    """Per sparse layer: index q [ih*d, H], index k [d, H], two per-head norms (no value branch in M3)."""
+    sp = m.sparse
+    extra = 2 * sp.index_dim * sp.index_heads * m.hidden if sp.index_value else 0
+    return m.hidden * (sp.index_heads + 1) * sp.index_dim + 2 * sp.index_dim + extra
+
+
+def param_breakdown(m: ModelSpec) -> dict[str, int]:
+    """Whole-model parameters by weight group (plus ``norms``), text backbone only."""
+    H = m.hidden
+    attn = _attention_params(m)
+    n_moe = len(m.moe_layers)
+    out = {
+        "embedding": m.vocab * H,
+        "lm_head": 0 if m.tie_embeddings else m.vocab * H,
+        "attn_qkv": attn["attn_qkv"] * m.layers,
+        "attn_o": attn["attn_o"] * m.layers,
+        "indexer_qk": _indexer_params(m) * len(m.sparse_layers) if m.sparse else 0,
+        "dense_mlp": 3 * H * m.dense_inter * len(m.dense_mlp_layers),
+        "routed_expert": 3 * H * m.expert_inter * m.experts * n_moe,
+        "shared_expert": 3 * H * m.shared_inter * n_moe,
+        "router": (H * m.experts + (m.experts if m.router_bias else 0)) * n_moe,
+        "norms": 2 * H * m.layers + H,
+    }
+    return out
+
+
+def params_total(m: ModelSpec) -> int:
+    """All text-backbone parameters (embedding and untied LM head included)."""
+    return sum(param_breakdown(m).values())
+
+
+def params_active(m: ModelSpec, *, embedding: bool = False, lm_head: bool = False) -> int:
+    """Parameters one token touches: everything but the unselected routed experts (router bias excluded)."""
+    b = param_breakdown(m)
+    n_moe = len(m.moe_layers)
+    active = (b["attn_qkv"] + b["attn_o"] + b["indexer_qk"] + b["dense_mlp"] + b["shared_expert"] + b["norms"]
+              + 3 * m.hidden * m.expert_inter * m.topk * n_moe + m.hidden * m.experts * n_moe)
+    return active + (b["embedding"] if embedding else 0) + (b["lm_head"] if lm_head else 0)
+
+
+@dataclass(frozen=True)
+class KVBytes:
+    """KV-cache bytes per token: main K/V (all layers) and the index-key cache (sparse layers)."""
+
+    main: int
+    index: int
+
+    @property
+    def total(self) -> int:
+        return self.main + self.index
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+def kv_bytes(m: ModelSpec, kv_dtype: str = "bf16", index_dtype: str = "bf16",
+             plan: ParallelPlan | None = None) -> KVBytes:
+    """Bytes per token; with ``plan`` per TP rank (replicated KV heads and index keys counted on every rank)."""
+    kb = dtype_bytes(normalize_cache_dtype(kv_dtype, "kv_dtype"))
+    ib = dtype_bytes(normalize_cache_dtype(index_dtype, "index_dtype"))
+    if m.mla is not None:  # latent + rope key, one copy per rank
+        per_layer = m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
+    else:
+        heads = plan.heads_kv_local(m) if plan else m.heads_kv
+        per_layer = 2 * heads * m.head_dim
+    main = int(m.layers * per_layer * kb)
+    index = int(len(m.sparse_layers) * m.sparse.index_dim * ib) if m.sparse else 0
+    return KVBytes(main=main, index=index)
+
+
+def kv_bytes_per_token(m: ModelSpec, kv_dtype: str = "bf16", index_dtype: str = "bf16",
+                       plan: ParallelPlan | None = None) -> int:
+    """Total KV-cache bytes per token (whole model, or per rank with ``plan``)."""
+    return kv_bytes(m, kv_dtype, index_dtype, plan).total
+
+
+def local_weight_elements(m: ModelSpec, plan: ParallelPlan) -> dict[str, float]:
+    """Weight elements held by one GPU, by weight group (norms under ``norms``)."""
+    H, tp = m.hidden, plan.tp
+    attn = _attention_params(m)
+    if m.mla is not None:
+        qkv = attn["attn_qkv"] / tp  # approximation: MLA up-projections shard by heads, latents replicate
+    else:
+        qkv = H * (plan.heads_q_local(m) + 2 * plan.heads_kv_local(m)) * m.head_dim
+    out = {
+        "embedding": plan.vocab_local(m) * H,
+        "lm_head": 0 if m.tie_embeddings else plan.vocab_local(m) * H,
+        "attn_qkv": qkv * m.layers,
+        "attn_o": attn["attn_o"] / tp * m.layers,
+        "indexer_qk": (H * (plan.index_heads_local(m) + 1) * m.sparse.index_dim * len(m.sparse_layers)
+                       if m.sparse else 0),
+        "dense_mlp": 3 * H * m.dense_inter / tp * len(m.dense_mlp_layers),
+        "routed_expert": 3 * H * plan.expert_inter_local(m) * plan.experts_local(m) * len(m.moe_layers),
+        "shared_expert": 3 * H * plan.shared_inter_local(m) * len(m.moe_layers),
+        "router": H * m.experts * len(m.moe_layers),
+        "norms": 2 * H * m.layers + H,
+    }
+    return out
+
+
+def weight_bytes_breakdown(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme | str = "bf16") -> dict[str, float]:
+    """Weight bytes per GPU by weight group, MX scale bytes included (norms counted as bf16)."""
+    q = load_quant(quant)
+    elems = local_weight_elements(m, plan)
+    out = {k: weight_bytes(v, q.weight_dtype(k)) for k, v in elems.items() if k != "norms"}
+    out["norms"] = weight_bytes(elems["norms"], "bf16")
+    return out
+
+
+def weight_bytes_per_gpu(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme | str = "bf16") -> float:
+    """Bytes of weights one GPU holds under ``plan`` and ``quant``."""
+    return float(sum(weight_bytes_breakdown(m, plan, quant).values()))
+
+
+def memory_facts(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme | str = "bf16") -> dict:
+    """The numbers ``m3lab model`` prints (one flat dict, bytes and parameter counts)."""
+    q = load_quant(quant)
+    whole = kv_bytes(m, q.kv_dtype, q.index_dtype)
+    rank = kv_bytes(m, q.kv_dtype, q.index_dtype, plan)
+    return {
+        "model": m.name, "tp": plan.tp, "ep": plan.ep, "quant": q.name, "kv_dtype": q.kv_dtype,
+        "index_dtype": q.index_dtype,
+        "params_total": params_total(m), "params_active": params_active(m),
+        "params_active_with_lm_head": params_active(m, lm_head=True),
+        "kv_bytes_per_token": whole.total, "kv_bytes_per_token_main": whole.main,
+        "kv_bytes_per_token_index": whole.index,
+        "kv_bytes_per_token_per_rank": rank.total, "kv_bytes_per_token_per_rank_main": rank.main,
+        "kv_bytes_per_token_per_rank_index": rank.index,
+        "weight_bytes_per_gpu": weight_bytes_per_gpu(m, plan, q),
+    }

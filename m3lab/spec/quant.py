@@ -1,0 +1,116 @@
+"""Quantisation schemes: which dtype each weight group uses, plus the KV and index-key cache dtypes.
+
+Weight groups (``MODULES``): attention q/k/v and o projections, the indexer q/k projections, the dense MLP,
+the shared expert, the routed experts, the router gate, the embedding and the LM head. Presets follow the
+MiniMax M3 checkpoints (reference §1): ``mxfp8`` = MiniMaxAI/MiniMax-M3-MXFP8 (indexer q/k stay bf16, so
+vLLM splits the fused projection), ``mxfp4`` = amd/MiniMax-M3-MXFP4 (only routed + shared experts MXFP4).
+MX formats carry one E8M0 scale byte per 32 elements along K, counted in :func:`weight_bytes`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from m3lab.errors import M3LabError
+
+# Bytes per element of the payload (scales excluded).
+DTYPE_BYTES: Mapping[str, float] = MappingProxyType({
+    "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1, "mxfp4": 0.5, "nvfp4": 0.5, "int32": 4,
+})
+MX_BLOCK = 32      # elements per E8M0 scale byte (OCP MX)
+NVFP4_BLOCK = 16   # elements per fp8 scale byte (NVFP4)
+QUANTIZED = frozenset({"fp8", "mxfp8", "mxfp4", "nvfp4"})
+CACHE_DTYPES = ("bf16", "fp16", "fp8")
+_CACHE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
+                  "float8_e4m3fn": "fp8", "e4m3": "fp8"}
+
+MODULES = ("attn_qkv", "attn_o", "indexer_qk", "dense_mlp", "shared_expert", "routed_expert", "router",
+           "embedding", "lm_head")
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Payload bytes per element of ``dtype``."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise M3LabError(f"unknown dtype {dtype!r}", field="dtype",
+                         hint=f"use one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def scale_bytes_per_element(dtype: str) -> float:
+    """Block-scale bytes per weight element (MX: 1/32, NVFP4: 1/16; per-tensor fp8 scales ~0)."""
+    return {"mxfp8": 1 / MX_BLOCK, "mxfp4": 1 / MX_BLOCK, "nvfp4": 1 / NVFP4_BLOCK}.get(dtype, 0.0)
+
+
+def weight_bytes(elements: float, dtype: str) -> float:
+    """Bytes of ``elements`` weights stored as ``dtype``, block scales included."""
+    return elements * (dtype_bytes(dtype) + scale_bytes_per_element(dtype))
+
+
+def gemm_act_dtype(w_dtype: str) -> str:
+    """Activation dtype a GEMM with weights ``w_dtype`` consumes (dynamic activation quantisation)."""
+    return w_dtype if w_dtype in QUANTIZED else ("fp32" if w_dtype == "fp32" else "bf16")
+
+
+def normalize_cache_dtype(dtype: str, field_name: str = "kv_dtype") -> str:
+    d = _CACHE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    if d not in CACHE_DTYPES:
+        raise M3LabError(f"{field_name} {dtype!r} is not supported", field=field_name,
+                         hint=f"use one of {', '.join(CACHE_DTYPES)}")
+    return d
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """Per-module weight dtypes plus cache dtypes. Missing modules default to ``bf16``."""
+
+    name: str
+    weights: Mapping[str, str] = field(default_factory=dict)
+    kv_dtype: str = "bf16"
+    index_dtype: str = "bf16"   # index-key cache; vLLM's default is bf16 (indexer_kv_dtype)
+    act_dtype: str = "bf16"     # residual stream / attention activations
+    source: str = ""
+
+    def weight_dtype(self, module: str) -> str:
+        if module not in MODULES:
+            raise M3LabError(f"unknown weight group {module!r}", field="module", hint=f"one of {', '.join(MODULES)}")
+        return self.weights.get(module, "fp32" if module == "router" else "bf16")
+
+    def with_cache(self, kv_dtype: str | None = None, index_dtype: str | None = None) -> QuantScheme:
+        """The same weights with other KV / index-key cache dtypes."""
+        return dataclasses.replace(
+            self,
+            kv_dtype=normalize_cache_dtype(kv_dtype, "kv_dtype") if kv_dtype else self.kv_dtype,
+            index_dtype=normalize_cache_dtype(index_dtype, "index_dtype") if index_dtype else self.index_dtype)
+
+
+def _all(dtype: str, *modules: str) -> dict:
+    return {m: dtype for m in modules}
+
+
+_LINEARS = ("attn_qkv", "attn_o", "indexer_qk", "dense_mlp", "shared_expert", "routed_expert")
+QUANT_SCHEMES: Mapping[str, QuantScheme] = MappingProxyType({
+    "bf16": QuantScheme("bf16", {}, source="MiniMaxAI/MiniMax-M3 (BF16 weights, fp32 router)"),
+    "fp8": QuantScheme("fp8", _all("fp8", *_LINEARS),
+                       source="FP8 e4m3 per-channel checkpoints (e.g. EmbeddedLLM/MiniMax-M3-FP8-dynamic): every "
+                              "linear except router, embedding and LM head; fused qkv+indexer as AITER tunes it"),
+    "mxfp8": QuantScheme("mxfp8", _all("mxfp8", "attn_qkv", "attn_o", "dense_mlp", "shared_expert", "routed_expert"),
+                         source="MiniMaxAI/MiniMax-M3-MXFP8 (reference §1): indexer q/k, router, embedding, "
+                                "LM head unquantised"),
+    "mxfp4": QuantScheme("mxfp4", _all("mxfp4", "shared_expert", "routed_expert"),
+                         source="amd/MiniMax-M3-MXFP4 (reference §1): Quark excludes self_attn, router, LM head and "
+                                "the dense MLP; routed and shared experts MXFP4"),
+})
+
+
+def load_quant(name: str | QuantScheme) -> QuantScheme:
+    """A named scheme: bf16, fp8, mxfp8, mxfp4."""
+    if isinstance(name, QuantScheme):
+        return name
+    key = str(name).strip().lower()
+    if key not in QUANT_SCHEMES:
+        raise M3LabError(f"unknown quantisation {name!r}", field="quant",
+                         hint=f"use one of {', '.join(QUANT_SCHEMES)}")
+    return QUANT_SCHEMES[key]

@@ -1,0 +1,92 @@
+"""Opening trace files: plain or gzip, with one-line errors for truncated or corrupt input.
+
+Every reader in :mod:`m3lab.traces` opens files through :func:`open_text` / :func:`read_json`, so a
+truncated gzip stream, a JSON document cut short or a binary file all end in one
+:class:`~m3lab.errors.M3LabError` that names the file, the place and the fix.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from m3lab.errors import M3LabError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: str | Path) -> bool:
+    """True when the file starts with the gzip magic bytes (the suffix is not trusted)."""
+    with open(path, "rb") as fh:
+        return fh.read(2) == GZIP_MAGIC
+
+
+def _check_exists(path: Path) -> None:
+    if not path.is_file():
+        raise M3LabError(f"trace file not found: {path}", field="TRACE", hint="check the path")
+
+
+def _stream_error(path: Path, err: Exception) -> M3LabError:
+    if isinstance(err, EOFError):
+        return M3LabError(f"{path}: truncated gzip stream ({err})", field="TRACE",
+                          hint="the file was cut short while copying or writing; fetch it again")
+    if isinstance(err, UnicodeDecodeError):
+        return M3LabError(f"{path}: not UTF-8 text at byte {err.start}", field="TRACE",
+                          hint="expected a JSON, JSON Lines, CSV or log file (optionally .gz)")
+    return M3LabError(f"{path}: corrupt gzip stream ({err})", field="TRACE",
+                      hint="the file is damaged; fetch it again")
+
+
+def read_text(path: str | Path) -> str:
+    """The whole file as text, gunzipped when it is gzip (sniffed from the magic bytes)."""
+    path = Path(path)
+    _check_exists(path)
+    try:
+        if is_gzip(path):
+            with gzip.open(path, "rb") as fh:
+                raw = fh.read()
+        else:
+            raw = path.read_bytes()
+        return raw.decode("utf-8")
+    except (EOFError, OSError, zlib.error, UnicodeDecodeError) as err:
+        raise _stream_error(path, err) from None
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, line)`` (1-based, newline stripped), streaming, gzip or plain."""
+    path = Path(path)
+    _check_exists(path)
+    try:
+        raw = gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+        with io.TextIOWrapper(raw, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                yield number, line.rstrip("\r\n")
+    except (EOFError, OSError, zlib.error, UnicodeDecodeError) as err:
+        raise _stream_error(path, err) from None
+
+
+def head_text(path: str | Path, n_chars: int = 4096) -> str:
+    """The first ``n_chars`` characters (decompressed), for sniffing the format."""
+    path = Path(path)
+    _check_exists(path)
+    try:
+        raw = gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+        with raw:
+            data = raw.read(n_chars)
+    except (EOFError, OSError, zlib.error) as err:
+        raise _stream_error(path, err) from None
+    return data.decode("utf-8", errors="replace")
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a whole JSON document; a truncated or malformed one names the line and column."""
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        where = "end of file" if err.pos >= len(text.rstrip()) else f"line {err.lineno} column {err.colno}"
+        raise M3LabError(f"{path}: invalid JSON at {where}: {err.msg}", field="TRACE",
+                         hint="the file is truncated or not JSON; re-export the trace") from None

@@ -1,0 +1,68 @@
+"""``m3lab trace summarize`` / ``m3lab trace verify``: JSON output and exit codes."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from m3lab.cli.main import app
+from m3lab.traces.examples import write_synthetic_m3_trace
+
+runner = CliRunner()
+
+
+def test_summarize_json_dispatch(tmp_path):
+    path = write_synthetic_m3_trace(tmp_path / "d.jsonl.gz", layers=4)
+    res = runner.invoke(app, ["trace", "summarize", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["totals"]["format"] == "m3lab.dispatch" and out["totals"]["rows"] > 0
+    assert {r["op"] for r in out["rows"]} >= {"attention", "moe_gate_up"}
+
+
+def test_summarize_kineto_sample_json(shared_dir):
+    path = shared_dir / "data" / "kineto" / "tracelens_sglang_Qwen3-8B_decode_MI300X.json.gz"
+    res = runner.invoke(app, ["trace", "summarize", str(path), "--json", "--top", "5"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert len(out["rows"]) == 5 and out["totals"]["attribution"]["graph_launch"] == 544
+    human = runner.invoke(app, ["trace", "summarize", str(path)])
+    assert human.exit_code == 0 and "share" in human.stdout
+
+
+def test_verify_exit_codes(tmp_path):
+    ok = runner.invoke(app, ["trace", "verify", str(write_synthetic_m3_trace(tmp_path / "a.jsonl", tp=4)),
+                             "--expect", "minimax_m3_tp4"])
+    assert ok.exit_code == 0, ok.output
+    tp2 = str(write_synthetic_m3_trace(tmp_path / "b.jsonl", tp=2))
+    bad = runner.invoke(app, ["trace", "verify", tp2, "--expect", "minimax_m3_tp4", "--json"])
+    assert bad.exit_code == 1
+    out = json.loads(bad.stdout)
+    failed = [r for r in out["results"] if r["status"] == "fail"]
+    assert not out["ok"] and [r["id"] for r in failed] == ["sparse_attention_paged"]
+    assert "got 2 KV heads per rank at tp=2" in failed[0]["why"]
+    human = runner.invoke(app, ["trace", "verify", tp2, "--expect", "minimax_m3_tp4"])
+    assert human.exit_code == 1 and "one KV head per rank" in human.stdout
+
+
+def test_bad_input_exits_2(tmp_path):
+    res = runner.invoke(app, ["trace", "summarize", str(tmp_path / "missing.json")])
+    assert res.exit_code == 2 and "not found" in res.output
+    res = runner.invoke(app, ["trace", "verify", str(tmp_path / "missing.json"), "--expect", "nope"])
+    assert res.exit_code == 2
+
+
+@pytest.mark.slow
+def test_verify_real_dispatcher_trace_tp2_names_kv_condition(tmp_path):
+    """Acceptance 4 on a trace from m3lab.dispatch (full-width M3 on the meta device, 4 layers)."""
+    try:
+        from m3lab.dispatch import capture
+    except ImportError as err:  # the dispatcher/model package is not importable in this checkout
+        pytest.skip(f"m3lab.dispatch.capture: {err}")
+    tp2 = capture.capture_dispatch_trace("minimax-m3", {"tp": 2, "fused_shared_expert": True}, [[40], [1]],
+                                         tmp_path / "tp2.jsonl.gz", device="meta", layers=4)
+    res = runner.invoke(app, ["trace", "verify", str(tp2), "--expect", "minimax_m3_tp4", "--json"])
+    assert res.exit_code == 1, res.output
+    rows = {r["id"]: r for r in json.loads(res.stdout)["results"]}
+    assert rows["sparse_attention_paged"]["status"] == "fail"
+    assert "one KV head per rank" in rows["sparse_attention_paged"]["why"]
+    assert "at tp=2" in rows["sparse_attention_paged"]["why"]
