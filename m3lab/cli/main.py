@@ -29,6 +29,7 @@ app = typer.Typer(cls=_Group, help="m3lab: the MiniMax M3 serving performance wo
 
 def _register_all() -> None:
     # commands (one line per module; each module defines register(app))
+    from m3lab.cli import estimate; estimate.register(app)  # noqa: E702
     from m3lab.cli import pipeline; pipeline.register(app)  # noqa: E702
     from m3lab.cli import trace; trace.register(app)  # noqa: E702
     from m3lab.cli import shapes; shapes.register(app)  # noqa: E702

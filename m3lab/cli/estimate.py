@@ -1,0 +1,114 @@
+"""``m3lab estimate`` (serving ceiling and calibrated estimate) and ``m3lab kernel-time`` (one kernel).
+
+    m3lab estimate --model minimax-m3 --hardware mi355x --tp 4 --quant mxfp8 --isl 8192 --osl 1024 \\
+        --concurrency 32 [--ep N] [--calibration TABLE] [--spec-tokens K --accept-len A] [--json]
+    m3lab kernel-time --hardware mi355x --op gemm --m 32 --n 2560 --k 6144 --quant mxfp8 [--json]
+    m3lab kernel-time --hardware mi355x --op grouped_gemm --tokens 32 --hidden 6144 --inter 768 \\
+        --experts 129 --topk 5 --quant mxfp8 [--routing balanced] [--json]
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Optional
+
+import typer
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
+        return _clean(value.item())
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    return value
+
+
+def _echo_json(obj: dict) -> None:
+    typer.echo(json.dumps(_clean(obj)))
+
+
+def estimate_cmd(
+        model: str = typer.Option(..., "--model", help="model name (minimax-m3, ...) or config.json path"),
+        hardware: str = typer.Option(..., "--hardware", help="hardware profile (mi355x, h200, ...) or YAML path"),
+        tp: int = typer.Option(1, "--tp", help="tensor-parallel GPUs per replica"),
+        ep: int = typer.Option(1, "--ep", help="expert-parallel degree (1: TP-MoE)"),
+        quant: str = typer.Option("bf16", "--quant", help="bf16, fp8, mxfp8 or mxfp4"),
+        isl: int = typer.Option(..., "--isl", help="input tokens per request"),
+        osl: int = typer.Option(..., "--osl", help="output tokens per request"),
+        concurrency: int = typer.Option(..., "--concurrency", help="requests in flight (closed loop)"),
+        calibration: Optional[str] = typer.Option(None, "--calibration",
+                                                  help="shipped calibration name or measured CSV; default: the "
+                                                       "hardware's shipped one (MI355X: AITER tables), 'none' for "
+                                                       "the ceiling only"),
+        spec_tokens: int = typer.Option(0, "--spec-tokens", help="speculative draft tokens per step (0: off)"),
+        accept_len: Optional[float] = typer.Option(None, "--accept-len", help="mean tokens accepted per step"),
+        num_requests: Optional[int] = typer.Option(None, "--num-requests", help="requests simulated (default 4 x conc.)"),
+        gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM's setting"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Serving estimate: TTFT, TPOT, tokens/s/GPU (calibrated where a calibration exists, else the ceiling)."""
+    from m3lab.serving.estimate import estimate
+
+    cal = None if (calibration or "").lower() == "none" else (calibration or "default")
+    est = estimate(model, hardware, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl, concurrency=concurrency,
+                   num_requests=num_requests, calibration=cal, spec_tokens=spec_tokens, accept_len=accept_len,
+                   gpu_memory_utilization=gpu_memory_utilization)
+    s = est.summary()
+    if as_json:
+        _echo_json(s)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{s['model']} {s['quant']} TP{s['tp']} EP{s['ep']} on {s['hardware']}: "
+                        f"{isl} in / {osl} out, concurrency {concurrency}")
+    for col in ("figure", s["kind"], "ceiling" if s["kind"] != "ceiling" else ""):
+        table.add_column(col, justify="right")
+    for key, fmt in (("output_tokens_per_s_per_gpu", ".1f"), ("total_tokens_per_s_per_gpu", ".1f"),
+                     ("ttft_s", ".3f"), ("tpot_ms", ".2f")):
+        table.add_row(key, format(s[key], fmt), format(s["ceiling"][key], fmt) if s["kind"] != "ceiling" else "")
+    console = Console()
+    console.print(table)
+    console.print(f"weights {s['weight_gb_per_gpu']:.1f} GB/GPU; KV capacity {s['kv_capacity_tokens']:,} tokens/GPU "
+                  f"at gpu_memory_utilization {s['gpu_memory_utilization']}; largest concurrency that fits "
+                  f"{s['max_concurrency']}")
+    console.print(f"{s['kind']}: {s['label']}")
+
+
+def kernel_time_cmd(
+        hardware: str = typer.Option(..., "--hardware", help="hardware profile (mi355x, h200, ...)"),
+        op: str = typer.Option(..., "--op", help="gemm or grouped_gemm"),
+        quant: str = typer.Option("bf16", "--quant", help="weight dtype: bf16, fp8, mxfp8, mxfp4"),
+        m: Optional[int] = typer.Option(None, "--m", help="gemm: tokens (rows)"),
+        n: Optional[int] = typer.Option(None, "--n", help="gemm: output columns"),
+        k: Optional[int] = typer.Option(None, "--k", help="gemm: reduction size"),
+        tokens: Optional[int] = typer.Option(None, "--tokens", help="grouped_gemm: tokens"),
+        hidden: Optional[int] = typer.Option(None, "--hidden", help="grouped_gemm: model width"),
+        inter: Optional[int] = typer.Option(None, "--inter", help="grouped_gemm: expert width per GPU"),
+        experts: Optional[int] = typer.Option(None, "--experts", help="grouped_gemm: expert rows (incl. fused shared)"),
+        topk: Optional[int] = typer.Option(None, "--topk", help="grouped_gemm: experts per token"),
+        routing: str = typer.Option("balanced", "--routing", help="balanced or zipf:S"),
+        calibration: Optional[str] = typer.Option(None, "--calibration", help="as for estimate; 'none' = ceiling"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Predicted microseconds of one GEMM or MoE grouped GEMM, and the bound that limits it."""
+    from m3lab.cost.kernel_time import kernel_time
+
+    cal = None if (calibration or "").lower() == "none" else (calibration or "default")
+    shape = (dict(m=m, n=n, k=k) if op == "gemm" else
+             dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, topk=topk, routing=routing))
+    res = kernel_time(hardware, op, quant=quant, calibration=cal, **shape)
+    if as_json:
+        _echo_json(res)
+        return
+    typer.echo(f"{res['us']:.2f} us ({res['kind']}; limited by {res['bound']}); ceiling {res['ceiling_us']:.2f} us")
+    for p in res["parts"]:
+        typer.echo(f"  {p['op']}: {p['us']:.2f} us, {p['bound']}-bound, efficiency {p['efficiency']:.2f}")
+    typer.echo(res["label"])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate")(estimate_cmd)
+    app.command("kernel-time")(kernel_time_cmd)

@@ -1,0 +1,186 @@
+"""Engine-step times for the serving estimates: OpTable -> cost, memoised on a coarse step signature.
+
+A serving run has thousands of steps whose shapes barely differ (a decode batch one token longer
+each step). :class:`StepCoster` maps each :class:`~m3lab.workload.step.EngineStep` to a
+representative step — decode contexts replaced by their mean, context and chunk lengths rounded to
+``QUANTUM`` relative steps; in steps with a prefill chunk the decode count and chunks under a tenth
+of the step's tokens to ``MIXED_QUANTUM`` — builds and costs that step's OpTable once under both the ceiling and
+the calibration, and reuses it. Layers of the same structure (attention kind, own top-k, MLP kind)
+have identical rows, so each is costed once with ``calls`` = its layer count.
+
+Speculative decoding (``spec_tokens`` = K > 0): every decode row verifies K + 1 tokens, and a draft
+model runs K steps costing ``draft_cost`` × the target's plain decode step each.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from m3lab.cost.model import cost_columns
+from m3lab.workload.step import EngineStep
+
+QUANTUM = 1.03            # relative rounding of context / chunk lengths in the memo key (3%)
+MIXED_QUANTUM = 1.15      # relative rounding of the decode count, and of small chunks, in prefill steps
+MODES = ("ceiling", "calibrated")
+AGG_COLUMNS = ("t_us", "t_bound_us", "flops", "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm")
+OPTABLE_CACHE_SIZE = 2048  # compact OpTables kept per process (a few kB each)
+_OPTABLE_CACHE: dict = {}
+DRAFT_COST = 0.05         # EAGLE3 draft step / target decode step: ~1 dense layer + LM head of M3's 60 layers
+
+
+def _bucket(x: float, quantum: float = QUANTUM) -> int:
+    return int(round(math.log(max(float(x), 1.0)) / math.log(quantum)))
+
+
+def _unbucket(b: int, quantum: float = QUANTUM) -> int:
+    return max(1, int(round(quantum ** b)))
+
+
+def _layer_classes(model) -> dict[int, int]:
+    """Representative layer -> number of layers with the same rows (attention kind, own top-k, MLP kind)."""
+    src = model.topk_source() if model.sparse else {}
+    groups: dict[tuple, list[int]] = {}
+    for layer in range(model.layers):
+        key = (model.attn_types[layer], src.get(layer) == layer, model.mlp_types[layer])
+        groups.setdefault(key, []).append(layer)
+    return {layers[0]: len(layers) for layers in groups.values()}
+
+
+@dataclass
+class StepCoster:
+    """Time (µs) of an engine step under the ceiling and (optionally) a calibration; see module docstring."""
+
+    model: object
+    plan: object
+    quant: object
+    hw: object
+    calibration: object = None          # a Calibration or None (ceiling only)
+    routing: object = None
+    spec_tokens: int = 0
+    draft_cost: float = DRAFT_COST
+    _memo: dict = field(default_factory=dict, repr=False)
+    _uses: Counter = field(default_factory=Counter, repr=False)
+
+    def __post_init__(self):
+        self._classes = _layer_classes(self.model)
+
+    # ---- keys and representative steps -------------------------------------------------------------
+    def key(self, step: EngineStep) -> tuple:
+        dec = step.is_decode
+        n_dec = int(dec.sum())
+        dec_ctx = _bucket(step.context_lens[dec].mean()) if n_dec else 0
+        total = step.num_tokens
+        pre = tuple(sorted((self._chunk_tokens(int(n), total), _bucket(c))
+                           for n, c in zip(step.new_tokens[~dec], step.context_lens[~dec])))
+        if pre and n_dec:  # prefill chunks dominate the step: the decode count matters less
+            n_dec = _unbucket(_bucket(n_dec, MIXED_QUANTUM), MIXED_QUANTUM)
+        return n_dec, dec_ctx, pre
+
+    @staticmethod
+    def _chunk_tokens(n: int, total: int) -> int:
+        """Rounded chunk length: to QUANTUM, or to MIXED_QUANTUM when under a tenth of the step's tokens."""
+        q = MIXED_QUANTUM if n * 10 < total else QUANTUM
+        return _unbucket(_bucket(n, q), q)
+
+    def representative(self, key: tuple, spec: bool) -> EngineStep:
+        n_dec, dec_ctx, pre = key
+        k = self.spec_tokens if spec else 0
+        new = [1 + k] * n_dec + [n for n, _ in pre]
+        ctx = [_unbucket(dec_ctx) + k] * n_dec + [max(_unbucket(c), n) for n, c in pre]
+        return EngineStep(np.asarray(new, np.int64), np.asarray(ctx, np.int64))
+
+    # ---- costing -------------------------------------------------------------------------------------
+    def compact_optable(self, step: EngineStep) -> pd.DataFrame:
+        """The step's OpTable reduced to one layer per structure class, with ``calls`` = layers in the class
+        (shared between estimates of the same model, plan and quantisation in this process)."""
+        from m3lab.optable import build_optable
+
+        shared = isinstance(self.routing, (str, type(None)))
+        key = (self.model.name, self.plan, getattr(self.quant, "name", str(self.quant)), self.routing,
+               step.signature()) if shared else None
+        if key is not None and key in _OPTABLE_CACHE:
+            return _OPTABLE_CACHE[key]
+        ot = build_optable(self.model, self.plan, self.quant, step, self.routing)
+        keep = ot["layer"].isin(list(self._classes)) | (ot["layer"] < 0)
+        out = ot[keep].copy()
+        out["calls"] = out["layer"].map(self._classes).fillna(1.0).to_numpy(dtype=float)
+        out = out.reset_index(drop=True)
+        if key is not None:
+            if len(_OPTABLE_CACHE) >= OPTABLE_CACHE_SIZE:
+                _OPTABLE_CACHE.pop(next(iter(_OPTABLE_CACHE)))
+            _OPTABLE_CACHE[key] = out
+        return out
+
+    def _per_op(self, ot: pd.DataFrame, cal) -> tuple[float, dict]:
+        """(step µs, {(op, kind): [t_us, t_bound_us, flops, bytes..., calls]}) of a compact OpTable."""
+        cols = {c: ot[c].to_numpy() for c in ot.columns}
+        res = cost_columns(cols, self.hw, cal)
+        calls = cols["calls"].astype(float)
+        mat = np.column_stack([res["t_us"], res["t_bound_us"]]
+                              + [np.nan_to_num(cols[c].astype(float)) for c in AGG_COLUMNS[2:]]) * calls[:, None]
+        mat = np.column_stack([mat, calls])
+        labels = list(zip(cols["op"], cols["kind"]))
+        per_op: dict = {}
+        bounds: dict = {}
+        for i, lab in enumerate(labels):
+            per_op[lab] = per_op[lab] + mat[i] if lab in per_op else mat[i].copy()
+            if lab not in bounds or mat[i, 0] > bounds[lab][0]:
+                bounds[lab] = (mat[i, 0], res["bound"][i])
+        return float(mat[:, 0].sum()), per_op, {lab: b for lab, (_, b) in bounds.items()}
+
+    def _cost_entry(self, key: tuple) -> dict:
+        spec = self.spec_tokens > 0 and key[0] > 0
+        ot = self.compact_optable(self.representative(key, spec))
+        plain = self.compact_optable(self.representative(key, False)) if spec else None
+        entry = {}
+        for mode, cal in (("ceiling", None), ("calibrated", self.calibration)):
+            if mode == "calibrated" and cal is None:
+                continue
+            t, per_op, bounds = self._per_op(ot, cal)
+            if spec:
+                draft = self.spec_tokens * self.draft_cost * self._per_op(plain, cal)[0]
+                vec = np.zeros(len(AGG_COLUMNS) + 1)
+                vec[0], vec[-1] = draft, self.spec_tokens
+                per_op[("draft_model", "draft")] = vec
+                bounds[("draft_model", "draft")] = "memory"
+                t += draft
+            entry[mode] = (t, per_op, bounds)
+        return entry
+
+    def entry(self, step: EngineStep) -> dict:
+        key = self.key(step)
+        if key not in self._memo:
+            self._memo[key] = self._cost_entry(key)
+        return self._memo[key]
+
+    def time_us(self, step: EngineStep, mode: str = "ceiling", weight: float = 1.0) -> float:
+        """Step time in µs under ``mode``; ``weight`` (steps it stands for) accumulates the op totals."""
+        e = self.entry(step)
+        self._uses[(self.key(step), mode)] += weight
+        return e[mode][0]
+
+    @property
+    def distinct_steps(self) -> int:
+        return len(self._memo)
+
+    def op_totals(self, mode: str) -> pd.DataFrame:
+        """Per-op totals over every step timed so far under ``mode``: ``[op, kind, calls, t_us, bytes..., bound]``."""
+        acc: dict = {}
+        bound: dict = {}   # (op, kind) -> (time under that bound, bound): the bound where it spends most time
+        for (key, m), w in self._uses.items():
+            if m != mode:
+                continue
+            _, per_op, bounds = self._memo[key][mode]
+            for lab, vec in per_op.items():
+                acc[lab] = acc[lab] + w * vec if lab in acc else w * vec
+                t = w * vec[0]
+                if lab not in bound or t > bound[lab][0]:
+                    bound[lab] = (t, bounds.get(lab, "memory"))
+        cols = list(AGG_COLUMNS) + ["calls"]
+        out = pd.DataFrame([[op, kind, *vec] for (op, kind), vec in acc.items()], columns=["op", "kind", *cols])
+        out["bound"] = [bound[(o, k)][1] for o, k in zip(out["op"], out["kind"])]
+        return out

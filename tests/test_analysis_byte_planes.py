@@ -1,0 +1,135 @@
+"""Bytes counted twice (issue 4, item 3): a hand count of one MiniMax M3 TP4 MXFP8 decode step against the
+OpTable's byte planes, plus the byte-plane and time-by-plane views."""
+import random
+
+import numpy as np
+import pytest
+
+from m3lab.analysis.byte_planes import byte_planes, pd_kv_handoff, plane_totals, time_by_plane
+from m3lab.cost.model import cost_optable
+from m3lab.errors import M3LabError
+from m3lab.optable import build_optable
+from m3lab.spec.hardware import load_hardware
+from m3lab.spec.model import load_model
+from m3lab.spec.plan import ParallelPlan
+from m3lab.workload.step import EngineStep
+
+# M3 text config (reference §1) and TP4 local sizes (reference §3), written out by hand on purpose.
+H, L, SPARSE, DENSE, MOE, DENSE_MLP = 6144, 60, 57, 3, 57, 3
+Q_LOCAL, KV_LOCAL, HD = 2048, 128, 128            # 16 q heads, 1 KV head per rank
+IDX_Q_LOCAL, IDX_K, IDX_D = 128, 128, 128         # index q heads shard like KV heads; index key replicated
+O_K, DENSE_I, EXPERT_I, EXPERTS, TOPK = 2048, 12288, 768, 128, 4
+VOCAB_LOCAL = 200064 // 4                         # 50016 (200064 is already a multiple of 64)
+BLOCK, TOPK_BLOCKS = 128, 16
+MX, BF16, FP32 = 1 + 1 / 32, 2, 4                 # MXFP8: one E8M0 scale byte per 32 weights
+TP = 4
+RING = 2 * (TP - 1) / TP                          # ring all-reduce: 2(p-1)/p of the payload per GPU
+GATHER = (TP - 1) / TP                            # gather of the vocab-parallel logits: (p-1)/p
+
+
+def hand_count(D: int, C: int) -> dict:
+    """Per-GPU bytes of one step of D decodes at KV length C (after the step), balanced routing with every
+    expert touched, bf16 KV and index caches (the mxfp8 preset)."""
+    T = D
+    weights = (L * (Q_LOCAL + 2 * KV_LOCAL) * H * MX            # qkv_proj (MXFP8)
+               + SPARSE * (IDX_Q_LOCAL + IDX_K) * H * BF16       # indexer q/k stay bf16 -> own GEMM
+               + L * H * O_K * MX                                # o_proj
+               + DENSE_MLP * 3 * DENSE_I // TP * H * MX          # dense MLP gate, up, down (layers 0-2)
+               + MOE * EXPERTS * H * FP32                        # router, fp32, replicated
+               + MOE * (EXPERTS + 1) * 3 * EXPERT_I * H * MX     # 128 routed + 1 fused shared expert, all touched
+               + T * H * BF16                                    # embedding rows looked up
+               + VOCAB_LOCAL * H * BF16)                         # lm_head shard
+    kv_tok, idx_tok = 2 * KV_LOCAL * BF16, IDX_D * BF16          # 512 B and 256 B per token per layer
+    sparse_keys = C if C <= TOPK_BLOCKS * BLOCK else (TOPK_BLOCKS - 1) * BLOCK + (C - 1) % BLOCK + 1
+    kv = (L * T * kv_tok + SPARSE * T * idx_tok                  # cache writes of the new token
+          + SPARSE * D * C * idx_tok                             # indexer reads every index key
+          + SPARSE * D * sparse_keys * kv_tok                    # sparse attention reads its 16 blocks
+          + DENSE * D * C * kv_tok)                              # dense layers 0-2 read everything
+    payload = T * H * BF16
+    comm = (2 * L * RING * payload                               # two all-reduces of [T, 6144] bf16 per layer
+            + RING * payload                                     # vocab-parallel embedding all-reduce
+            + GATHER * D * VOCAB_LOCAL * TP * BF16)              # logits [R, 200064] bf16 gathered
+    return {"weights": weights, "kv": kv, "communication": comm, "T": T}
+
+
+def hand_activations(D: int, C: int, scored_blocks: int) -> float:
+    """Activations read + written (bf16 unless the GEMM quantises its input to MXFP8)."""
+    T, R = D, D
+    routed = T * (TOPK + 1)
+    norm4 = 4 * T * H * BF16                                     # fused add+RMSNorm: x, residual in; out, residual out
+    gemm = lambda m, n, k, a: m * k * a + m * n * BF16  # noqa: E731
+    per_sparse = (norm4 + gemm(T, Q_LOCAL + 2 * KV_LOCAL, H, MX) + gemm(T, IDX_Q_LOCAL + IDX_K, H, BF16)
+                  + 2 * T * (Q_LOCAL + KV_LOCAL + IDX_Q_LOCAL + IDX_K) * BF16          # qk_norm
+                  + 2 * T * (16 + 1 + 1 + 1) * 64 * BF16                               # rope on 64 of 128 channels
+                  + T * (2 * KV_LOCAL + IDX_D) * BF16                                 # cache_write reads k, v, index k
+                  + T * IDX_Q_LOCAL * BF16 + scored_blocks * 4                        # indexer: index q in, scores out
+                  + scored_blocks * 4 + T * TOPK_BLOCKS * 4                           # topk: scores in, indices out
+                  + 2 * T * Q_LOCAL * BF16 + T * TOPK_BLOCKS * 4                      # attention: q in, o out, indices
+                  + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T)                   # o_proj; 2 all-reduces r+w
+                  + norm4)
+    per_dense_attn = (norm4 + gemm(T, Q_LOCAL + 2 * KV_LOCAL, H, MX) + 2 * T * (Q_LOCAL + KV_LOCAL) * BF16
+                      + 2 * T * (16 + 1) * 64 * BF16 + T * 2 * KV_LOCAL * BF16 + 2 * T * Q_LOCAL * BF16
+                      + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T) + norm4)
+    moe = (T * H * FP32 + T * EXPERTS * FP32                                     # router: fp32 input and logits
+           + gemm(routed, 2 * EXPERT_I, H, MX) + 3 * routed * EXPERT_I * BF16 + gemm(routed, H, EXPERT_I, MX))
+    dense_mlp = gemm(T, 2 * DENSE_I // TP, H, MX) + 3 * T * DENSE_I // TP * BF16 + gemm(T, H, DENSE_I // TP, MX)
+    edges = (T * H * BF16 + T * 8 + 2 * payload_bytes(T)                                      # embedding + its all-reduce
+             + 3 * T * H * BF16 + gemm(R, VOCAB_LOCAL, H, BF16) + R * VOCAB_LOCAL * TP * BF16)  # final norm, head, gather
+    return SPARSE * (per_sparse + moe) + DENSE * (per_dense_attn + dense_mlp) + edges
+
+
+def payload_bytes(T: int) -> float:
+    return T * H * BF16
+
+
+@pytest.fixture(scope="module")
+def m3():
+    return load_model("minimax-m3")
+
+
+def test_hand_count_matches_optable_planes(m3):
+    rng = random.Random()
+    D, C = rng.randint(1024, 1536), rng.randint(2500, 20000)   # D >= 1024: every expert touched
+    ot = build_optable(m3, ParallelPlan(tp=TP), "mxfp8", EngineStep.decode(D, C))
+    got = plane_totals(ot)
+    ref = hand_count(D, C)
+    norms = ot[ot["kind"] == "norm"]["bytes_weight"].sum()
+    assert norms == 0  # the OpTable leaves norm weights out (~1.5 MB/GPU of 111 GB; reported)
+    for plane in ("weights", "kv", "communication"):
+        assert got[plane] == pytest.approx(ref[plane], rel=1e-6), plane
+    moe = ot[ot["kind"] == "grouped_gemm"]
+    assert moe["experts_active"].round(6).eq(EXPERTS + 1).all()
+    # all-reduce algorithm factor stated on the rows
+    ar = ot[ot["kind"] == "allreduce"]
+    assert len(ar) == 2 * L + 1 and np.allclose(ar["comm_factor"], RING) and set(ar["comm_algo"]) == {"ring"}
+    cnt = ot[ot["op"] == "indexer"].iloc[0]
+    scored = (cnt["bytes_compute"] - D * IDX_Q_LOCAL * BF16) / 4
+    assert scored == D * ((C - 1) // BLOCK + 1)                # query at position C-1 scores all its blocks
+    act = hand_activations(D, C, int(scored))
+    assert got["activations"] == pytest.approx(act, rel=1e-6)
+
+
+def test_byte_planes_views(m3):
+    D, C = random.randint(8, 64), random.randint(1000, 9000)
+    ot = build_optable(m3, ParallelPlan(tp=TP), "mxfp8", EngineStep.decode(D, C))
+    planes = byte_planes(ot, gpus=TP, active_requests=D)
+    assert set(planes["plane"]) == {"compute", "persistent", "communication"}
+    assert planes["bytes_all_gpus"].sum() == pytest.approx(TP * sum(plane_totals(ot).values()))
+    parts = set(planes["part"])
+    assert {"weights mxfp8", "weights bf16", "weights fp32", "KV cache", "index-key cache"} <= parts
+    assert planes["bytes_per_gpu_per_request"].sum() == pytest.approx(sum(plane_totals(ot).values()) / D)
+    costed = cost_optable(ot, load_hardware("mi355x"), "default")
+    tbp = time_by_plane(costed)
+    assert tbp["us"].sum() == pytest.approx(costed["t_us"].sum())
+    with pytest.raises(M3LabError, match="gpus"):
+        byte_planes(ot, gpus=0)
+
+
+def test_pd_kv_handoff(m3):
+    import pandas as pd
+
+    isl = random.randint(100, 10000)
+    per_layer = pd.DataFrame({"layer": range(L), "part": "main KV", "bytes_per_token_per_rank": 2 * KV_LOCAL * BF16})
+    out = pd_kv_handoff(per_layer, isl, TP, link_bw=50e9)
+    assert out["bytes_per_rank"].sum() == L * 512 * isl
+    assert out["transfer_ms"].sum() == pytest.approx(L * 512 * isl / 50e9 * 1e3)

@@ -1,0 +1,56 @@
+"""Roofline cost per op over OpTable rows: ceiling terms, calibrated efficiency, floors, kernel-time."""
+import random
+
+import numpy as np
+import pytest
+
+from m3lab.cost.kernel_time import kernel_time
+from m3lab.cost.model import cost_optable
+from m3lab.optable import build_optable
+from m3lab.spec.hardware import load_hardware
+from m3lab.spec.plan import ParallelPlan
+from m3lab.workload.step import EngineStep
+
+
+@pytest.fixture(scope="module")
+def mi355x():
+    return load_hardware("mi355x")
+
+
+def _step():
+    return EngineStep.mixed(random.randint(1, 64), random.randint(200, 9000), random.randint(1, 4000))
+
+
+def test_ceiling_is_the_roofline(mi355x):
+    ot = build_optable("minimax-m3", ParallelPlan(tp=4), "mxfp8", _step())
+    c = cost_optable(ot, mi355x, None)
+    mem = ot[["bytes_compute", "bytes_weight", "bytes_kv"]].fillna(0).sum(axis=1)
+    assert set(c["peak_dtype"]) == {"mxfp8", "bf16"}  # the fp32 router at the bf16 rate (as Hardware.peak)
+    peak = np.where(c["peak_dtype"] == "mxfp8", 5.0e15, 2.5e15)  # MI355X datasheet
+    expect = np.maximum.reduce([ot["flops"].fillna(0) / peak, mem / 8.0e12, ot["bytes_comm"].fillna(0) / 537.6e9]) * 1e6
+    assert np.allclose(c["t_us"], expect)
+    assert (c["efficiency"] == 1).all() and (c["floor_us"] == 0).all()
+    assert c["cost_label"].iloc[0].startswith("ceiling: uncalibrated bound")
+    assert set(c.loc[c["kind"] == "allreduce", "bound"]) == {"comm"}
+
+
+def test_calibrated_is_slower_and_labelled(mi355x):
+    ot = build_optable("minimax-m3", ParallelPlan(tp=4), "mxfp8", _step())
+    ceil, cal = cost_optable(ot, mi355x, None), cost_optable(ot, mi355x, "default")
+    assert (cal["t_us"] >= ceil["t_us"] - 1e-9).all()
+    assert "aiter-mi355x" in cal["cost_label"].iloc[0]
+    gemm = cal[cal["kind"] == "gemm"]
+    assert (gemm["efficiency"] < 1).all() and (gemm["t_us"] >= gemm["floor_us"]).all()
+    fused = cal[cal["op"].isin(["post_attn_norm", "rope", "moe_act"])]
+    assert (fused["floor_us"] == 0).all()
+
+
+def test_kernel_time_matches_measured_gemm(mi355x, shared_dir):
+    """A GEMM from the AITER table: the calibrated prediction is within 20% of the measured µs."""
+    import pandas as pd
+
+    table = pd.read_csv(shared_dir / "data" / "aiter" / "a8w8_bpreshuffle_tuned_gemm_minimax_m3.csv")
+    row = table.sample(1).iloc[0]
+    res = kernel_time("mi355x", "gemm", m=int(row.M), n=int(row.N), k=int(row.K), quant="fp8")
+    assert res["us"] == pytest.approx(row.us, rel=0.2)
+    assert res["ceiling_us"] < row.us

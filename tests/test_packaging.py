@@ -1,0 +1,26 @@
+"""The wheel carries every module and data file (kernels/ as m3lab.kernels), built offline."""
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+DATA = (".yaml", ".yml", ".json", ".csv", ".toml")
+
+
+@pytest.mark.slow
+def test_wheel_holds_all_modules_and_data(repo_dir, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), str(repo_dir)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    wheel = next(tmp_path.glob("m3lab-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = set()
+    for top, prefix in (("m3lab", "m3lab/"), ("kernels", "m3lab/kernels/")):
+        for f in (repo_dir / top).rglob("*"):
+            if "__pycache__" in f.parts or not f.is_file():
+                continue
+            if f.suffix == ".py" or f.suffix in DATA:
+                expected.add(prefix + f.relative_to(repo_dir / top).as_posix())
+    missing = sorted(expected - names)
+    assert not missing, f"not in the wheel: {missing[:20]}"
