@@ -24,3 +24,12 @@ def test_wheel_holds_all_modules_and_data(repo_dir, tmp_path):
                 expected.add(prefix + f.relative_to(repo_dir / top).as_posix())
     missing = sorted(expected - names)
     assert not missing, f"not in the wheel: {missing[:20]}"
+
+
+def test_kernels_import_from_a_bare_source_tree(repo_dir, tmp_path):
+    """With only PYTHONPATH=<tree> (no install, no site-packages), m3lab.kernels is the tree's kernels/."""
+    res = subprocess.run([sys.executable, "-S", "-c",
+                          "import m3lab.kernels as k, os; print(os.path.dirname(k.__file__))"],
+                         capture_output=True, text=True, env={"PYTHONPATH": str(repo_dir)}, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(repo_dir / "kernels")

@@ -1,0 +1,99 @@
+"""``linear(x, w, w_format=...)``: the shape-aware launcher for the GEMM kernels.
+
+Picks a config by regime (decode: small M -> split-K kernel; prefill -> tiled kernel) from the tuned
+tables, checks the operands, and launches. ``out`` may be passed (e.g. poisoned by the gates).
+"""
+import torch
+import triton
+
+from .tables import GemmConfig, select_config
+from .gemm_splitk import gemm_splitk_kernel
+from .gemm_tiled import gemm_tiled_kernel
+from .reference import FP8_BLOCK, W_FORMATS
+
+MX_FORMATS = ("mxfp8", "mxfp4")
+_LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
+
+
+def native_mx(device: torch.device) -> bool:
+    """True where tl.dot_scaled runs on MX hardware: AMD gfx950, NVIDIA compute capability >= 10."""
+    if device.type != "cuda":
+        return False
+    if torch.version.hip:
+        return "gfx950" in torch.cuda.get_device_properties(device).gcnArchName
+    return torch.cuda.get_device_capability(device)[0] >= 10
+
+
+def _locks(device: torch.device, n: int) -> torch.Tensor:
+    buf = _LOCKS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _LOCKS[device] = buf
+    return buf
+
+
+def _scale_args(w: torch.Tensor, w_format: str, w_scale: torch.Tensor | None, n: int, k: int, config: GemmConfig):
+    """(scale tensor, s_sn, s_sk, SB_N, SB_K) for the kernels; a dummy pointer when unscaled."""
+    if w_format == "bf16":
+        return w, 0, 0, 1, config.BLOCK_K
+    if w_scale is None:
+        raise ValueError(f"w_scale: required for w_format={w_format!r}")
+    if w_format == "fp8" and w_scale.dim() == 1:            # per channel [N]
+        if w_scale.shape[0] != n:
+            raise ValueError(f"w_scale: per-channel fp8 scales must be [N={n}], got {list(w_scale.shape)}")
+        return w_scale.float().contiguous(), 1, 0, 1, config.BLOCK_K
+    if w_format == "fp8":                                    # per 128 x 128 block
+        shape = [triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK)]
+        if list(w_scale.shape) != shape:
+            raise ValueError(f"w_scale: block fp8 scales must be {shape}, got {list(w_scale.shape)}")
+        s = w_scale.float().contiguous()
+        return s, s.stride(0), s.stride(1), FP8_BLOCK, FP8_BLOCK
+    if list(w_scale.shape) != [n, k // 32] or w_scale.dtype != torch.uint8:
+        raise ValueError(f"w_scale: MX scales must be uint8 [N={n}, K/32={k // 32}], got {w_scale.dtype} {list(w_scale.shape)}")
+    return w_scale, w_scale.stride(0), w_scale.stride(1), 1, 1
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale: torch.Tensor | None = None,
+           config: GemmConfig | None = None, regime: str | None = None, out: torch.Tensor | None = None,
+           use_native_mx: bool | None = None) -> torch.Tensor:
+    """x [M, K] (bf16; fp16/fp32 for CPU tests), w [N, K] (mxfp4: uint8 [N, K/2]) -> y [M, N] in x.dtype.
+
+    config: force a launch config; regime: "decode" | "prefill" forces the heuristic of that regime;
+    use_native_mx: force tl.dot_scaled on (interpreter tests) or off (default: where the GPU has MX).
+    """
+    if w_format not in W_FORMATS:
+        raise ValueError(f"w_format: {w_format!r} is not one of {W_FORMATS}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected [M, K], got shape {list(x.shape)}")
+    m, k = x.shape
+    n = w.shape[0]
+    k_w = w.shape[1] * (2 if w_format == "mxfp4" else 1)
+    if k_w != k:
+        raise ValueError(f"w: K={k_w} does not match x's K={k}")
+    if w_format == "bf16" and w.dtype != x.dtype:
+        raise ValueError(f"w: unquantised weights must have x's dtype {x.dtype}, got {w.dtype}")
+    if w_format in MX_FORMATS and k % 32:
+        raise ValueError(f"x: K={k} must be a multiple of 32 for {w_format}")
+    config = config or select_config(m, n, k, w_format, x.device, regime)
+    s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)
+    native = (native_mx(x.device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
+    common = dict(W_FORMAT=w_format, SB_N=sb_n, SB_K=sb_k, NATIVE_MX=native,
+                  X_FMT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"),
+                  BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
+                  **config.compiler_options(bool(torch.version.hip)))
+    strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1))
+    if config.kernel == "tiled":
+        grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N),)
+        gemm_tiled_kernel[grid](x, w, s, y, m, n, k, *strides, GROUP_M=config.GROUP_M, **common)
+        return y
+    split = max(1, min(config.SPLIT_K, triton.cdiv(k, config.BLOCK_K)))
+    k_split = triton.cdiv(triton.cdiv(k, split), config.BLOCK_K) * config.BLOCK_K
+    split = triton.cdiv(k, k_split)                      # no empty splits
+    grid = (triton.cdiv(n, config.BLOCK_N), triton.cdiv(m, config.BLOCK_M), split)
+    tiles = grid[0] * grid[1]
+    part = torch.empty(split * tiles * config.BLOCK_N * config.BLOCK_M if split > 1 else 1,
+                       device=x.device, dtype=torch.float32)
+    gemm_splitk_kernel[grid](x, w, s, y, part, _locks(x.device, tiles), m, n, k, k_split, *strides,
+                             SPLIT_K=split, **common)
+    return y

@@ -1,0 +1,135 @@
+"""Launch configs for the GEMM kernels and their tuned tables (JSON, one file per problem and device).
+
+A table file is named ``N={N},K={K},w={w_format},device={device}.json`` (after vLLM's fused-MoE
+configs) and maps the token count M to a config::
+
+    {"1": {"kernel": "splitk", "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 4, ...}, ...}
+
+At run time the entry with the nearest M is used; without a table, :func:`heuristic_config`.
+Tables are written only by the tuner (``m3lab tune gemm``); see kernels/gemm/README.md.
+"""
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+KERNELS = ("tiled", "splitk")
+DECODE_MAX_M = 64       # regime boundary of the heuristic (the tuner decides where tables exist)
+FILL_PROGRAMS = 2       # split-K target: programs >= 2 x SMs, so each SM streams two weight slices
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One launch: which kernel, its tiles and compiler options (AMD-only options None elsewhere)."""
+    kernel: str = "tiled"            # "tiled" (prefill, grouped order) | "splitk" (decode, swapped, split-K)
+    BLOCK_M: int = 128
+    BLOCK_N: int = 128
+    BLOCK_K: int = 64
+    GROUP_M: int = 8                 # tiled only: row tiles per column sweep (1 = row-major order)
+    SPLIT_K: int = 1                 # splitk only
+    num_warps: int = 4
+    num_stages: int = 3
+    waves_per_eu: int | None = None          # AMD: occupancy hint (wave64)
+    matrix_instr_nonkdim: int | None = None  # AMD: MFMA 16 or 32
+    kpack: int | None = None                 # AMD: K packing of MFMA operands
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel: {self.kernel!r} is not one of {KERNELS}")
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name}: {v} must be a power of two >= 16")
+        if self.BLOCK_K < 32:
+            raise ValueError("BLOCK_K: must be >= 32 (one MX block)")
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)} (known: {sorted(known)})")
+        return cls(**d)
+
+    def compiler_options(self, is_hip: bool) -> dict:
+        """num_warps/num_stages, plus the AMD options when running on ROCm."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if is_hip:
+            opts.update({k: v for k, v in (("waves_per_eu", self.waves_per_eu), ("kpack", self.kpack),
+                                           ("matrix_instr_nonkdim", self.matrix_instr_nonkdim)) if v is not None})
+        return opts
+
+
+def device_name(device: torch.device | str) -> str:
+    """'NVIDIA_H200', 'AMD_Instinct_MI355X', ... or 'cpu' (spaces as underscores, as vLLM names tables)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+def table_path(n: int, k: int, w_format: str, device: str, config_dir: Path | None = None) -> Path:
+    """configs/N={n},K={k},w={w_format},device={device}.json (config_dir: default CONFIG_DIR)."""
+    return Path(config_dir or CONFIG_DIR) / f"N={n},K={k},w={w_format},device={device}.json"
+
+
+@lru_cache(maxsize=None)
+def load_table(path: Path) -> dict[int, GemmConfig]:
+    """Table file -> {M: config}; {} when the file does not exist."""
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    return {int(m): GemmConfig.from_dict(c) for m, c in raw.items()}
+
+
+def write_table(path: Path, table: dict[int, GemmConfig]) -> Path:
+    """Write {M: config} as JSON sorted by M (the tuner's output)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({str(m): table[m].to_dict() for m in sorted(table)}, indent=1) + "\n")
+    load_table.cache_clear()
+    return path
+
+
+def nearest(table: dict[int, GemmConfig], m: int) -> GemmConfig | None:
+    """The entry with the nearest M (ties: the smaller M), or None for an empty table."""
+    if not table:
+        return None
+    return table[min(table, key=lambda t: (abs(t - m), t))]
+
+
+def heuristic_config(m: int, n: int, k: int, w_format: str = "bf16", regime: str | None = None,
+                     sms: int = 132) -> GemmConfig:
+    """Fallback when no table covers (N, K, w_format, device).
+
+    decode (M <= 64): swapped split-K tiles 64 x 128, SPLIT_K so that about 2 x SMs programs
+    stream weights; prefill: 128 x 128 x 64 tiles in groups of 8 row tiles.
+    """
+    regime = regime or ("decode" if m <= DECODE_MAX_M else "prefill")
+    if regime == "decode":
+        block_m = max(16, min(64, 1 << max(0, math.ceil(math.log2(max(m, 1))))))
+        tiles = math.ceil(n / 64) * math.ceil(m / block_m)
+        split = max(1, min(math.ceil(FILL_PROGRAMS * sms / tiles), k // 256))
+        split = 1 << int(math.log2(split))
+        # 64 x 128 weight tiles, 4 stages: <= 4 x (16 + 16) KiB of shared memory at BLOCK_M 64
+        # (H200, 2026-11-29: BLOCK_K 256-512 with 4 stages ran out of the 227 KiB at BLOCK_M 64)
+        return GemmConfig("splitk", block_m, 64, 128, 1, split, num_warps=4, num_stages=4)
+    block_m = 64 if m <= 256 else 128
+    return GemmConfig("tiled", block_m, 128, 64, 8, 1, num_warps=4 if block_m == 64 else 8, num_stages=3)
+
+
+def select_config(m: int, n: int, k: int, w_format: str, device: torch.device | str,
+                  regime: str | None = None) -> GemmConfig:
+    """Tuned table entry (nearest M) for this problem and device; the heuristic when none, or when a regime is forced."""
+    if regime is None:
+        cfg = nearest(load_table(table_path(n, k, w_format, device_name(device))), m)
+        if cfg is not None:
+            return cfg
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if torch.device(device).type == "cuda" else 8
+    return heuristic_config(m, n, k, w_format, regime, sms)

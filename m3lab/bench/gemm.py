@@ -1,0 +1,171 @@
+"""GEMM benchmark: our launcher vs cuBLAS (``torch.nn.functional.linear``) side by side.
+
+``python -m m3lab.bench.gemm [--ms 1,8,...] [--formats bf16,mxfp8,mxfp4] [--out traces/bench/gemm.csv]``
+(GPU only). Providers: ``cublas`` (bf16 weights), ``triton`` (the launcher: tuned table, nearest M)
+and ``triton-prefill-tiles`` (the same kernel forced to the shape's prefill tile: the decode-vs-prefill
+tile comparison). FLOP and byte counts are defined here, next to the timing that uses them.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.gemm import launcher
+from ..kernels.gemm.tables import select_config
+from ..kernels.gemm.reference import quantize_weight
+from .ceilings import Ceilings
+from .table import BenchRow, commit_id, today
+from .timing import Timing, copies_needed, graph_time
+
+# MiniMax M3 at TP4, the distinct dense GEMMs (N, K) per rank: sparse-layer fused qkv+indexer, dense-layer
+# qkv, o_proj, dense-MLP gate_up, dense-MLP down (../shared/reference/minimax_m3.md, per-rank widths). The
+# OpTable gives the same set (m3lab.tune.gemm.model_gemm_shapes; tested); hard-coded so the benchmark
+# runs without it.
+M3_TP4_SHAPES = ((2560, 6144), (2304, 6144), (6144, 2048), (6144, 6144), (6144, 3072))
+DEFAULT_MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+W_FORMATS = ("bf16", "mxfp8", "mxfp4")
+PREFILL_REF_M = 4096          # the prefill tile of a shape = its tuned config at this M
+TILE_COMPARE_MAX_M = 128      # decode-vs-prefill tiles are compared up to this M
+
+
+def weight_bytes(n: int, k: int, w_format: str) -> float:
+    """Bytes of W incl. scales: bf16 2/elem, fp8 1 (+4/row), mxfp8 1 + 1/32, mxfp4 1/2 + 1/32."""
+    return n * k * {"bf16": 2.0, "fp8": 1.0, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32}[w_format] \
+        + (4 * n if w_format == "fp8" else 0)
+
+
+def gemm_flops(m: int, n: int, k: int) -> float:
+    return 2.0 * m * n * k
+
+
+def gemm_bytes(m: int, n: int, k: int, w_format: str) -> float:
+    """Fewest bytes moved: W once, x (bf16) once, y (bf16) once."""
+    return weight_bytes(n, k, w_format) + 2.0 * m * k + 2.0 * m * n
+
+
+@dataclass
+class Operands:
+    """Copies of one problem's operands (rotated so a graph replay never reads W from L2)."""
+    x: torch.Tensor
+    ws: list[tuple[torch.Tensor, torch.Tensor | None]]
+    ys: list[torch.Tensor]
+
+
+def make_operands(m: int, n: int, k: int, w_format: str, device: torch.device) -> Operands:
+    """bf16 activations and rotated weight copies on a GPU; one fp16 copy on the CPU (interpreter)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    w0 = torch.randn(n, k, device=device, dtype=dtype) / k**0.5
+    w, s = quantize_weight(w0, w_format)
+    copies = copies_needed(int(weight_bytes(n, k, w_format)), device) if device.type == "cuda" else 1
+    ws = [(w.clone(), None if s is None else s.clone()) for _ in range(copies)]
+    x = torch.randn(m, k, device=device, dtype=dtype)
+    return Operands(x, ws, [torch.empty(m, n, device=device, dtype=dtype) for _ in range(copies)])
+
+
+def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, k: int) -> list:
+    """One closure per operand copy for a provider."""
+    if provider == "cublas":
+        return [lambda w=w: torch.nn.functional.linear(ops.x, w) for w, _ in ops.ws]
+    config = None
+    if provider == "triton-prefill-tiles":
+        config = select_config(PREFILL_REF_M, n, k, w_format, ops.x.device)
+    return [lambda w=w, s=s, y=y: launcher.linear(ops.x, w, w_format=w_format, w_scale=s, out=y, config=config)
+            for (w, s), y in zip(ops.ws, ops.ys)]
+
+
+def bench_row(provider: str, m: int, n: int, k: int, w_format: str, timing, ceilings: Ceilings,
+              device: str, op: str = "gemm") -> BenchRow:
+    flops, nbytes = gemm_flops(m, n, k), gemm_bytes(m, n, k, w_format)
+    label, floor_us = ceilings.bound(flops, nbytes)
+    t = timing.us_p50
+    return BenchRow(op, provider, f"M={m},N={n},K={k}", w_format, timing.us_p20, t, timing.us_p80,
+                    flops / t / 1e6, nbytes / t / 1e6, floor_us / t, label, device, commit_id(), today())
+
+
+def bench_point(m: int, n: int, k: int, w_format: str, providers: tuple[str, ...], ceilings: Ceilings,
+                rep_ms: float = 60.0) -> list[BenchRow]:
+    """Time every provider at one (M, N, K, w_format) on the current CUDA device."""
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name(device).replace(" ", "_")
+    rows = []
+    for provider in providers:
+        if provider == "cublas" and w_format != "bf16":
+            continue
+        if provider == "triton-prefill-tiles" and m > TILE_COMPARE_MAX_M:
+            continue
+        ops = make_operands(m, n, k, "bf16" if provider == "cublas" else w_format, device)
+        timing = graph_time(provider_calls(provider, ops, w_format, m, n, k), rep_ms=rep_ms)
+        rows.append(bench_row(provider, m, n, k, w_format, timing, ceilings, name))
+        del ops
+    return rows
+
+
+def bench_gemm(shapes=M3_TP4_SHAPES, ms=DEFAULT_MS, w_formats=W_FORMATS,
+               providers=("cublas", "triton", "triton-prefill-tiles"), ceilings: Ceilings | None = None,
+               rep_ms: float = 60.0, log=print, deadline: float | None = None) -> list[BenchRow]:
+    """The whole grid, format by format; cuBLAS rows only for bf16 (the baseline every format is compared with).
+
+    ``deadline`` (a time.time() value): points not started by then are skipped (and logged).
+    """
+    import time
+    ceilings = ceilings or Ceilings()
+    rows = []
+    for w_format in w_formats:
+        for n, k in shapes:
+            for m in ms:
+                if deadline is not None and time.time() > deadline:
+                    log(f"bench: deadline reached, skipping from M={m} N={n} K={k} {w_format}")
+                    return rows
+                try:
+                    new = bench_point(m, n, k, w_format, tuple(providers), ceilings, rep_ms)
+                except Exception as err:  # keep the session going; the log says what failed
+                    log(f"bench failed M={m} N={n} K={k} {w_format}: {type(err).__name__}: {str(err)[:300]}")
+                    continue
+                rows.extend(new)
+                log(" ".join(f"{r.provider}:{r.us_p50:.1f}us" for r in new) + f"  M={m} N={n} K={k} {w_format}")
+    return rows
+
+
+def main(ms: str = ",".join(map(str, DEFAULT_MS)), formats: str = ",".join(W_FORMATS),
+         out: str = "traces/bench/gemm.csv", measure: bool = True) -> None:
+    """Benchmark the M3 TP4 GEMM shapes and append to the table."""
+    from .ceilings import measure_ceilings
+    from .table import append_rows
+    ceilings = measure_ceilings(torch.device("cuda")) if measure else Ceilings()
+    rows = bench_gemm(ms=tuple(int(v) for v in ms.split(",")), w_formats=tuple(formats.split(",")),
+                      ceilings=ceilings)
+    print(append_rows(out, rows))
+
+
+if __name__ == "__main__":
+    import typer
+    typer.run(main)
+
+
+def time_provider(provider: str, m: int, n: int, k: int, w_format: str, rep_ms: float = 60.0):
+    """Graph-replayed Timing of one provider at one point (the perf gates' re-measurement)."""
+    device = torch.device("cuda")
+    ops = make_operands(m, n, k, "bf16" if provider == "cublas" else w_format, device)
+    return graph_time(provider_calls(provider, ops, w_format, m, n, k), rep_ms=rep_ms)
+
+
+def time_row(row) -> Timing:
+    """Re-measure a row of a gemm benchmark table (shape 'M=..,N=..,K=..')."""
+    dims = dict(part.split("=") for part in str(row["shape"]).split(","))
+    return time_provider(str(row["provider"]), int(dims["M"]), int(dims["N"]), int(dims["K"]), str(row["dtype"]))
+
+
+def gemm_table(device: str = "cpu", ms=(1, 32, 2048), w_formats=W_FORMATS, path=None):
+    """The GEMM benchmark table as a DataFrame: measured live on a GPU (``device="cuda"``: the M3 shapes
+    at ``ms``), else the committed H200 table (traces/bench/gemm.csv, or ``path``)."""
+    import pandas as pd
+
+    from .table import TRACES_BENCH, read_table
+    if device == "cuda":
+        from .ceilings import measure_ceilings
+        rows = bench_gemm(ms=tuple(ms), w_formats=tuple(w_formats),
+                          ceilings=measure_ceilings(torch.device("cuda")), log=lambda s: None)
+        df = pd.DataFrame([r.__dict__ for r in rows])
+        dims = df["shape"].str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(int)
+        df["M"], df["N"], df["K"] = dims[0], dims[1], dims[2]
+        return df
+    return read_table(path or TRACES_BENCH / "gemm.csv")

@@ -1,0 +1,103 @@
+"""``m3lab gate`` (checklist step 5) and ``m3lab tune gemm``.
+
+    m3lab gate [--device cpu|cuda] [--only 'gemm.*'] [--no-perf] [--threshold 0.10] [--baseline CSV] [--json]
+    m3lab tune gemm [--model minimax-m3 --tp 4 | --shapes 2560x6144,...] [--formats bf16,mxfp8,mxfp4] [--budget-s 240] [--json]
+
+``gate`` exits 0 when every correctness and performance gate passes, 1 otherwise (2 on bad input).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import List, Optional
+
+import typer
+
+from m3lab.errors import M3LabError
+
+tune_app = typer.Typer(help="Tune kernel launch tables on the GPU (writes kernels/<op>/configs/).",
+                       no_args_is_help=True)
+
+
+def _clean(v):
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    return v.item() if hasattr(v, "item") else v
+
+
+def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small shapes) or cuda (model shapes)"),
+         only: Optional[List[str]] = typer.Option(None, help="fnmatch pattern of gate names, e.g. 'gemm.*' (repeatable)"),
+         perf: bool = typer.Option(True, help="also run the performance gates (cuda, when a baseline exists)"),
+         threshold: float = typer.Option(0.10, help="allowed slowdown vs the baseline (0.10 = 10%)"),
+         baseline: Optional[str] = typer.Option(None, help="baseline CSV (default traces/gates/baseline_<device>.csv)"),
+         save: Optional[str] = typer.Option(None, help="write the result table to this CSV"),
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Check every kernel against its reference (and its speed against the baseline); one exit code."""
+    from m3lab.gates.runner import run_gates, summary
+    df = run_gates(device, names=only, perf=perf, baseline=baseline, threshold=threshold)
+    if save:
+        df.to_csv(save, index=False)
+    result = summary(df)
+    if as_json:
+        typer.echo(json.dumps(_clean({"device": device, **result})))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+        table = Table(title=f"gates on {device}")
+        for col in ("gate", "case", "metric", "value", "limit", "passed"):
+            table.add_column(col)
+        for _, r in df.iterrows():
+            table.add_row(r["gate"], r["case"], r["metric"], f"{r['value']:.3g}", f"{r['limit']:.3g}",
+                          "[green]pass[/]" if r["passed"] else f"[red]FAIL[/] {r['detail']}")
+        Console().print(table)
+        typer.echo(f"{'PASSED' if result['passed'] else 'FAILED'}: {result['cases'] - result['failed']}/"
+                   f"{result['cases']} passed")
+    raise typer.Exit(0 if result["passed"] else 1)
+
+
+def _parse_shapes(text: str | None, model: str, tp: int):
+    from m3lab.tune.gemm import model_gemm_shapes
+    if not text:
+        return model_gemm_shapes(model, tp)
+    try:
+        return tuple(tuple(int(v) for v in s.lower().split("x")) for s in text.split(","))
+    except ValueError:
+        raise M3LabError(f"shapes: {text!r} is not a list like 2560x6144,6144x2048 (N x K)", field="shapes")
+
+
+@tune_app.command("gemm")
+def tune_gemm_cmd(shapes: Optional[str] = typer.Option(None, help="N x K list (default: the model's GEMMs from the OpTable)"),
+                  model: str = typer.Option("minimax-m3", help="model whose OpTable gives the shapes"),
+                  tp: int = typer.Option(4, help="tensor-parallel size of those shapes"),
+                  formats: str = typer.Option("bf16,mxfp8,mxfp4", help="weight formats"),
+                  ms: Optional[str] = typer.Option(None, help="token counts M to tune (default decode+prefill set)"),
+                  budget_s: float = typer.Option(240.0, help="stop after this many seconds"),
+                  config_dir: Optional[str] = typer.Option(None, help="where to write tables (default kernels/gemm/configs)"),
+                  as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Benchmark candidate GEMM configs at the model's shapes on the GPU and write the tables."""
+    import torch
+
+    from m3lab.kernels.gemm.reference import W_FORMATS
+    from m3lab.kernels.gemm.tables import CONFIG_DIR
+    from m3lab.tune import gemm as tuner
+    fmts = tuple(formats.split(","))
+    bad = [f for f in fmts if f not in W_FORMATS]
+    if bad:
+        raise M3LabError(f"formats: {bad} not in {W_FORMATS}", field="formats")
+    nk = _parse_shapes(shapes, model, tp)
+    if not torch.cuda.is_available():
+        raise M3LabError("tune: needs a GPU (timings on the CPU interpreter mean nothing)", field="device")
+    m_list = tuple(int(v) for v in ms.split(",")) if ms else tuner.DECODE_MS + tuner.PREFILL_MS
+    df = tuner.tune_gemm(nk, fmts, m_list, config_dir=config_dir or CONFIG_DIR,
+                         budget_s=budget_s, log=(lambda s: None) if as_json else typer.echo)
+    if as_json:
+        typer.echo(json.dumps({"timings": len(df), "ok": int(df["us"].notna().sum()) if len(df) else 0}))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gate")(gate)
+    app.add_typer(tune_app, name="tune")

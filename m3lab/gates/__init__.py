@@ -1,0 +1,10 @@
+"""Checklist step 5, gates: every kernel against its reference, and performance against a baseline.
+
+``run_gates(device)`` -> one DataFrame of results; ``m3lab gate`` turns it into one exit code.
+Kernels plug in by adding a module to :data:`m3lab.gates.registry.GATE_MODULES` that calls
+:func:`m3lab.gates.registry.register` (see m3lab/gates/gemm.py for the pattern).
+"""
+from .registry import Case, Gate, all_gates, register
+from .runner import run_gates
+
+__all__ = ["Case", "Gate", "all_gates", "register", "run_gates"]

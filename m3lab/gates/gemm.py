@@ -1,0 +1,78 @@
+"""Gates for kernels/gemm: the launcher and each kernel vs ``linear_ref`` for every weight format.
+
+CPU (interpreter): awkward small shapes (M 1/7/33; N, K not multiples of the tiles), fp16
+activations, the auto config plus both kernels forced; the native-MX (``tl.dot_scaled``) path too
+where the interpreter has it. CUDA: the MiniMax M3 TP4 shapes, bf16 activations, M from decode
+to prefill, the auto (tuned) config plus the other regime's tiles.
+"""
+import torch
+import triton
+
+from ..kernels.gemm import launcher
+from ..kernels.gemm.tables import GemmConfig
+from ..kernels.gemm.reference import linear_ref, quantize_weight
+from .checks import poison_
+from .inputs import act_dtype
+from .perf import register_timer
+from .registry import Case, Gate, register
+
+GEMM_FORMATS = ("bf16", "fp8", "mxfp8", "mxfp4")
+CPU_PROBLEMS = ((1, 80, 96), (7, 100, 160), (33, 72, 224))
+CPU_CONFIGS = {"tiled": GemmConfig("tiled", 16, 32, 64, GROUP_M=2),
+               "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3)}
+# MiniMax M3 TP4 (N, K): the default set of m3lab.bench.gemm
+GPU_SHAPES = ((2560, 6144), (2304, 6144), (6144, 2048), (6144, 6144), (6144, 3072))
+GPU_MS = (1, 7, 33, 128, 2048)
+
+
+def _interpreter_has_dot_scaled() -> bool:
+    return tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 9)
+
+
+def _case(fmt: str, m: int, n: int, k: int, device: torch.device, label: str, block_scales: bool = False,
+          **launch) -> Case:
+    dtype = act_dtype(device)
+
+    def run():
+        w0 = torch.randn(n, k, device=device) / k**0.5
+        if block_scales:
+            w, _ = quantize_weight(w0, "fp8")
+            s = torch.rand(triton.cdiv(n, 128), triton.cdiv(k, 128), device=device) * 0.02 + 0.005
+        else:
+            w, s = quantize_weight(w0.to(dtype) if fmt == "bf16" else w0, fmt)
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        out = poison_(torch.empty(m, n, device=device, dtype=dtype))
+        launcher.linear(x, w, w_format=fmt, w_scale=s, out=out, **launch)
+        return out, linear_ref(x.float(), w, w_format=fmt, w_scale=s)
+    return Case(f"M={m},N={n},K={k},{label}", str(dtype).removeprefix("torch."), run)
+
+
+def _cases(fmt: str, device: torch.device):
+    if device.type != "cuda":
+        for m, n, k in CPU_PROBLEMS:
+            yield _case(fmt, m, n, k, device, "auto")
+            for name, cfg in CPU_CONFIGS.items():
+                yield _case(fmt, m, n, k, device, name, config=cfg)
+            if fmt == "fp8":
+                yield _case(fmt, m, n, k, device, "block_scales", block_scales=True)
+            if fmt.startswith("mx") and _interpreter_has_dot_scaled():
+                yield _case(fmt, m, n, k, device, "native_mx", config=CPU_CONFIGS["splitk"], use_native_mx=True)
+        return
+    for n, k in GPU_SHAPES:
+        for m in GPU_MS:
+            yield _case(fmt, m, n, k, device, "auto")
+            other = "prefill" if m <= 128 else "decode"
+            yield _case(fmt, m, n, k, device, f"{other}_tiles", regime=other)
+
+
+for _fmt in GEMM_FORMATS:
+    register(Gate(f"gemm.{_fmt}", "gemm", lambda d, f=_fmt: list(_cases(f, d)),
+                  doc=f"y = x @ Wᵀ with {_fmt} weights vs linear_ref"))
+
+
+def _time_row(row):
+    from ..bench.gemm import time_row
+    return time_row(row)
+
+
+register_timer("gemm", _time_row)

@@ -1,0 +1,97 @@
+"""Run the gates: correctness of every registered kernel, then performance against the baseline.
+
+Result columns: gate, case, kind (correctness | perf), device, dtype, metric (rel_rms |
+mismatch | regression), value, limit, passed, detail. The whole run passes iff every row passes.
+"""
+import fnmatch
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..errors import M3LabError
+from . import checks
+
+RESULT_COLUMNS = ("gate", "case", "kind", "device", "dtype", "metric", "value", "limit", "passed", "detail")
+
+
+def _prepare(device: str) -> torch.device:
+    """cpu: the Triton interpreter (must be on before the kernels are imported); cuda: a GPU."""
+    if device not in ("cpu", "cuda"):
+        raise M3LabError(f"device: {device!r} is not 'cpu' or 'cuda'", field="device")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise M3LabError("device: cuda requested but no GPU is visible (use --device cpu)", field="device")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            raise M3LabError("device: cuda with TRITON_INTERPRET=1 set (unset it)", field="device")
+        return torch.device("cuda")
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from ..kernels.gemm import gemm_tiled
+    if type(gemm_tiled.gemm_tiled_kernel).__name__ != "InterpretedFunction":
+        raise M3LabError("device: cpu gates need the Triton interpreter, but the kernels were imported "
+                         "without it (set TRITON_INTERPRET=1 before starting)", field="device")
+    return torch.device("cpu")
+
+
+def correctness_results(device: torch.device, names: list[str] | None = None) -> list[dict]:
+    from .registry import all_gates
+    out = []
+    for gate in all_gates().values():
+        if names and not any(fnmatch.fnmatch(gate.name, pat) for pat in names):
+            continue
+        for case in gate.cases(device):
+            metric = "mismatch" if case.exact else "rel_rms"
+            limit = 0.0 if case.exact else checks.TOLERANCES[case.dtype]
+            res = {"gate": gate.name, "case": case.name, "kind": "correctness", "dtype": case.dtype,
+                   "metric": metric, "limit": limit}
+            try:
+                got, ref = case.run()
+                value = checks.mismatch_fraction(got, ref) if case.exact else checks.rel_rms(got, ref)
+                detail = "NaN in output (unwritten or invalid)" if math.isnan(value) else ""
+            except Exception as err:   # a crashing kernel fails its gate, the others still run
+                value, detail = math.nan, f"{type(err).__name__}: {str(err)[:200]}"
+            out.append({**res, "value": value, "passed": checks.passes(value, limit), "detail": detail})
+    return out
+
+
+def run_gates(device: str = "cpu", names: list[str] | None = None, perf: bool = True,
+              baseline: Path | str | None = None, threshold: float | None = None) -> pd.DataFrame:
+    """All gates on ``device`` -> results DataFrame (see module doc). ``names``: fnmatch patterns."""
+    from . import perf as perf_mod
+    dev = _prepare(device)
+    from ..kernels.gemm.tables import device_name   # after _prepare: the interpreter must be on first
+    rows = correctness_results(dev, names)
+    if perf:
+        threshold = perf_mod.DEFAULT_THRESHOLD if threshold is None else threshold
+        if threshold < 0:
+            raise M3LabError(f"threshold: {threshold} must be >= 0 (a fraction, 0.10 = 10%)", field="threshold")
+        path = Path(baseline) if baseline else perf_mod.baseline_path(device_name(dev))
+        if dev.type == "cuda" and path.exists():
+            table = perf_mod.load_baseline(path)
+            if names:
+                table = table[[any(fnmatch.fnmatch(f"perf.{op}", p) for p in names) for op in table["op"]]]
+            rows += perf_mod.perf_results(table, threshold)
+        elif baseline and not path.exists():
+            raise M3LabError(f"baseline: {path} does not exist", field="baseline")
+    df = pd.DataFrame(rows, columns=[c for c in RESULT_COLUMNS if c != "device"])
+    df.insert(3, "device", device_name(dev))      # "cpu" or the GPU's name, e.g. NVIDIA_H200
+    return df
+
+
+def summary(df: pd.DataFrame) -> dict:
+    """{passed: bool, cases, failed, failures: [...]} for the CLI's --json and exit code."""
+    failed = df[~df["passed"].astype(bool)]
+    return {"passed": bool(len(df)) and failed.empty, "cases": len(df), "failed": len(failed),
+            "failures": failed[["gate", "case", "value", "limit", "detail"]].to_dict("records")}
+
+
+def recorded_results(device_name: str = "NVIDIA_H200") -> pd.DataFrame:
+    """Gate results recorded on a GPU and committed (traces/gates/gates_cuda_<device>.csv; column
+    ``phase``: before_tune / after_tune / perf_recheck)."""
+    from .perf import BASELINE_DIR
+    path = BASELINE_DIR / f"gates_cuda_{device_name}.csv"
+    if not path.exists():
+        raise M3LabError(f"device_name: no recorded gate results at {path}", field="device_name")
+    return pd.read_csv(path)

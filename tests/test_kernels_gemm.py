@@ -1,0 +1,134 @@
+"""GEMM kernels (CPU interpreter, fp16/fp32 activations) vs linear_ref for every weight format,
+over awkward shapes; the config tables, their lookup and the launcher's checks."""
+import json
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: kernels run on the CPU
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from m3lab.kernels.gemm import launcher, tables  # noqa: E402
+from m3lab.kernels.gemm.tables import GemmConfig  # noqa: E402
+from m3lab.kernels.gemm.reference import linear_ref, quantize_weight  # noqa: E402
+
+FORMATS = ("bf16", "fp8", "mxfp8", "mxfp4")
+SHAPES = ((1, 72, 96), (7, 100, 160), (33, 40, 224))        # M, N, K: none a multiple of the tiles
+KERNEL_CONFIGS = {"tiled": GemmConfig("tiled", 16, 32, 64, GROUP_M=3),
+                  "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3),
+                  "splitk1": GemmConfig("splitk", 32, 64, 64, SPLIT_K=1)}
+
+
+def rel_rms(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _problem(fmt, m, n, k, dtype=torch.float16):
+    w0 = torch.randn(n, k) / k**0.5
+    w, s = quantize_weight(w0.to(dtype) if fmt == "bf16" else w0, fmt)
+    return torch.randn(m, k, dtype=dtype), w, s
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("kernel", sorted(KERNEL_CONFIGS))
+def test_kernel_matches_reference(fmt, m, n, k, kernel):
+    x, w, s = _problem(fmt, m, n, k)
+    out = torch.full((m, n), float("nan"), dtype=x.dtype)      # poisoned: unwritten elements stay NaN
+    launcher.linear(x, w, w_format=fmt, w_scale=s, config=KERNEL_CONFIGS[kernel], out=out)
+    err = rel_rms(out, linear_ref(x.float(), w, w_format=fmt, w_scale=s))
+    assert err < 2e-3, err                                     # NaN fails this comparison too
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4"])
+def test_native_mx_dot_scaled_path(fmt):
+    if tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 9):
+        pytest.skip("this interpreter lacks tl.dot_scaled")
+    x, w, s = _problem(fmt, 7, 100, 160)
+    for cfg in (KERNEL_CONFIGS["tiled"], KERNEL_CONFIGS["splitk"]):
+        y = launcher.linear(x, w, w_format=fmt, w_scale=s, config=cfg, use_native_mx=True)
+        assert rel_rms(y, linear_ref(x.float(), w, w_format=fmt, w_scale=s)) < 2e-3
+
+
+def test_fp8_block_scales_and_fp32_activations():
+    m, n, k = 5, 130, 260
+    w, _ = quantize_weight(torch.randn(n, k), "fp8")
+    s = torch.rand(2, 3) + 0.5                                  # [ceil(N/128), ceil(K/128)]
+    x = torch.randn(m, k)
+    y = launcher.linear(x, w, w_format="fp8", w_scale=s, config=KERNEL_CONFIGS["splitk"])
+    assert rel_rms(y, linear_ref(x, w, w_format="fp8", w_scale=s)) < 1e-4
+    wf = torch.randn(n, k)
+    y = launcher.linear(x, wf, config=KERNEL_CONFIGS["tiled"])
+    assert rel_rms(y, x @ wf.T) < 1e-4
+
+
+def test_auto_config_both_regimes():
+    for m in (3, 80):                                           # decode heuristic, prefill heuristic
+        x, w, s = _problem("mxfp4", m, 48, 96)
+        assert rel_rms(launcher.linear(x, w, w_format="mxfp4", w_scale=s),
+                       linear_ref(x.float(), w, w_format="mxfp4", w_scale=s)) < 2e-3
+
+
+def test_splitk_counters_reset_after_each_call():
+    x, w, s = _problem("bf16", 3, 64, 256)
+    launcher.linear(x, w, config=GemmConfig("splitk", 16, 16, 32, SPLIT_K=4))
+    assert int(launcher._LOCKS[x.device].abs().sum()) == 0       # graph replays start from zero again
+
+
+def test_launcher_rejects_bad_operands():
+    x, w, s = _problem("mxfp8", 2, 32, 64)
+    with pytest.raises(ValueError, match="w_format"):
+        launcher.linear(x, w, w_format="int4")
+    with pytest.raises(ValueError, match="w_scale: required"):
+        launcher.linear(x, w, w_format="mxfp8")
+    with pytest.raises(ValueError, match="K=64 does not match"):
+        launcher.linear(torch.randn(2, 96, dtype=torch.float16), w, w_format="mxfp8", w_scale=s)
+    with pytest.raises(ValueError, match="MX scales must be uint8"):
+        launcher.linear(x, w, w_format="mxfp8", w_scale=s[:, :1].contiguous())
+    with pytest.raises(ValueError, match="x's dtype"):
+        launcher.linear(x, torch.randn(32, 64), w_format="bf16")
+
+
+def test_config_validation_and_round_trip():
+    cfg = GemmConfig("splitk", 16, 64, 128, 1, 4, 4, 5, waves_per_eu=2, matrix_instr_nonkdim=16)
+    assert GemmConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.compiler_options(is_hip=False) == {"num_warps": 4, "num_stages": 5}
+    assert cfg.compiler_options(is_hip=True)["waves_per_eu"] == 2
+    with pytest.raises(ValueError, match="BLOCK_N"):
+        GemmConfig("tiled", 16, 48, 64)
+    with pytest.raises(ValueError, match="unknown keys"):
+        GemmConfig.from_dict({"kernel": "tiled", "BLOCK_SIZE_M": 64})
+    with pytest.raises(ValueError, match="kernel"):
+        GemmConfig("persistent")
+
+
+def test_table_nearest_m_lookup(tmp_path, monkeypatch):
+    table = {1: GemmConfig("splitk", 16, 64, 128, 1, 4), 64: GemmConfig("splitk", 64, 64, 128, 1, 2),
+             2048: GemmConfig("tiled", 128, 128, 64)}
+    path = tables.write_table(tables.table_path(48, 96, "mxfp4", "cpu", tmp_path), table)
+    assert json.loads(path.read_text())["64"]["SPLIT_K"] == 2
+    loaded = tables.load_table(path)
+    assert tables.nearest(loaded, 20) == table[1] and tables.nearest(loaded, 40) == table[64]
+    assert tables.nearest(loaded, 100000) == table[2048] and tables.nearest({}, 5) is None
+    monkeypatch.setattr(tables, "CONFIG_DIR", tmp_path)
+    assert tables.select_config(1500, 48, 96, "mxfp4", "cpu") == table[2048]
+    assert tables.select_config(1500, 48, 96, "mxfp4", "cpu", regime="decode").kernel == "splitk"
+    assert tables.select_config(3, 48, 96, "bf16", "cpu") == tables.heuristic_config(3, 48, 96, "bf16", sms=8)
+
+
+def test_heuristic_regimes():
+    dec = tables.heuristic_config(1, 2560, 6144, sms=132)
+    assert dec.kernel == "splitk" and dec.BLOCK_M == 16 and dec.SPLIT_K >= 4
+    assert tables.heuristic_config(48, 2560, 6144).BLOCK_M == 64
+    assert tables.heuristic_config(4096, 2560, 6144).kernel == "tiled"
+
+
+def test_committed_h200_tables_cover_the_m3_shapes():
+    from m3lab.bench.gemm import M3_TP4_SHAPES
+    for n, k in M3_TP4_SHAPES:
+        for fmt in ("bf16", "mxfp8", "mxfp4"):
+            table = tables.load_table(tables.table_path(n, k, fmt, "NVIDIA_H200"))
+            assert table, (n, k, fmt)
+            assert min(table) == 1 and max(table) >= 2048
+            assert table[1].BLOCK_M == 16 and table[max(table)].BLOCK_M >= 64   # decode vs prefill tiles
