@@ -37,8 +37,10 @@ def hand_count(D: int, C: int) -> dict:
                + DENSE_MLP * 3 * DENSE_I // TP * H * MX          # dense MLP gate, up, down (layers 0-2)
                + MOE * EXPERTS * H * FP32                        # router, fp32, replicated
                + MOE * (EXPERTS + 1) * 3 * EXPERT_I * H * MX     # 128 routed + 1 fused shared expert, all touched
-               + T * H * BF16                                    # embedding rows looked up
-               + VOCAB_LOCAL * H * BF16)                         # lm_head shard
+               + T / TP * H * BF16                               # embedding rows this rank's vocab shard owns
+               + VOCAB_LOCAL * H * BF16                          # lm_head shard
+               + (2 * L * H + H) * BF16                          # input/post-attention norms, final norm
+               + L * 2 * HD * BF16 + SPARSE * 2 * IDX_D * BF16)  # per-head q/k norms; index q/k norms
     kv_tok, idx_tok = 2 * KV_LOCAL * BF16, IDX_D * BF16          # 512 B and 256 B per token per layer
     sparse_keys = C if C <= TOPK_BLOCKS * BLOCK else (TOPK_BLOCKS - 1) * BLOCK + (C - 1) % BLOCK + 1
     kv = (L * T * kv_tok + SPARSE * T * idx_tok                  # cache writes of the new token
@@ -58,21 +60,26 @@ def hand_activations(D: int, C: int, scored_blocks: int) -> float:
     routed = T * (TOPK + 1)
     norm4 = 4 * T * H * BF16                                     # fused add+RMSNorm: x, residual in; out, residual out
     gemm = lambda m, n, k, a: m * k * a + m * n * BF16  # noqa: E731
-    per_sparse = (norm4 + gemm(T, Q_LOCAL + 2 * KV_LOCAL, H, MX) + gemm(T, IDX_Q_LOCAL + IDX_K, H, BF16)
+    quant = lambda m, k: m * k * (BF16 + 1) + m * k / 32  # noqa: E731  bf16 in, MXFP8 out + E8M0 scales
+    per_sparse = (norm4 + quant(T, H) + gemm(T, Q_LOCAL + 2 * KV_LOCAL, H, MX) + gemm(T, IDX_Q_LOCAL + IDX_K, H, BF16)
                   + 2 * T * (Q_LOCAL + KV_LOCAL + IDX_Q_LOCAL + IDX_K) * BF16          # qk_norm
                   + 2 * T * (16 + 1 + 1 + 1) * 64 * BF16                               # rope on 64 of 128 channels
                   + T * (2 * KV_LOCAL + IDX_D) * BF16                                 # cache_write reads k, v, index k
                   + T * IDX_Q_LOCAL * BF16 + scored_blocks * 4                        # indexer: index q in, scores out
                   + scored_blocks * 4 + T * TOPK_BLOCKS * 4                           # topk: scores in, indices out
                   + 2 * T * Q_LOCAL * BF16 + T * TOPK_BLOCKS * 4                      # attention: q in, o out, indices
-                  + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T)                   # o_proj; 2 all-reduces r+w
+                  + quant(T, O_K) + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T)   # o_proj; 2 all-reduces r+w
                   + norm4)
-    per_dense_attn = (norm4 + gemm(T, Q_LOCAL + 2 * KV_LOCAL, H, MX) + 2 * T * (Q_LOCAL + KV_LOCAL) * BF16
+    per_dense_attn = (norm4 + quant(T, H) + gemm(T, Q_LOCAL + 2 * KV_LOCAL, H, MX) + 2 * T * (Q_LOCAL + KV_LOCAL) * BF16
                       + 2 * T * (16 + 1) * 64 * BF16 + T * 2 * KV_LOCAL * BF16 + 2 * T * Q_LOCAL * BF16
-                      + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T) + norm4)
+                      + quant(T, O_K) + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T) + norm4)
     moe = (T * H * FP32 + T * EXPERTS * FP32                                     # router: fp32 input and logits
-           + gemm(routed, 2 * EXPERT_I, H, MX) + 3 * routed * EXPERT_I * BF16 + gemm(routed, H, EXPERT_I, MX))
-    dense_mlp = gemm(T, 2 * DENSE_I // TP, H, MX) + 3 * T * DENSE_I // TP * BF16 + gemm(T, H, DENSE_I // TP, MX)
+           + T * (TOPK + 1) * 4 + routed * 4 + (EXPERTS + 2) * 4                 # moe_align: ids in, sorted rows out
+           + quant(T, H) + gemm(routed, 2 * EXPERT_I, H, MX) + 3 * routed * EXPERT_I * BF16
+           + quant(routed, EXPERT_I) + gemm(routed, H, EXPERT_I, MX)
+           + routed * H * BF16 + routed * FP32 + T * H * BF16)                   # moe_sum: weighted top-k combine
+    dense_mlp = (quant(T, H) + gemm(T, 2 * DENSE_I // TP, H, MX) + 3 * T * DENSE_I // TP * BF16
+                 + quant(T, DENSE_I // TP) + gemm(T, H, DENSE_I // TP, MX))
     edges = (T * H * BF16 + T * 8 + 2 * payload_bytes(T)                                      # embedding + its all-reduce
              + 3 * T * H * BF16 + gemm(R, VOCAB_LOCAL, H, BF16) + R * VOCAB_LOCAL * TP * BF16)  # final norm, head, gather
     return SPARSE * (per_sparse + moe) + DENSE * (per_dense_attn + dense_mlp) + edges
@@ -94,7 +101,9 @@ def test_hand_count_matches_optable_planes(m3):
     got = plane_totals(ot)
     ref = hand_count(D, C)
     norms = ot[ot["kind"] == "norm"]["bytes_weight"].sum()
-    assert norms == 0  # the OpTable leaves norm weights out (~1.5 MB/GPU of 111 GB; reported)
+    assert norms == (2 * L * H + H + L * 2 * HD + SPARSE * 2 * IDX_D) * BF16   # ~1.5 MB/GPU of norm weights
+    assert set(ot[ot["kind"] == "quant"]["op"]) == {"qkv_proj_quant", "o_proj_quant", "gate_up_proj_quant",
+                                                    "down_proj_quant", "moe_gate_up_quant", "moe_down_quant"}
     for plane in ("weights", "kv", "communication"):
         assert got[plane] == pytest.approx(ref[plane], rel=1e-6), plane
     moe = ot[ot["kind"] == "grouped_gemm"]

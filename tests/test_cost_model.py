@@ -25,13 +25,28 @@ def test_ceiling_is_the_roofline(mi355x):
     ot = build_optable("minimax-m3", ParallelPlan(tp=4), "mxfp8", _step())
     c = cost_optable(ot, mi355x, None)
     mem = ot[["bytes_compute", "bytes_weight", "bytes_kv"]].fillna(0).sum(axis=1)
-    assert set(c["peak_dtype"]) == {"mxfp8", "bf16"}  # the fp32 router at the bf16 rate (as Hardware.peak)
-    peak = np.where(c["peak_dtype"] == "mxfp8", 5.0e15, 2.5e15)  # MI355X datasheet
+    assert set(c["peak_dtype"]) == {"mxfp8", "bf16", "fp32"}  # the fp32 router at the fp32 matrix rate
+    assert set(c.loc[c["peak_dtype"] == "fp32", "op"]) == {"router", "topk"}  # fp32 GEMM; fp32 scores
+    peak = np.select([c["peak_dtype"] == "mxfp8", c["peak_dtype"] == "fp32"], [5.0e15, 1.573e14], 2.5e15)  # datasheet
     expect = np.maximum.reduce([ot["flops"].fillna(0) / peak, mem / 8.0e12, ot["bytes_comm"].fillna(0) / 537.6e9]) * 1e6
     assert np.allclose(c["t_us"], expect)
     assert (c["efficiency"] == 1).all() and (c["floor_us"] == 0).all()
     assert c["cost_label"].iloc[0].startswith("ceiling: uncalibrated bound")
     assert set(c.loc[c["kind"] == "allreduce", "bound"]) == {"comm"}
+
+
+def test_fp32_peak_is_explicit(mi355x):
+    import dataclasses
+
+    from m3lab.cost.roofline import peak_flops
+    from m3lab.errors import M3LabError
+
+    assert mi355x.peak("fp32") == peak_flops(mi355x, "fp32") == 1.573e14 < mi355x.peak("bf16")
+    bare = dataclasses.replace(mi355x, peak_flops={k: v for k, v in mi355x.peak_flops.items() if k != "fp32"})
+    with pytest.raises(M3LabError, match="peak_flops.fp32"):
+        peak_flops(bare, "fp32")
+    with pytest.raises(M3LabError, match="fp32"):
+        bare.peak("fp32")
 
 
 def test_calibrated_is_slower_and_labelled(mi355x):
@@ -54,3 +69,13 @@ def test_kernel_time_matches_measured_gemm(mi355x, shared_dir):
     res = kernel_time("mi355x", "gemm", m=int(row.M), n=int(row.N), k=int(row.K), quant="fp8")
     assert res["us"] == pytest.approx(row.us, rel=0.2)
     assert res["ceiling_us"] < row.us
+
+
+def test_every_kind_has_a_stated_floor_and_efficiency():
+    from m3lab.cost import kernel_defaults
+
+    kinds = set()
+    for model, quant in (("minimax-m3", "mxfp8"), ("qwen3.5-397b-a17b", "fp8"), ("glm-5.2", "mxfp4")):
+        kinds |= set(build_optable(model, ParallelPlan(tp=4), quant, _step())["kind"])
+    assert {"quant", "moe_align", "moe_sum", "linear_attention", "conv"} <= kinds
+    assert kinds <= set(kernel_defaults.FLOOR_US) and kinds <= set(kernel_defaults.ACHIEVABLE)

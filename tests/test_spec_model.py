@@ -110,7 +110,7 @@ def test_unknown_model_and_bad_json(tmp_path):
 
 
 def test_every_shared_config_loads_or_names_model_type(shared_dir):
-    unsupported = {"qwen3_5_moe", "glm_moe_dsa"}  # hybrid linear attention / DSA: not modelled
+    unsupported: set = set()  # qwen3_5_moe (hybrid linear attention) and glm_moe_dsa (MLA + DSA) are modelled now
     files = sorted((shared_dir / "data/hf_configs").glob("*config*.json"))
     assert len(files) >= 10
     for f in files:

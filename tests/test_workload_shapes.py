@@ -67,3 +67,14 @@ def test_8k_1k_conc128_under_2s():
     elapsed = time.perf_counter() - t0
     assert 9_500 < rep.num_steps < 11_000
     assert elapsed < 2.0, f"{elapsed:.2f} s"
+
+
+def test_attention_ctx_histogram_y_axis_starts_at_zero():
+    import pandas as pd
+
+    from m3lab.plots.shapes import attention_ctx_figure
+
+    att = pd.DataFrame({"phase": ["decode", "decode", "prefill"], "ctx": [300, 900, 128], "queries": [5, 7, 3]})
+    fig = attention_ctx_figure(att, {"model": "m", "isl": 1, "osl": 1, "concurrency": 1})
+    assert fig.layout.yaxis.type == "linear" and fig.layout.yaxis.rangemode == "tozero"
+    assert sorted(v for tr in fig.data for v in tr.y) == [3, 5, 7]

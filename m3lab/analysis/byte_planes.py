@@ -4,7 +4,8 @@ Input: an OpTable (one engine step, local shapes of ONE GPU; all ranks are alike
 
 - ``compute``: activations read and written (``bytes_compute``);
 - ``persistent``: weights by dtype, MX scales included (``bytes_weight``), and the KV cache and
-  index-key cache reads and writes (``bytes_kv``: attention ops -> "KV cache", indexer -> "index-key cache");
+  index-key cache reads and writes (``bytes_kv``: attention ops -> "KV cache", indexer -> "index-key cache",
+  linear attention and its conv -> "recurrent state", a fixed size per request);
 - ``communication``: on-the-wire bytes per GPU with the algorithm's factor already applied
   (``bytes_comm``: TP all-reduce, all-gather of logits, EP all-to-all dispatch and combine).
 
@@ -18,7 +19,7 @@ import pandas as pd
 from m3lab.errors import M3LabError
 
 PLANES = ("compute", "persistent", "communication")
-KV_PART = {"indexer": "index-key cache"}
+KV_PART = {"indexer": "index-key cache", "linear_attention": "recurrent state", "conv": "recurrent state"}
 
 
 def _parts(optable: pd.DataFrame) -> pd.DataFrame:
@@ -106,15 +107,17 @@ def time_by_plane(costed: pd.DataFrame) -> pd.DataFrame:
 
 def kv_per_layer(model, plan, quant) -> pd.DataFrame:
     """KV-cache bytes per token per rank of every layer: ``[layer, part, bytes_per_token_per_rank]`` (main
-    K/V on all layers; the index-key cache on sparse layers, replicated on every rank)."""
-    from m3lab.spec.memory import kv_bytes
+    K/V on every layer with a KV cache (not linear-attention layers, whose state is per request); the
+    index-key cache on the layers with an indexer, replicated on every rank)."""
+    from m3lab.spec.memory import index_layers, kv_bytes
     from m3lab.spec.quant import load_quant
 
     q = load_quant(quant)
     kb = kv_bytes(model, q.kv_dtype, q.index_dtype, plan)
-    rows = [{"layer": i, "part": "main KV", "bytes_per_token_per_rank": kb.main / model.layers}
-            for i in range(model.layers)]
-    sparse = model.sparse_layers
-    rows += [{"layer": i, "part": "index-key cache", "bytes_per_token_per_rank": kb.index / len(sparse)}
-             for i in sparse]
+    kv_layers = model.kv_layers
+    rows = [{"layer": i, "part": "main KV", "bytes_per_token_per_rank": kb.main / len(kv_layers)}
+            for i in kv_layers]
+    idx = index_layers(model)
+    rows += [{"layer": i, "part": "index-key cache", "bytes_per_token_per_rank": kb.index / len(idx)}
+             for i in idx]
     return pd.DataFrame(rows)

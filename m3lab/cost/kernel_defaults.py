@@ -27,6 +27,12 @@ FLOOR_US: dict[str, float] = {
     "allgather": 8.0,
     "all2all": 15.0,       # assumed: EP dispatch or combine on one node
     "kv_transfer": 20.0,   # assumed: one P/D KV hand-off message
+    "cache_write": 2.0,    # assumed: reshape_and_cache, an elementwise scatter (fused into qk_norm where listed below)
+    "quant": 2.0,          # assumed: dynamic activation quantisation is an elementwise kernel (norm class)
+    "moe_align": 4.0,      # assumed: vLLM moe_align_block_size is a small multi-phase (count, scan, scatter) kernel
+    "moe_sum": 2.0,        # assumed: top-k weighted sum, an elementwise reduction kernel
+    "linear_attention": 6.0,  # assumed: gated-delta-rule recurrent decode kernel (one launch per layer)
+    "conv": 2.0,           # assumed: causal depthwise conv1d update, elementwise class
 }
 DEFAULT_FLOOR_US = 2.0
 
@@ -46,6 +52,12 @@ ACHIEVABLE: dict[str, float] = {
     "allgather": 0.70,
     "all2all": 0.60,
     "kv_transfer": 0.70,
+    "cache_write": 0.60,   # assumed: elementwise
+    "quant": 0.60,         # assumed: as the other elementwise kernels
+    "moe_align": 0.30,     # assumed: latency-bound bookkeeping, like top-k
+    "moe_sum": 0.60,       # assumed: elementwise
+    "linear_attention": 0.50,  # assumed: state read + write dominated; less streamlined than attention
+    "conv": 0.60,          # assumed: elementwise
 }
 DEFAULT_ACHIEVABLE = 0.5
 

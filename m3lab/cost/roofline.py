@@ -36,14 +36,23 @@ def compute_dtype(w_dtype: str | None, act_dtype: str | None, hw) -> str:
     w = str(w_dtype) if w_dtype is not None and w_dtype == w_dtype else str(act_dtype or "bf16")
     if w in MX_DTYPES and not getattr(hw, "native_mx", True):
         return "bf16"
+    if w == "fp32":  # the fp32 router: its own rate (Hardware.peak_flops["fp32"]), never bf16's
+        return "fp32"
     if peaks.get(w):
         return w
     return "bf16"
 
 
 def peak_flops(hw, dtype: str) -> float:
-    """Dense peak FLOP/s of ``hw`` for ``dtype`` (bf16's when the profile lacks it)."""
+    """Dense peak FLOP/s of ``hw`` for ``dtype`` (bf16's when the profile lacks a low-precision format;
+    fp32 must be in the profile: a missing ``peak_flops.fp32`` raises M3LabError instead of borrowing bf16's)."""
     peaks = hw.peak_flops
+    if dtype == "fp32" and not peaks.get("fp32"):
+        from m3lab.errors import M3LabError
+        from m3lab.spec.hardware import FP32_NOTE
+
+        raise M3LabError(f"hardware {getattr(hw, 'name', '?')!r} has no peak_flops.fp32", field="peak_flops.fp32",
+                         hint=FP32_NOTE)
     return float(peaks.get(dtype) or peaks["bf16"])
 
 

@@ -9,10 +9,14 @@ Columns (units: elements, FLOPs, bytes; NaN where not applicable):
   qk_norm, rope, cache_write, indexer, topk, attention, o_proj, allreduce_attn, post_attn_norm, gate_up_proj,
   act, down_proj, router, moe_gate_up, moe_act, moe_down, shared_gate_up, shared_act, shared_down,
   moe_dispatch, moe_combine, allreduce_ffn, embedding, allreduce_embed, final_norm, lm_head, logits_gather;
-  MLA: q_a_proj, q_b_proj, q_proj, kv_a_proj, kv_b_proj).
+  ``<gemm op>_quant`` (dynamic activation quantisation before a GEMM with quantised weights), moe_align (sort
+  the (token, expert) pairs), moe_sum (weighted top-k combine); attention output gate: attn_gate;
+  MLA: q_a_proj, q_a_norm, q_b_proj, q_proj, kv_a_proj, kv_a_norm, kv_b_proj; DSA indexer: indexer_q_proj,
+  indexer_k_proj, indexer_k_norm; Gated DeltaNet: in_proj_qkvz, in_proj_ba, conv1d, gated_delta_rule,
+  gated_norm, out_proj).
 - ``kind``: gemm, grouped_gemm, attention, indexer, topk, norm, rope, activation, router, cache_write,
-  allreduce, allgather, all2all, embedding, lm_head. Dense GEMM shapes = rows with kind in
-  {gemm, router, lm_head}.
+  quant, moe_align, moe_sum, linear_attention, conv, allreduce, allgather, all2all, embedding, lm_head.
+  Dense GEMM shapes = rows with kind in {gemm, router, lm_head}.
 - ``m``, ``n``, ``k``: local GEMM shape y[m, n] = x[m, k] w[n, k]^T after sharding (m = tokens; for grouped
   GEMMs m = routed (token, expert) rows; for lm_head m = requests sampled).
 - ``experts``, ``topk``, ``hidden``, ``inter``: grouped GEMM problem (local expert rows incl. a fused shared
@@ -24,7 +28,10 @@ Columns (units: elements, FLOPs, bytes; NaN where not applicable):
   attention and indexer (indexer: heads_q = local index heads, one shared key head).
 - ``act_dtype``, ``w_dtype``: activation and weight dtypes (w_dtype of attention/cache rows = KV dtype).
 - ``flops``; bytes in three planes: ``bytes_compute`` (activations read + written), ``bytes_weight``
-  (weights read, MX scales included), ``bytes_kv`` (KV + index-key cache reads and writes),
+  (weights read, MX scales included; norm weights too; the vocab-parallel embedding reads T / tp rows per
+  rank on average, assuming token ids spread evenly over the vocabulary shards), ``bytes_kv`` (KV +
+  index-key cache reads and writes; linear-attention recurrent and conv state, read + written once per
+  request per step),
   ``bytes_comm`` (on-the-wire bytes per GPU = ``comm_payload`` x ``comm_factor``; ``comm_algo`` ring:
   factor 2(p-1)/p for all-reduce, gather/all2all: (p-1)/p; ``comm_group`` = p).
 

@@ -4,11 +4,15 @@ Each function returns a dict of OpTable columns (see :mod:`m3lab.optable`). Conv
 - GEMM y[m, n] = x[m, k] @ w[n, k]^T: flops 2mnk; bytes_weight = n*k weights (+ MX scales);
   bytes_compute = x read (in the GEMM's activation dtype, + MX activation scales) + y written (bf16).
 - Norms/activations/rope: memory-bound elementwise; a few FLOPs per element.
+- Norms read their weight vector (bf16) into ``bytes_weight``.
+- Dynamic activation quantisation (``act_quant``, kind "quant") before a GEMM with quantised weights:
+  reads x [m, k] bf16, writes x [m, k] in the GEMM's activation dtype plus its scales (MX/NVFP4: one scale byte
+  per block of k; fp8: one fp32 scale per row, per-token dynamic).
 - All-reduce of P bytes over p ranks (ring): 2(p-1)/p * P on the wire per GPU; gather: (p-1)/p * P.
 """
 from __future__ import annotations
 
-from m3lab.spec.quant import dtype_bytes, gemm_act_dtype, scale_bytes_per_element, weight_bytes
+from m3lab.spec.quant import QUANTIZED, dtype_bytes, gemm_act_dtype, scale_bytes_per_element, weight_bytes
 
 ACT = "bf16"
 OUT_BYTES = dtype_bytes(ACT)
@@ -17,6 +21,20 @@ OUT_BYTES = dtype_bytes(ACT)
 def row(op: str, kind: str, **cols) -> dict:
     """One OpTable row (missing numeric columns become NaN in the frame)."""
     return {"op": op, "kind": kind, **cols}
+
+
+def needs_act_quant(w_dtype: str) -> bool:
+    """True when a GEMM with weights ``w_dtype`` consumes a dynamically quantised activation."""
+    return gemm_act_dtype(w_dtype) in QUANTIZED
+
+
+def act_quant(op: str, m: float, k: int, w_dtype: str) -> dict:
+    """Quantise the input x [m, k] (bf16) of GEMM ``op`` to its activation dtype (see module docstring)."""
+    a = gemm_act_dtype(w_dtype)
+    scales = m * k * scale_bytes_per_element(a) if scale_bytes_per_element(a) else m * dtype_bytes("fp32")
+    return row(f"{op}_quant", "quant", m=m, k=k, act_dtype=a, w_dtype=w_dtype, flops=4.0 * m * k,
+               bytes_compute=m * k * (OUT_BYTES + dtype_bytes(a)) + scales, bytes_weight=0.0, bytes_kv=0.0,
+               bytes_comm=0.0)
 
 
 def gemm(op: str, m: float, n: int, k: int, w_dtype: str, kind: str = "gemm") -> dict:
@@ -39,11 +57,30 @@ def grouped_gemm(op: str, routed: float, n: int, k: int, w_dtype: str, *, expert
 
 
 def elementwise(op: str, kind: str, elements: float, *, reads: float, writes: float, flops_per: float,
-                **cols) -> dict:
-    """Memory-bound op over ``elements`` values: ``reads``/``writes`` tensors of that size in bf16."""
+                weight_elems: float = 0.0, **cols) -> dict:
+    """Memory-bound op over ``elements`` values: ``reads``/``writes`` tensors of that size in bf16; a norm reads
+    its ``weight_elems`` bf16 weights (into ``bytes_weight``)."""
     return row(op, kind, m=cols.pop("m", float("nan")), act_dtype=ACT, flops=flops_per * elements,
-               bytes_compute=(reads + writes) * elements * OUT_BYTES, bytes_weight=0.0, bytes_kv=0.0,
-               bytes_comm=0.0, **cols)
+               bytes_compute=(reads + writes) * elements * OUT_BYTES, bytes_weight=weight_elems * OUT_BYTES,
+               bytes_kv=0.0, bytes_comm=0.0, **cols)
+
+
+def moe_align(routed: float, tokens: float, topk: int, expert_rows: int) -> dict:
+    """Sort the (token, expert) pairs by expert (vLLM ``moe_align_block_size``): reads the top-k ids [T, topk]
+    int32, writes sorted row ids [routed] and per-expert offsets [expert_rows + 1] int32 (tile padding ignored)."""
+    i32 = dtype_bytes("int32")
+    return row("moe_align", "moe_align", m=tokens, topk=topk, routed_tokens=routed, act_dtype="int32",
+               flops=0.0, bytes_compute=tokens * topk * i32 + routed * i32 + (expert_rows + 1) * i32,
+               bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0)
+
+
+def moe_sum(routed: float, tokens: float, hidden: int, topk: int) -> dict:
+    """Top-k combine: y[t] = sum_j w[t, j] * out[t, j] — reads the [routed, H] expert outputs and the fp32
+    routing weights, writes [T, H] (vLLM ``moe_sum``; ``routed`` rows include a fused shared expert's)."""
+    return row("moe_sum", "moe_sum", m=tokens, n=hidden, topk=topk, routed_tokens=routed, act_dtype=ACT,
+               flops=2.0 * routed * hidden,
+               bytes_compute=routed * hidden * OUT_BYTES + routed * dtype_bytes("fp32") + tokens * hidden * OUT_BYTES,
+               bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0)
 
 
 def allreduce(op: str, tokens: float, hidden: int, group: int) -> dict:

@@ -56,7 +56,8 @@ def attention_ctx_figure(att: pd.DataFrame, meta: dict, bin_tokens: int = 128) -
     fig.update_layout(barmode="overlay", height=420,
                       title=f"Attention context length per query token — {PROJECTED}<br><sup>{_label(meta)}</sup>")
     fig.update_xaxes(title_text=f"context length (tokens, bins of {bin_tokens})")
-    fig.update_yaxes(type="log", title_text="query tokens (count)")
+    # linear from zero: bar heights compare directly (on a log axis bars start at an arbitrary floor)
+    fig.update_yaxes(type="linear", rangemode="tozero", title_text="query tokens (count)")
     return fig
 
 

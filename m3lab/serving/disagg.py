@@ -4,7 +4,8 @@ A prefill instance (``tp`` GPUs) serves only prompts: its request rate and prefi
 :func:`m3lab.serving.estimate.estimate` with one output token (the scheduler's chunked prefill). A
 decode instance holds ``concurrency`` requests decoding from ``isl`` to ``isl + osl`` tokens: its
 TPOT is the mean cost of those decode steps. Each request's KV (every layer; ``kv_per_layer``)
-travels from prefill to decode over ``kv_link_bw`` (B/s per GPU; all ranks in parallel).
+travels from prefill to decode over ``kv_link_bw`` (B/s per GPU; all ranks in parallel), together with a
+linear-attention model's fixed recurrent state per request (``state_bytes_per_request``; 0 otherwise).
 
 With P prefill and D decode instances the system serves ``min(P × prefill rate, D × decode rate)``
 requests/s; output tokens/s/GPU = that × osl / ((P + D) × tp); TTFT = prefill latency + KV hand-off.
@@ -44,8 +45,12 @@ def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int,
     from m3lab.spec.model import load_model
     from m3lab.spec.plan import ParallelPlan
 
+    from m3lab.spec.memory import state_bytes_per_request
+
     m = load_model(model)
-    kv_bytes_rank = kv_per_layer(m, ParallelPlan(tp=tp), quant)["bytes_per_token_per_rank"].sum() * isl
+    plan = ParallelPlan(tp=tp)
+    kv_bytes_rank = (kv_per_layer(m, plan, quant)["bytes_per_token_per_rank"].sum() * isl
+                     + state_bytes_per_request(m, plan))
     kv_s = kv_bytes_rank / kv_link_bw
     rows = []
     for mode, res in pre.results.items():

@@ -77,6 +77,7 @@ class ServingEstimate:
         cap = self.capacity
         out.update(weight_gb_per_gpu=cap.weight_bytes_per_gpu / 1e9, kv_capacity_tokens=cap.kv_capacity_tokens,
                    kv_bytes_per_token_per_gpu=cap.kv_bytes_per_token_per_gpu, max_concurrency=cap.max_concurrency,
+                   state_bytes_per_request_per_gpu=cap.state_bytes_per_request_per_gpu,
                    gpu_memory_utilization=cap.gpu_memory_utilization, distinct_steps_costed=self.coster.distinct_steps)
         out.update({k: v for k, v in self.config.items() if k not in out})
         return out
@@ -188,7 +189,8 @@ def estimate(model, hardware, *, tp: int = 1, ep: int = 1, quant="bf16", isl: in
     plan = ParallelPlan(tp=tp, ep=ep).validate(m)
     q = load_quant(quant)
     cal = resolve_calibration(hw, calibration)
-    cap = capacity(m, plan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=gpu_memory_utilization)
+    cap = capacity(m, plan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=gpu_memory_utilization,
+                   spec_tokens=spec_tokens if isinstance(spec_tokens, int) else 0)
     if not isinstance(concurrency, int) or concurrency < 1:
         raise M3LabError(f"concurrency={concurrency!r} must be a positive integer", field="concurrency")
     cap.check(concurrency)

@@ -97,6 +97,10 @@ class StepCoster:
     def compact_optable(self, step: EngineStep) -> pd.DataFrame:
         """The step's OpTable reduced to one layer per structure class, with ``calls`` = layers in the class
         (shared between estimates of the same model, plan and quantisation in this process)."""
+        return pd.DataFrame(self._compact_columns(step))
+
+    def _compact_columns(self, step: EngineStep) -> dict:
+        """:meth:`compact_optable` as a dict of numpy columns (what the cost model consumes), memoised."""
         from m3lab.optable import build_optable
 
         shared = isinstance(self.routing, (str, type(None)))
@@ -105,19 +109,17 @@ class StepCoster:
         if key is not None and key in _OPTABLE_CACHE:
             return _OPTABLE_CACHE[key]
         ot = build_optable(self.model, self.plan, self.quant, step, self.routing)
-        keep = ot["layer"].isin(list(self._classes)) | (ot["layer"] < 0)
-        out = ot[keep].copy()
-        out["calls"] = out["layer"].map(self._classes).fillna(1.0).to_numpy(dtype=float)
-        out = out.reset_index(drop=True)
+        keep = (ot["layer"].isin(list(self._classes)) | (ot["layer"] < 0)).to_numpy()
+        cols = {c: ot[c].to_numpy()[keep] for c in ot.columns}
+        cols["calls"] = np.array([self._classes.get(int(x), 1) for x in cols["layer"]], dtype=float)
         if key is not None:
             if len(_OPTABLE_CACHE) >= OPTABLE_CACHE_SIZE:
                 _OPTABLE_CACHE.pop(next(iter(_OPTABLE_CACHE)))
-            _OPTABLE_CACHE[key] = out
-        return out
+            _OPTABLE_CACHE[key] = cols
+        return cols
 
-    def _per_op(self, ot: pd.DataFrame, cal) -> tuple[float, dict]:
-        """(step µs, {(op, kind): [t_us, t_bound_us, flops, bytes..., calls]}) of a compact OpTable."""
-        cols = {c: ot[c].to_numpy() for c in ot.columns}
+    def _per_op(self, cols: dict, cal) -> tuple[float, dict]:
+        """(step µs, {(op, kind): [t_us, t_bound_us, flops, bytes..., calls]}) of a compact OpTable's columns."""
         res = cost_columns(cols, self.hw, cal)
         calls = cols["calls"].astype(float)
         mat = np.column_stack([res["t_us"], res["t_bound_us"]]
@@ -134,8 +136,8 @@ class StepCoster:
 
     def _cost_entry(self, key: tuple) -> dict:
         spec = self.spec_tokens > 0 and key[0] > 0
-        ot = self.compact_optable(self.representative(key, spec))
-        plain = self.compact_optable(self.representative(key, False)) if spec else None
+        ot = self._compact_columns(self.representative(key, spec))
+        plain = self._compact_columns(self.representative(key, False)) if spec else None
         entry = {}
         for mode, cal in (("ceiling", None), ("calibrated", self.calibration)):
             if mode == "calibrated" and cal is None:

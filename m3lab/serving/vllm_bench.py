@@ -167,10 +167,14 @@ def bench_table(paths, gpus: int | dict) -> "pandas.DataFrame":  # noqa: F821
 
 DATA_DIR = Path(__file__).with_name("data")
 #: Shipped samples (data/SOURCE.md) with the deployment facts the files lack.
+#: ``model`` is the m3lab named config of the same architecture; ``engine`` and ``spec`` describe the deployment.
 SHIPPED_BENCH = {
-    "inferencex_atom_mtp_tp4_conc64_isl8192_osl1024.json": {"hardware": "mi355x", "tp": 4, "gpus": 4, "quant": "fp8"},
+    "inferencex_atom_mtp_tp4_conc64_isl8192_osl1024.json": {"hardware": "mi355x", "tp": 4, "gpus": 4, "quant": "fp8",
+                                                            "model": "qwen3.5-397b-a17b", "engine": "ATOM",
+                                                            "spec": "MTP"},
     "inferencex_sglang_fp4_mtp_tp4_conc4_isl8192_osl1024.json": {"hardware": "mi355x", "tp": 4, "gpus": 4,
-                                                                 "quant": "mxfp4"},
+                                                                 "quant": "mxfp4", "model": "glm-5.2",
+                                                                 "engine": "SGLang", "spec": "MTP"},
 }
 
 

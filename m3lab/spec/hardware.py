@@ -12,7 +12,11 @@ from pathlib import Path
 from m3lab.errors import M3LabError
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
-PEAK_DTYPES = ("bf16", "fp8", "mxfp8", "mxfp4")
+PEAK_DTYPES = ("bf16", "fp8", "mxfp8", "mxfp4")   # required in every profile
+# Optional ``peak_flops.fp32``: the rate a plain fp32 torch GEMM (the fp32 MoE router) runs at by default —
+# FP32 matrix cores on AMD (hipBLASLt, xf32 off), CUDA cores (non-tensor) on NVIDIA (torch keeps TF32 off).
+FP32_NOTE = ("the fp32 router GEMM needs peak_flops.fp32 (the rate of a default fp32 torch GEMM: AMD FP32 "
+             "matrix, NVIDIA non-tensor FP32)")
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,13 @@ class Hardware:
     tdp_w: float = 0.0
 
     def peak(self, dtype: str) -> float:
-        """Peak FLOP/s for a GEMM in ``dtype`` (fp32 and fp16 fall back to bf16-class rates)."""
-        key = {"fp16": "bf16", "fp32": "bf16", "nvfp4": "mxfp4"}.get(dtype, dtype)
+        """Peak FLOP/s for a GEMM in ``dtype`` (fp16 at the bf16 rate, nvfp4 at mxfp4's; fp32 only from
+        ``peak_flops.fp32``, never a silent fallback)."""
+        key = {"fp16": "bf16", "nvfp4": "mxfp4"}.get(dtype, dtype)
         if key not in self.peak_flops:
-            raise M3LabError(f"hardware {self.name!r} has no peak rate for {dtype!r}", field="dtype")
+            hint = FP32_NOTE if key == "fp32" else None
+            raise M3LabError(f"hardware {self.name!r} has no peak rate for {dtype!r}", field=f"peak_flops.{key}",
+                             hint=hint)
         return float(self.peak_flops[key])
 
     def ridge(self, dtype: str = "bf16") -> float:

@@ -24,14 +24,38 @@ def _attention_params(m: ModelSpec) -> dict:
         kv = H * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank + a.kv_lora_rank * m.heads_q * (
             a.qk_nope_head_dim + a.v_head_dim)
         return {"attn_qkv": q + kv, "attn_o": m.heads_q * a.v_head_dim * H}
-    qkv = H * (m.heads_q + 2 * m.heads_kv) * m.head_dim
+    q_heads = m.heads_q * (2 if m.attn_output_gate else 1)   # the output gate doubles q_proj's width
+    qkv = H * (q_heads + 2 * m.heads_kv) * m.head_dim
     norms = {"per_head": 2 * m.head_dim, "per_layer": (m.heads_q + m.heads_kv) * m.head_dim}.get(m.qk_norm, 0)
     return {"attn_qkv": qkv + norms, "attn_o": m.q_width * H}
 
 
+def _linear_params(m: ModelSpec, tp: int = 1) -> dict:
+    """Per Gated DeltaNet layer (on one of ``tp`` ranks): in_proj_qkvz [2*kh*kd + 2*vh*vd, H], in_proj_ba
+    [2*vh, H], conv1d [conv_dim, kernel], A_log and dt_bias [vh], gated norm [vd]; out_proj [H, vh*vd]."""
+    a, H = m.linear, m.hidden
+    kh, vh = a.key_heads // tp, a.value_heads // tp
+    conv = (2 * kh * a.key_dim + vh * a.value_dim) * a.conv_kernel
+    qkv = H * (2 * kh * a.key_dim + 2 * vh * a.value_dim + 2 * vh) + conv + 2 * vh + a.value_dim
+    return {"attn_qkv": qkv, "attn_o": vh * a.value_dim * H}
+
+
+def index_layers(m: ModelSpec) -> tuple[int, ...]:
+    """Layers holding indexer weights and an index-key cache: every sparse layer for M3 (block style); for DSA
+    only the layers that compute their own top-k (assumption: "shared" layers of GLM's ``indexer_types`` have
+    no indexer and keep no index keys)."""
+    if m.sparse is None:
+        return ()
+    return m.topk_layers if m.sparse.style == "dsa" else m.sparse_layers
+
+
 def _indexer_params(m: ModelSpec) -> int:
-    """Per sparse layer: index q [ih*d, H], index k [d, H], two per-head norms (no value branch in M3)."""
+    """Per indexer layer. M3: index q [ih*d, H], index k [d, H], two per-head norms (no value branch).
+    DSA: wq_b [ih*d, q_lora], wk [d, H], weights_proj [ih, H], k LayerNorm (weight + bias)."""
     sp = m.sparse
+    if sp.style == "dsa":
+        q_in = m.mla.q_lora_rank if m.mla is not None and m.mla.q_lora_rank else m.hidden
+        return q_in * sp.index_heads * sp.index_dim + m.hidden * (sp.index_dim + sp.index_heads) + 2 * sp.index_dim
     extra = 2 * sp.index_dim * sp.index_heads * m.hidden if sp.index_value else 0
     return m.hidden * (sp.index_heads + 1) * sp.index_dim + 2 * sp.index_dim + extra
 
@@ -40,13 +64,15 @@ def param_breakdown(m: ModelSpec) -> dict[str, int]:
     """Whole-model parameters by weight group (plus ``norms``), text backbone only."""
     H = m.hidden
     attn = _attention_params(m)
+    lin = _linear_params(m) if m.linear is not None else {"attn_qkv": 0, "attn_o": 0}
+    n_kv, n_lin = len(m.kv_layers), len(m.linear_layers)
     n_moe = len(m.moe_layers)
     out = {
         "embedding": m.vocab * H,
         "lm_head": 0 if m.tie_embeddings else m.vocab * H,
-        "attn_qkv": attn["attn_qkv"] * m.layers,
-        "attn_o": attn["attn_o"] * m.layers,
-        "indexer_qk": _indexer_params(m) * len(m.sparse_layers) if m.sparse else 0,
+        "attn_qkv": attn["attn_qkv"] * n_kv + lin["attn_qkv"] * n_lin,
+        "attn_o": attn["attn_o"] * n_kv + lin["attn_o"] * n_lin,
+        "indexer_qk": _indexer_params(m) * len(index_layers(m)) if m.sparse else 0,
         "dense_mlp": 3 * H * m.dense_inter * len(m.dense_mlp_layers),
         "routed_expert": 3 * H * m.expert_inter * m.experts * n_moe,
         "shared_expert": 3 * H * m.shared_inter * n_moe,
@@ -95,9 +121,22 @@ def kv_bytes(m: ModelSpec, kv_dtype: str = "bf16", index_dtype: str = "bf16",
     else:
         heads = plan.heads_kv_local(m) if plan else m.heads_kv
         per_layer = 2 * heads * m.head_dim
-    main = int(m.layers * per_layer * kb)
-    index = int(len(m.sparse_layers) * m.sparse.index_dim * ib) if m.sparse else 0
+    main = int(len(m.kv_layers) * per_layer * kb)   # linear-attention layers keep a per-request state instead
+    index = int(len(index_layers(m)) * m.sparse.index_dim * ib) if m.sparse else 0
     return KVBytes(main=main, index=index)
+
+
+def state_bytes_per_request(m: ModelSpec, plan: ParallelPlan | None = None) -> int:
+    """Fixed-size recurrent state of one request (linear-attention layers; 0 for other models), whole model
+    or per TP rank: delta-rule state [vh, kd, vd] in its state dtype + conv state [kernel - 1, conv_dim] bf16,
+    per linear layer. It does not grow with the context."""
+    if m.linear is None:
+        return 0
+    a, tp = m.linear, plan.tp if plan else 1
+    vh, kh = a.value_heads // tp, a.key_heads // tp
+    state = vh * a.key_dim * a.value_dim * dtype_bytes(a.state_dtype)
+    conv = (a.conv_kernel - 1) * (2 * kh * a.key_dim + vh * a.value_dim) * dtype_bytes("bf16")
+    return int(len(m.linear_layers) * (state + conv))
 
 
 def kv_bytes_per_token(m: ModelSpec, kv_dtype: str = "bf16", index_dtype: str = "bf16",
@@ -113,14 +152,22 @@ def local_weight_elements(m: ModelSpec, plan: ParallelPlan) -> dict[str, float]:
     if m.mla is not None:
         qkv = attn["attn_qkv"] / tp  # approximation: MLA up-projections shard by heads, latents replicate
     else:
-        qkv = H * (plan.heads_q_local(m) + 2 * plan.heads_kv_local(m)) * m.head_dim
+        q_heads = plan.heads_q_local(m) * (2 if m.attn_output_gate else 1)
+        qkv = H * (q_heads + 2 * plan.heads_kv_local(m)) * m.head_dim
+    lin = _linear_params(m, tp) if m.linear is not None else {"attn_qkv": 0, "attn_o": 0}
+    n_kv, n_lin = len(m.kv_layers), len(m.linear_layers)
+    if m.sparse is None:
+        idx = 0
+    elif m.sparse.style == "dsa":  # replicated indexer: every rank holds all of it
+        idx = _indexer_params(m) * len(index_layers(m))
+    else:
+        idx = H * (plan.index_heads_local(m) + 1) * m.sparse.index_dim * len(m.sparse_layers)
     out = {
         "embedding": plan.vocab_local(m) * H,
         "lm_head": 0 if m.tie_embeddings else plan.vocab_local(m) * H,
-        "attn_qkv": qkv * m.layers,
-        "attn_o": attn["attn_o"] / tp * m.layers,
-        "indexer_qk": (H * (plan.index_heads_local(m) + 1) * m.sparse.index_dim * len(m.sparse_layers)
-                       if m.sparse else 0),
+        "attn_qkv": qkv * n_kv + lin["attn_qkv"] * n_lin,
+        "attn_o": attn["attn_o"] / tp * n_kv + lin["attn_o"] * n_lin,
+        "indexer_qk": idx,
         "dense_mlp": 3 * H * m.dense_inter / tp * len(m.dense_mlp_layers),
         "routed_expert": 3 * H * plan.expert_inter_local(m) * plan.experts_local(m) * len(m.moe_layers),
         "shared_expert": 3 * H * plan.shared_inter_local(m) * len(m.moe_layers),
@@ -159,4 +206,6 @@ def memory_facts(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme | str = "b
         "kv_bytes_per_token_per_rank": rank.total, "kv_bytes_per_token_per_rank_main": rank.main,
         "kv_bytes_per_token_per_rank_index": rank.index,
         "weight_bytes_per_gpu": weight_bytes_per_gpu(m, plan, q),
+        "state_bytes_per_request": state_bytes_per_request(m),
+        "state_bytes_per_request_per_rank": state_bytes_per_request(m, plan),
     }

@@ -4,8 +4,11 @@ Supported families (by ``model_type``): MiniMax M3 (``minimax_m3_vl`` with a nes
 ``sparse_attention_config``, or the flat transformers>=5 names ``index_n_heads``, ``layer_types``,
 ``mlp_layer_types``, ...), MiniMax M2 (``minimax_m2``), Llama-style dense models (``llama``, ``mistral``,
 ``qwen2``, ``qwen3``), Mixtral, Qwen2/3-MoE and DeepSeek-V2/V3 (MLA attention, shared experts,
-``first_k_dense_replace``). Named configs ship in ``m3lab/spec/configs`` (``index.yaml`` says where each
-came from). Anything malformed raises :class:`m3lab.errors.M3LabError` naming the field.
+``first_k_dense_replace``), Qwen3.5 MoE (``qwen3_5_moe``: Gated DeltaNet linear attention
+with a full gated-attention layer every 4th, :class:`LinearAttnConfig`) and GLM-5.x (``glm_moe_dsa``: MLA plus
+DeepSeek sparse attention, a token-level :class:`SparseConfig` with ``style="dsa"``). Named configs ship
+in ``m3lab/spec/configs`` (``index.yaml`` says where each came from). Anything malformed raises
+:class:`m3lab.errors.M3LabError` naming the field.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Any
 from m3lab.errors import M3LabError
 
 CONFIG_DIR = Path(__file__).with_name("configs")
-ATTN_DENSE, ATTN_SPARSE = "dense", "sparse"
+ATTN_DENSE, ATTN_SPARSE, ATTN_LINEAR = "dense", "sparse", "linear"
 MLP_DENSE, MLP_MOE = "dense", "moe"
 # Runtime index-sharing overrides vLLM copies from the VL wrapper into text_config (reference §5).
 _INDEX_SHARING_KEYS = ("use_index_cache", "index_topk_freq", "index_topk_pattern", "index_skip_topk_offset")
@@ -39,6 +42,29 @@ class SparseConfig:
     index_skip_topk_offset: int = 0
     index_topk_pattern: tuple[str, ...] | None = None  # per sparse ordinal; "S" marks a reuser
     index_value: bool = False  # sparse_disable_index_value == 0: index branch has v/o projections
+    style: str = "block"       # "block": M3 block top-k; "dsa": DeepSeek sparse attention (token top-k, MLA)
+    index_q_replicated: bool = False  # DSA: every TP rank computes all index q heads (replicated projections)
+
+
+@dataclass(frozen=True)
+class LinearAttnConfig:
+    """Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5): a fixed-size recurrent state per request.
+
+    Per layer and request: the delta-rule state [value_heads, key_dim, value_dim] in ``state_dtype`` plus the
+    causal-conv state [conv_kernel - 1, conv_dim] (bf16), conv_dim = 2 * key_heads * key_dim + value_heads *
+    value_dim (q, k, v channels). Key heads are shared by value_heads / key_heads value heads.
+    """
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+    state_dtype: str = "fp32"
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,8 @@ class ModelSpec:
     n_shared: int = 0
     sparse: SparseConfig | None = None
     mla: MLAConfig | None = None
+    linear: LinearAttnConfig | None = None
+    attn_output_gate: bool = False   # q_proj also emits a per-channel sigmoid gate on the attention output
     rope_theta: float = 10000.0
     rotary_dim: int = 0
     norm_eps: float = 1e-6
@@ -102,6 +130,15 @@ class ModelSpec:
     @property
     def dense_attn_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.attn_types) if t == ATTN_DENSE)
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.attn_types) if t == ATTN_LINEAR)
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """Layers with a per-token KV cache (all but linear-attention layers)."""
+        return tuple(i for i, t in enumerate(self.attn_types) if t != ATTN_LINEAR)
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -260,6 +297,8 @@ def _common(t: dict) -> dict:
         raise M3LabError(f"config field 'num_key_value_heads' ({heads_kv}) must divide num_attention_heads "
                          f"({heads})", field="num_key_value_heads")
     head_dim = _get(t, "head_dim", default=0) or hidden // heads
+    rope = t.get("rope_parameters") if isinstance(t.get("rope_parameters"), dict) else {}
+    t = {**rope, **t}  # transformers>=5 nests rope_theta / partial_rotary_factor in rope_parameters
     rotary = _get(t, "rotary_dim", default=0)
     if not rotary:
         rotary = int(round(head_dim * _get(t, "partial_rotary_factor", default=1.0, kind=float)))
@@ -403,6 +442,57 @@ def _deepseek(t: dict) -> dict:
                 scoring=str(t.get("scoring_func", "softmax")), router_bias=t.get("topk_method") == "noaux_tc")
 
 
+def _qwen3_5_moe(t: dict) -> dict:
+    """Qwen3.5 MoE: Gated DeltaNet linear attention with full (gated-output) attention every
+    ``full_attention_interval``-th layer; routed experts plus one gated shared expert."""
+    values = _qwen_moe(t)
+    layers = values["layers"]
+    attn = _per_layer(t, "layer_types", layers, {"full_attention": ATTN_DENSE, "linear_attention": ATTN_LINEAR})
+    if attn is None:
+        every = _positive(t, "full_attention_interval")
+        attn = tuple(ATTN_DENSE if (i + 1) % every == 0 else ATTN_LINEAR for i in range(layers))
+    linear = LinearAttnConfig(
+        key_heads=_positive(t, "linear_num_key_heads"), value_heads=_positive(t, "linear_num_value_heads"),
+        key_dim=_positive(t, "linear_key_head_dim"), value_dim=_positive(t, "linear_value_head_dim"),
+        conv_kernel=_positive(t, "linear_conv_kernel_dim"),
+        state_dtype="bf16" if str(t.get("mamba_ssm_dtype", "float32")) in ("bfloat16", "bf16") else "fp32")
+    if linear.value_heads % linear.key_heads:
+        raise M3LabError(f"linear_num_key_heads ({linear.key_heads}) must divide linear_num_value_heads "
+                         f"({linear.value_heads})", field="linear_num_key_heads")
+    return dict(values, family="qwen3_5_moe", attn_types=attn, linear=linear, qk_norm="per_head",
+                attn_output_gate=bool(t.get("attn_output_gate", True)))
+
+
+def _indexer_pattern(t: dict, layers: int) -> tuple[str, ...] | None:
+    """GLM ``indexer_types`` ("full" computes the top-k, "shared" reuses it) as the per-sparse-layer S/F pattern."""
+    raw = t.get("indexer_types")
+    if raw is None:
+        return None
+    kinds = _per_layer(t, "indexer_types", layers, {"full": "F", "shared": "S"})
+    return kinds
+
+
+def _glm_moe_dsa(t: dict) -> dict:
+    """GLM-5.x (``glm_moe_dsa``): DeepSeek MLA + DeepSeek sparse attention (lightning indexer, token-level
+    top-k, index sharing via ``indexer_types`` / ``index_topk_freq``), first-k dense MLPs, shared expert."""
+    values = _deepseek(t)
+    layers = values["layers"]
+    mlp = _per_layer(t, "mlp_layer_types", layers, {"dense": MLP_DENSE, "sparse": MLP_MOE, "moe": MLP_MOE})
+    if mlp is not None:
+        values["mlp_types"] = mlp
+    pattern = _indexer_pattern(t, layers)
+    freq = _get(t, "index_topk_freq", default=1) or 1
+    if pattern is None and freq > 1:  # GLM's rule: layers < offset compute; then every freq-th from offset + freq - 1
+        off = _get(t, "index_skip_topk_offset", default=0)
+        pattern = tuple("F" if i < off or (i - off) % freq == freq - 1 else "S" for i in range(layers))
+    sparse = SparseConfig(index_heads=_positive(t, "index_n_heads"), index_dim=_positive(t, "index_head_dim"),
+                          block_size=1, topk_blocks=_positive(t, "index_topk"), local_blocks=0,
+                          index_topk_freq=freq, index_skip_topk_offset=_get(t, "index_skip_topk_offset", default=0),
+                          index_topk_pattern=pattern, style="dsa", index_q_replicated=True)
+    return dict(values, family="glm_moe_dsa", attn_types=(ATTN_SPARSE,) * layers, sparse=sparse,
+                router_dtype="fp32" if t.get("moe_router_dtype") == "float32" else "bf16")
+
+
 _FAMILIES = {
     "minimax_m3": _minimax_m3, "minimax_m3_vl": _minimax_m3, "minimax_m3_text": _minimax_m3,
     "minimax_m2": _minimax_m2,
@@ -410,6 +500,8 @@ _FAMILIES = {
     "mixtral": _mixtral,
     "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+    "qwen3_5_moe": _qwen3_5_moe, "qwen3_5_moe_text": _qwen3_5_moe,
+    "glm_moe_dsa": _glm_moe_dsa,
 }
 
 

@@ -3,7 +3,9 @@
 Rules as vLLM applies them:
 - q heads per rank = heads_q / tp; KV heads per rank = max(1, heads_kv / tp): when tp > heads_kv each KV head is
   replicated on tp / heads_kv ranks.
-- index q heads shard exactly like the KV heads; the single index-key head is replicated on every rank.
+- index q heads shard exactly like the KV heads (M3); DSA index q heads are replicated (vLLM's indexer uses
+  replicated projections); the single index-key head is replicated on every rank.
+- Gated DeltaNet (linear attention) key and value heads shard by TP (both must be divisible).
 - MoE: with ep == 1 every rank holds all experts at inter / tp (TP-MoE); with ep > 1 each rank holds
   experts / ep whole experts. A fused shared expert adds ``n_shared`` rows to the grouped GEMM on every rank.
 - Embedding and LM head are vocab-parallel: ceil(vocab padded to 64 / tp) rows per rank.
@@ -53,6 +55,10 @@ class ParallelPlan:
             kv = model.heads_kv
             if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
                 raise M3LabError(f"tp {tp} and the {kv} KV heads must divide one another", field="tp")
+        lin = model.linear
+        if lin is not None and (lin.key_heads % tp or lin.value_heads % tp):
+            raise M3LabError(f"tp {tp} must divide the {lin.key_heads} linear-attention key heads and "
+                             f"{lin.value_heads} value heads of {model.name}", field="tp")
         for label, width in (("dense_inter", model.dense_inter), ("shared_inter", model.shared_inter)):
             if width and width % tp:
                 raise M3LabError(f"tp {tp} must divide {label} {width}", field="tp")
@@ -80,8 +86,14 @@ class ParallelPlan:
         return max(1, self.tp // model.heads_kv)
 
     def index_heads_local(self, model: ModelSpec) -> int:
-        """Index q heads per rank: sharded exactly like the KV heads."""
+        """Index q heads per rank: sharded exactly like the KV heads (M3); all of them for DSA (replicated)."""
+        if model.sparse is not None and model.sparse.index_q_replicated:
+            return model.index_heads
         return max(1, model.index_heads // self.tp)
+
+    def linear_heads_local(self, model: ModelSpec) -> tuple[int, int]:
+        """Gated DeltaNet (key heads, value heads) per rank."""
+        return model.linear.key_heads // self.tp, model.linear.value_heads // self.tp
 
     # ---- MoE ---------------------------------------------------------------------------------------
     def fuses_shared(self, model: ModelSpec) -> bool:
