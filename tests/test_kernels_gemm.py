@@ -8,10 +8,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: ke
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from m3lab.kernels.gemm import launcher, tables  # noqa: E402
 from m3lab.kernels.gemm.tables import GemmConfig  # noqa: E402
 from m3lab.kernels.gemm.reference import linear_ref, quantize_weight  # noqa: E402
+from m3lab.kernels.gemm.tiles import e2m1_value, e8m0_pow2  # noqa: E402
 
 FORMATS = ("bf16", "fp8", "mxfp8", "mxfp4")
 SHAPES = ((1, 72, 96), (7, 100, 160), (33, 40, 224))        # M, N, K: none a multiple of the tiles
@@ -49,6 +51,48 @@ def test_native_mx_dot_scaled_path(fmt):
     for cfg in (KERNEL_CONFIGS["tiled"], KERNEL_CONFIGS["splitk"]):
         y = launcher.linear(x, w, w_format=fmt, w_scale=s, config=cfg, use_native_mx=True)
         assert rel_rms(y, linear_ref(x.float(), w, w_format=fmt, w_scale=s)) < 2e-3
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8", "mxfp4"])
+def test_gemv_kernel_matches_reference(fmt):
+    """The CUDA-core decode kernel: partial row tiles (M 3 in BLOCK_M 4), N and K not multiples of the tiles."""
+    x, w, s = _problem(fmt, 3, 40, 224)
+    for cfg in (GemmConfig("gemv", 4, 16, 64, SPLIT_K=2), GemmConfig("gemv", 1, 8, 128, SPLIT_K=1)):
+        if cfg.BLOCK_M == 1:
+            x = x[:1]
+        out = torch.full((x.shape[0], 40), float("nan"), dtype=x.dtype)
+        launcher.linear(x, w, w_format=fmt, w_scale=s, config=cfg, out=out)
+        assert rel_rms(out, linear_ref(x.float(), w, w_format=fmt, w_scale=s)) < 2e-3
+    assert int(launcher._LOCKS[x.device].abs().sum()) == 0
+    w8, s8 = quantize_weight(torch.randn(40, 224), "fp8")
+    with pytest.raises(ValueError, match="gemv"):
+        launcher.linear(x, w8, w_format="fp8", w_scale=s8, config=GemmConfig("gemv", 4, 16, 64))
+
+
+@triton.jit
+def _decode_kernel(p_c, p_e2m1, p_e2m1_f32, p_pow2, p_pow2_f32, p_q, p_q_bf16):
+    o = tl.arange(0, 256)
+    c = tl.load(p_c + o)
+    tl.store(p_e2m1 + o, e2m1_value(c, tl.bfloat16).to(tl.float32))
+    tl.store(p_e2m1_f32 + o, e2m1_value(c, tl.float32))
+    tl.store(p_pow2 + o, e8m0_pow2(c, tl.bfloat16).to(tl.float32))
+    tl.store(p_pow2_f32 + o, e8m0_pow2(c, tl.float32))
+    tl.store(p_q_bf16 + o, tl.load(p_q + o).to(tl.bfloat16).to(tl.float32))
+
+
+def test_weight_decoding_bits_are_exact():
+    """E2M1 and E8M0 decoded by bit construction (bf16 and fp32) and E4M3 -> bf16, over every code."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    outs = [torch.empty(256) for _ in range(5)]
+    q = codes.view(torch.float8_e4m3fn)
+    _decode_kernel[(1,)](codes, outs[0], outs[1], outs[2], outs[3], q, outs[4])
+    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])[(codes & 15).long()]
+    assert torch.equal(outs[0], e2m1) and torch.equal(outs[1], e2m1)
+    pow2 = torch.tensor([2.0 ** (int(c) - 127) for c in codes[:255]], dtype=torch.float64).float()
+    assert torch.equal(outs[3][:255], pow2) and outs[3][255].isnan() and outs[2][255].isnan()
+    assert torch.equal(outs[2][1:255], pow2[1:])            # s = 0: bf16 subnormal (the interpreter flushes it)
+    finite = q.float().isfinite()
+    assert torch.equal(outs[4][finite], q.float()[finite])
 
 
 def test_fp8_block_scales_and_fp32_activations():
@@ -131,4 +175,5 @@ def test_committed_h200_tables_cover_the_m3_shapes():
             table = tables.load_table(tables.table_path(n, k, fmt, "NVIDIA_H200"))
             assert table, (n, k, fmt)
             assert min(table) == 1 and max(table) >= 2048
-            assert table[1].BLOCK_M == 16 and table[max(table)].BLOCK_M >= 64   # decode vs prefill tiles
+            assert table[1].kernel in ("splitk", "gemv") and table[1].BLOCK_M <= 16   # decode vs prefill tiles
+            assert table[max(table)].kernel == "tiled" and table[max(table)].BLOCK_M >= 64

@@ -1,7 +1,7 @@
 """Decode GEMM ``y[M, N] = x[M, K] @ W[N, K]ᵀ`` for small M: swapped operands and split-K.
 
 The accumulator is swapped (``acc[BLOCK_N, BLOCK_M] = W_tile @ x_tileᵀ``, see tiles.py), so a
-narrow M (1…64) wastes no MMA rows, and ``SPLIT_K`` programs share each output tile so that
+narrow M (1…128) wastes no MMA rows, and the splits (grid axis 2) share each output tile so that
 enough programs stream weights to fill the GPU. Each split writes an fp32 partial to a workspace;
 the last split of a tile to arrive (counted with an atomic per tile) sums the partials, writes y
 and resets its counter, so one launch does the whole GEMM and stays CUDA-graph safe.
@@ -9,7 +9,7 @@ and resets its counter, so one launch does the whole GEMM and stays CUDA-graph s
 import triton
 import triton.language as tl
 
-from .tiles import mac_step
+from .tiles import mac_step, splitk_store
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -23,7 +23,7 @@ def gemm_splitk_kernel(
         # weight format
         W_FORMAT: tl.constexpr, SB_N: tl.constexpr, SB_K: tl.constexpr, NATIVE_MX: tl.constexpr,
         X_FMT: tl.constexpr,
-        # tiles
+        # tiles (SPLIT_K: splits along K = grid axis 2)
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -32,22 +32,4 @@ def gemm_splitk_kernel(
     for k0 in range(i_s * K_SPLIT, tl.minimum(K, (i_s + 1) * K_SPLIT), BLOCK_K):
         acc = mac_step(acc, p_x, p_w, p_s, o_m, o_n, k0, M, N, K, s_xm, s_xk, s_wn, s_wk, s_sn, s_sk,
                        W_FORMAT, SB_N, SB_K, NATIVE_MX, X_FMT, BLOCK_N, BLOCK_K)
-    p_out = p_y + o_n[:, None] * s_yn + o_m[None, :] * s_ym
-    m_y = (o_n[:, None] < N) & (o_m[None, :] < M)
-    if SPLIT_K == 1:
-        tl.store(p_out, acc.to(p_y.dtype.element_ty), mask=m_y)
-    else:
-        tile = i_m * tl.num_programs(0) + i_n
-        o_t = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        p_tile = p_part + tile * (BLOCK_N * BLOCK_M) + o_t
-        stride_split = tl.num_programs(0) * tl.num_programs(1) * (BLOCK_N * BLOCK_M)
-        tl.store(p_tile + i_s * stride_split, acc)
-        tl.debug_barrier()                                   # all partial stores of this program first
-        arrived = tl.atomic_add(p_lock + tile, 1)            # acq_rel: publishes the partial
-        if arrived == SPLIT_K - 1:                           # the last split reduces
-            tl.debug_barrier()
-            total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                total += tl.load(p_tile + s * stride_split, cache_modifier=".cg")
-            tl.store(p_out, total.to(p_y.dtype.element_ty), mask=m_y)
-            tl.atomic_xchg(p_lock + tile, 0)                 # ready for the next call / graph replay
+    splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn, BLOCK_N, BLOCK_M, SPLIT_K)

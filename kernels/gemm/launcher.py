@@ -9,9 +9,15 @@ import triton
 from .tables import GemmConfig, select_config
 from .gemm_splitk import gemm_splitk_kernel
 from .gemm_tiled import gemm_tiled_kernel
+from .gemv_splitk import gemv_splitk_kernel
 from .reference import FP8_BLOCK, W_FORMATS
 
 MX_FORMATS = ("mxfp8", "mxfp4")
+GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
+# MX weights with the tiled (prefill) kernel and no native MX: dequantise W to x's dtype once (kernels/mx),
+# then run the bf16 GEMM with the bf16 table's config. Converting in the GEMM's inner loop would convert
+# every weight element once per row tile (H200, 2026-11-29: MXFP4 prefill 3-8x slower than bf16 that way).
+DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
 
 
@@ -74,14 +80,22 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
         raise ValueError(f"w: unquantised weights must have x's dtype {x.dtype}, got {w.dtype}")
     if w_format in MX_FORMATS and k % 32:
         raise ValueError(f"x: K={k} must be a multiple of 32 for {w_format}")
+    forced = config
     config = config or select_config(m, n, k, w_format, x.device, regime)
-    s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)
     native = (native_mx(x.device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
+    if DEQUANT_PREFILL and config.kernel == "tiled" and w_format in MX_FORMATS and not native:
+        from ..mx.triton_mx import dequantize
+        w = dequantize(w, w_scale, w_format, dtype=x.dtype)
+        w_format, w_scale = "bf16", None
+        config = forced or select_config(m, n, k, "bf16", x.device, regime)
+    if config.kernel == "gemv" and w_format not in GEMV_FORMATS:
+        raise ValueError(f"config: the gemv kernel takes w_format in {GEMV_FORMATS}, not {w_format!r}")
+    s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
+    opts = config.compiler_options(bool(torch.version.hip))
+    tiles = dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K)
     common = dict(W_FORMAT=w_format, SB_N=sb_n, SB_K=sb_k, NATIVE_MX=native,
-                  X_FMT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "bf16"),
-                  BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-                  **config.compiler_options(bool(torch.version.hip)))
+                  X_FMT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "fp32"), **tiles, **opts)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1))
     if config.kernel == "tiled":
         grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N),)
@@ -91,9 +105,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
     k_split = triton.cdiv(triton.cdiv(k, split), config.BLOCK_K) * config.BLOCK_K
     split = triton.cdiv(k, k_split)                      # no empty splits
     grid = (triton.cdiv(n, config.BLOCK_N), triton.cdiv(m, config.BLOCK_M), split)
-    tiles = grid[0] * grid[1]
-    part = torch.empty(split * tiles * config.BLOCK_N * config.BLOCK_M if split > 1 else 1,
+    n_tiles = grid[0] * grid[1]
+    part = torch.empty(split * n_tiles * config.BLOCK_N * config.BLOCK_M if split > 1 else 1,
                        device=x.device, dtype=torch.float32)
-    gemm_splitk_kernel[grid](x, w, s, y, part, _locks(x.device, tiles), m, n, k, k_split, *strides,
-                             SPLIT_K=split, **common)
+    args = (x, w, s, y, part, _locks(x.device, n_tiles), m, n, k, k_split, *strides)
+    if config.kernel == "gemv":
+        gemv_splitk_kernel[grid](*args, W_FORMAT=w_format, SPLIT_K=split, **tiles, **opts)
+    else:
+        gemm_splitk_kernel[grid](*args, SPLIT_K=split, **common)
     return y

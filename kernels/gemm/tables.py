@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-KERNELS = ("tiled", "splitk")
+KERNELS = ("tiled", "splitk", "gemv")
 DECODE_MAX_M = 64       # regime boundary of the heuristic (the tuner decides where tables exist)
 FILL_PROGRAMS = 2       # split-K target: programs >= 2 x SMs, so each SM streams two weight slices
 
@@ -26,6 +26,7 @@ FILL_PROGRAMS = 2       # split-K target: programs >= 2 x SMs, so each SM stream
 class GemmConfig:
     """One launch: which kernel, its tiles and compiler options (AMD-only options None elsewhere)."""
     kernel: str = "tiled"            # "tiled" (prefill, grouped order) | "splitk" (decode, swapped, split-K)
+    #                                  | "gemv" (decode M <= 16: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64
@@ -40,10 +41,13 @@ class GemmConfig:
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel: {self.kernel!r} is not one of {KERNELS}")
+        lows = {"BLOCK_M": 1, "BLOCK_N": 4} if self.kernel == "gemv" else {}
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"{name}: {v} must be a power of two >= 16")
+            v, low = getattr(self, name), lows.get(name, 16)
+            if v < low or v & (v - 1):
+                raise ValueError(f"{name}: {v} must be a power of two >= {low}")
+        if self.kernel == "gemv" and self.BLOCK_M > 16:
+            raise ValueError(f"BLOCK_M: {self.BLOCK_M} must be <= 16 for the gemv kernel")
         if self.BLOCK_K < 32:
             raise ValueError("BLOCK_K: must be >= 32 (one MX block)")
 

@@ -1,13 +1,20 @@
-"""Tile helpers shared by the GEMM kernels: program order and one multiply-accumulate step per format.
+"""Tile helpers shared by the GEMM kernels: program order, weight decoding, one multiply-accumulate step
+per format, and the split-K epilogue.
 
-Both kernels keep the accumulator *swapped*, ``acc[BLOCK_N, BLOCK_M] += W_tile @ x_tileᵀ``: the
-weight tile is the MMA's first operand, so a tile dequantised in registers feeds the MMA without
-a round trip through shared memory (Hopper wgmma takes A from registers), and a narrow M wastes no
-MMA rows. bf16 weights are loaded as stored (no conversion, so they can stream through shared
-memory); fp8 and MX weights are dequantised in registers, or passed to ``tl.dot_scaled`` where the
-GPU has native MX (NATIVE_MX). MXFP4 never interleaves nibbles: the low nibbles (even k) and high
-nibbles (odd k) each meet the matching even/odd columns of x in their own dot.
+The tensor-core kernels keep the accumulator *swapped*, ``acc[BLOCK_N, BLOCK_M] += W_tile @ x_tileᵀ``:
+the weight tile is the MMA's first operand, so a tile dequantised in registers feeds the MMA and a
+narrow M wastes no MMA rows. bf16 weights are loaded as stored; fp8 and MX weights are dequantised in
+registers in fp32 (``mac_step``), or passed to ``tl.dot_scaled`` where the GPU has native MX
+(NATIVE_MX). MXFP4 never interleaves nibbles: the low nibbles (even k) and high nibbles (odd k) each
+meet the matching even/odd columns of x in their own dot.
+
+The gemv kernel decodes MX with the bit constructions below (``e2m1_value``, ``e8m0_pow2``: no
+int->float conversion) on 3-D tiles ``[BLOCK_N, BLOCK_K/32, 32]`` (``load_mx``), so a scale byte
+broadcasts over its 32 elements without a reshape. (H200, 2026-11-29: the same bit decoding with the
+scale multiply in bf16 inside ``mac_step`` ran 1.1-1.7x slower at M 8-128 than the fp32 arithmetic
+kept here; bf16 arithmetic goes through fp32 on that GPU.)
 """
+
 import triton
 import triton.language as tl
 
@@ -26,10 +33,57 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
-def _load_x(p_x, o_m, o_k, M, K, s_xm, s_xk):
+def e8m0_pow2(b_s, CT: tl.constexpr):
+    """E8M0 bytes -> 2**(s-127) in CT (bf16 or fp32), built from bits (0 -> 2**-127, 0xFF -> NaN)."""
+    if CT == tl.bfloat16:
+        s = b_s.to(tl.int16)
+        v = tl.where(s == 0, 64, s << 7)                       # 2**-127 is the bf16 subnormal 0x0040
+        out = tl.where(s == 255, 0x7FC0, v).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        s = b_s.to(tl.int32)
+        v = tl.where(s == 0, 0x00400000, s << 23)
+        out = tl.where(s == 255, 0x7FC00000, v).to(tl.float32, bitcast=True)
+    return out
+
+
+@triton.jit
+def e2m1_value(c, CT: tl.constexpr):
+    """E2M1 codes (low 4 bits of an int) -> values in CT (bf16 or fp32), by bit construction.
+
+    Magnitude t = c & 7 = (e, m): t >= 2 is (1 + m/2) 2**(e-1), i.e. t's bits shifted under the exponent
+    field plus the exponent of 0.5; t in {0, 1} is t * 0.5. No int->float conversion, no arithmetic.
+    """
+    if CT == tl.bfloat16:
+        c = c.to(tl.int16)
+        t = c & 7
+        bits = tl.where(t < 2, t * 0x3F00, (t << 6) + 0x3F00) | ((c & 8) << 12)
+        out = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        c = c.to(tl.int32)
+        t = c & 7
+        bits = tl.where(t < 2, t * 0x3F000000, (t << 22) + 0x3F000000) | ((c & 8) << 28)
+        out = bits.to(tl.float32, bitcast=True)
+    return out
+
+
+@triton.jit
+def load_x(p_x, o_m, o_k, M, K, s_xm, s_xk):
     """Activation tile [BLOCK_M, len(o_k)] at columns o_k (zeros outside)."""
     m_x = (o_m[:, None] < M) & (o_k[None, :] < K)
     return tl.load(p_x + o_m[:, None] * s_xm + o_k[None, :] * s_xk, mask=m_x, other=0.0)
+
+
+@triton.jit
+def load_mx(p_w, p_s, o_n, k0, N, K, s_wn, s_wk, s_sn, s_sk, W_FORMAT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Raw MX codes [BLOCK_N, BLOCK_K/32, 32] (mxfp4: packed bytes [.., 16]) and scale bytes [BLOCK_N, BLOCK_K/32]."""
+    G: tl.constexpr = BLOCK_K // 32
+    E: tl.constexpr = 16 if W_FORMAT == "mxfp4" else 32
+    o_g = k0 // 32 + tl.arange(0, G)
+    m_s = (o_n[:, None] < N) & (o_g[None, :] < K // 32)
+    o_e = o_g[None, :, None] * E + tl.arange(0, E)[None, None, :]
+    b_q = tl.load(p_w + o_n[:, None, None] * s_wn + o_e * s_wk, mask=m_s[:, :, None], other=0.0)
+    b_s = tl.load(p_s + o_n[:, None] * s_sn + o_g[None, :] * s_sk, mask=m_s, other=127)
+    return b_q, b_s
 
 
 @triton.jit
@@ -57,18 +111,18 @@ def mac_step(acc, p_x, p_w, p_s, o_m, o_n, k0, M, N, K,
         b_q = tl.load(p_w + o_n[:, None] * s_wn + o_p[None, :] * s_wk, mask=m_n & (o_p[None, :] < K // 2), other=0.0)
         b_s = tl.load(p_s + o_n[:, None] * s_sn + o_b[None, :] * s_sk, mask=m_n & (o_b[None, :] < K // 32), other=127)
         if NATIVE_MX:
-            b_x = _load_x(p_x, o_m, o_k, M, K, s_xm, s_xk)
+            b_x = load_x(p_x, o_m, o_k, M, K, s_xm, s_xk)
             acc = tl.dot_scaled(b_q, b_s, "e2m1", tl.trans(b_x), None, X_FMT, acc)
         else:
-            b_x_even = _load_x(p_x, o_m, 2 * o_p, M, K, s_xm, s_xk)        # k = 2j meets the low nibbles
-            b_x_odd = _load_x(p_x, o_m, 2 * o_p + 1, M, K, s_xm, s_xk)
+            b_x_even = load_x(p_x, o_m, 2 * o_p, M, K, s_xm, s_xk)        # k = 2j meets the low nibbles
+            b_x_odd = load_x(p_x, o_m, 2 * o_p + 1, M, K, s_xm, s_xk)
             b_q = b_q.to(tl.int32)
             b_lo = _mx_scaled(e2m1_to_f32(b_q & 15), b_s, BLOCK_N, BLOCK_K // 2, 16).to(b_x_even.dtype)
             b_hi = _mx_scaled(e2m1_to_f32(b_q >> 4), b_s, BLOCK_N, BLOCK_K // 2, 16).to(b_x_even.dtype)
             acc = tl.dot(b_lo, tl.trans(b_x_even), acc)
             acc = tl.dot(b_hi, tl.trans(b_x_odd), acc)
     else:
-        b_x = _load_x(p_x, o_m, o_k, M, K, s_xm, s_xk)                    # [BM, BK]
+        b_x = load_x(p_x, o_m, o_k, M, K, s_xm, s_xk)                    # [BM, BK]
         m_w = m_n & (o_k[None, :] < K)
         b_w = tl.load(p_w + o_n[:, None] * s_wn + o_k[None, :] * s_wk, mask=m_w, other=0.0)
         if W_FORMAT == "mxfp8":
@@ -85,3 +139,34 @@ def mac_step(acc, p_x, p_w, p_s, o_m, o_n, k0, M, N, K,
         else:
             acc = tl.dot(b_w, tl.trans(b_x), acc)                         # bf16: as stored
     return acc
+
+
+@triton.jit
+def splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn,
+                 BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Write acc (yᵀ tile [BLOCK_N, BLOCK_M]); with SPLIT_K > 1, via fp32 partials reduced by the last split.
+
+    Grid (n tiles, m tiles, SPLIT_K). p_part: fp32 [SPLIT_K, tiles, BLOCK_N*BLOCK_M]; p_lock: int32 [tiles],
+    zero before the call and reset to zero by the reducing split (CUDA-graph replays need no memset).
+    The reduction is unrolled (SPLIT_K is a compile-time constant) so all partial loads are in flight at
+    once: H200 2026-11-29, a rolled loop over the splits cost ~2 us per call at SPLIT_K = 4.
+    """
+    p_out = p_y + o_n[:, None] * s_yn + o_m[None, :] * s_ym
+    m_y = (o_n[:, None] < N) & (o_m[None, :] < M)
+    if SPLIT_K == 1:
+        tl.store(p_out, acc.to(p_y.dtype.element_ty), mask=m_y)
+    else:
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        o_t = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        p_tile = p_part + tile * (BLOCK_N * BLOCK_M) + o_t
+        stride_split = tl.num_programs(0) * tl.num_programs(1) * (BLOCK_N * BLOCK_M)
+        tl.store(p_tile + tl.program_id(2) * stride_split, acc)
+        tl.debug_barrier()                                   # all partial stores of this program first
+        arrived = tl.atomic_add(p_lock + tile, 1)            # acq_rel: publishes the partial
+        if arrived == SPLIT_K - 1:                           # the last split reduces
+            tl.debug_barrier()
+            total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                total += tl.load(p_tile + s * stride_split, cache_modifier=".cg")
+            tl.store(p_out, total.to(p_y.dtype.element_ty), mask=m_y)
+            tl.atomic_xchg(p_lock + tile, 0)                 # ready for the next call / graph replay

@@ -99,7 +99,11 @@ def quant_mxfp8_kernel(p_x, p_q, p_s, R, K, s_x, s_q, s_s,
     exp, byte = block_scale(tl.max(tl.abs(b_x), axis=2), 8)
     v = b_x * pow2(-exp)[:, :, None]
     v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-    tl.store(p_q + o_r[:, None, None] * s_q + o_k, round_e4m3(v).to(tl.float8e4nv), mask=m)
+    code = round_e4m3(v).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    # a zero code takes the input's sign bit explicitly (reference.py does the same), so -0.0 (0x80) does not
+    # depend on how a device's fp32 -> fp8 conversion treats negative values that round to zero
+    code = tl.where((code & 0x7F) == 0, ((b_x.to(tl.int32, bitcast=True) >> 24) & 0x80).to(tl.uint8), code)
+    tl.store(p_q + o_r[:, None, None] * s_q + o_k, code.to(tl.float8e4nv, bitcast=True), mask=m)
     tl.store(p_s + o_r[:, None] * s_s + o_b[None, :], byte.to(tl.uint8), mask=m_rb)
 
 

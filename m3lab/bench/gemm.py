@@ -24,7 +24,7 @@ M3_TP4_SHAPES = ((2560, 6144), (2304, 6144), (6144, 2048), (6144, 6144), (6144, 
 DEFAULT_MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 W_FORMATS = ("bf16", "mxfp8", "mxfp4")
 PREFILL_REF_M = 4096          # the prefill tile of a shape = its tuned config at this M
-TILE_COMPARE_MAX_M = 128      # decode-vs-prefill tiles are compared up to this M
+TILE_COMPARE_MAX_M = 64       # decode-vs-prefill tiles are compared up to this M (the issue: M <= 64)
 
 
 def weight_bytes(n: int, k: int, w_format: str) -> float:

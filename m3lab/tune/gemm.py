@@ -14,40 +14,106 @@ import pandas as pd
 import torch
 
 from ..kernels.gemm import launcher
-from ..kernels.gemm.tables import CONFIG_DIR, GemmConfig, device_name, heuristic_config, table_path, write_table
+from ..kernels.gemm.tables import (CONFIG_DIR, GemmConfig, device_name, heuristic_config, load_table, table_path,
+                                   write_table)
 from ..kernels.gemm.reference import linear_ref
 
-DECODE_MS = (1, 32, 64, 128)
-PREFILL_MS = (256, 512, 1024, 2048, 4096, 8192)
-# decode: swapped split-K tiles (BLOCK_N, BLOCK_K, num_stages, num_warps); SPLIT_K fill and 2x fill.
-# H200 2026-11-29 (first tuning run): 64x128 with 5 stages won most decode points, 128x128 some
-# M=64-128 MX points; 32x256, 64x512 and 128x256 never won and were dropped.
-DECODE_TILES = ((32, 128, 6, 4), (64, 128, 5, 4), (64, 256, 3, 4), (128, 128, 4, 4))
-# prefill: tiled (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), GROUP_M 8
-PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (128, 128, 128, 8, 3))
+DECODE_MS = (1, 2, 4, 8, 16, 32, 64, 128)
+PREFILL_MS = (2048, 4096, 8192)
+# Decode candidates, from the H200 runs (traces/bench/gemm_tune_NVIDIA_H200.csv, columns commit/note):
+# c4f8001 (B): 64x128 or 32x128 tiles, 5-6 stages, SPLIT_K 4-8 won most points but streamed <= 2.9 TB/s.
+# 8da033f+G: BLOCK_M 128 at M = 128 lost to two 64-row tiles (27.7 vs 22.7 us, N 2560); unsplit 64-row tiles
+# won N = 6144; the gemv kernel won M = 1 (MX) and lost 2-5x at M >= 8, hence GEMV_MAX_M = 4.
+# splitk (BLOCK_N, BLOCK_K, num_stages, num_warps) by BLOCK_M; M > 32 also tries half its BLOCK_M.
+SPLITK_TILES = {16: ((64, 128, 6, 4), (64, 128, 5, 4), (32, 128, 6, 4), (64, 256, 4, 4), (32, 256, 6, 4),
+                     (128, 128, 5, 8), (64, 512, 3, 4), (32, 512, 4, 4), (64, 256, 4, 8)),
+                32: ((64, 128, 6, 4), (64, 256, 4, 4), (128, 128, 4, 8), (32, 256, 5, 4)),
+                64: ((64, 128, 5, 4), (64, 256, 3, 4), (128, 128, 4, 8), (128, 64, 6, 8)),
+                128: ((64, 128, 4, 4), (128, 128, 3, 8), (64, 64, 6, 4), (128, 64, 5, 8))}
+# gemv (BLOCK_N, BLOCK_K, num_warps, num_stages), M <= GEMV_MAX_M, weight formats bf16/mxfp8/mxfp4
+GEMV_TILES = ((16, 256, 4, 3), (8, 512, 4, 3), (32, 256, 8, 3), (16, 512, 8, 1), (32, 512, 8, 2))
+GEMV_MAX_M = 4
+FILLS = (1, 2, 4)                # programs per SM the split count aims at
+SMEM_BYTES = 220 * 1024          # H200: 227 KiB per block; a candidate whose pipeline buffers exceed it is not tried
+# prefill: tiled (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), GROUP_M 8. MX prefill dequantises W
+# once and runs the bf16 kernel (launcher.DEQUANT_PREFILL), so MX tables take the bf16 winner.
+PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
+                 (64, 256, 64, 4, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4))
+W_BYTES = {"bf16": 2.0, "fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "mxfp4": 0.5 + 1 / 32}
 
 
-def _block_m(m: int) -> int:
-    return max(16, min(64, 1 << max(0, math.ceil(math.log2(m)))))
+def _pow2_ceil(v: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(v, 1))))
 
 
-def candidates(m: int, n: int, k: int, sms: int = 132) -> list[GemmConfig]:
+def _splits(tiles: int, k: int, bk: int, sms: int) -> list[int]:
+    """Split counts (powers of two) giving about FILLS x SMs programs, each split at least one K step."""
+    out = {max(1, min(k // bk, 1 << round(math.log2(max(1.0, f * sms / tiles))))) for f in FILLS}
+    return sorted(out)
+
+
+def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -> list[GemmConfig]:
     """Candidate configs of M's regime (decode for M <= 128)."""
     if m > DECODE_MS[-1]:
         return [GemmConfig("tiled", bm, bn, bk, 8, 1, nw, ns) for bm, bn, bk, nw, ns in PREFILL_TILES]
-    bm = _block_m(m)
     out = []
-    for bn, bk, ns, nw in DECODE_TILES:
-        tiles = math.ceil(n / bn) * math.ceil(m / bm)
-        fill = max(1, min(math.ceil(2 * sms / tiles), k // bk))
-        for split in sorted({1 << int(math.log2(fill)), min(k // bk, 2 << int(math.log2(fill)))}):
-            out.append(GemmConfig("splitk", bm, bn, bk, 1, max(1, split), nw, ns))
-    out.append(GemmConfig("tiled", bm, 64, 128, 1, 1, 4, 4))
+    if m <= GEMV_MAX_M and w_format != "fp8":
+        bm = _pow2_ceil(m)
+        for bn, bk, nw, ns in GEMV_TILES:
+            for split in _splits(math.ceil(n / bn), k, bk, sms)[-2:]:
+                out.append(GemmConfig("gemv", bm, bn, bk, 1, split, nw, ns))
+    top = max(16, min(128, _pow2_ceil(m)))
+    for bm in ([top // 2, top] if top > 32 else [top]):
+        for bn, bk, ns, nw in SPLITK_TILES[bm]:
+            if ns * bk * (bn * W_BYTES[w_format] + 2 * bm) > SMEM_BYTES:
+                continue
+            for split in _splits(math.ceil(n / bn) * math.ceil(m / bm), k, bk, sms):
+                out.append(GemmConfig("splitk", bm, bn, bk, 1, split, nw, ns))
     return list(dict.fromkeys(out))
 
 
+def _compile_worker(jobs: list[tuple[str, dict, int]]) -> list[str]:
+    """Run each (w_format, config, K) once on a small problem (N 512, the real K: the split count a config
+    gets depends on K) with the real shapes' divisibility, which fills the Triton disk cache;
+    -> one error string per job ('' = compiled)."""
+    from ..kernels.gemm.reference import quantize_weight
+    device = torch.device("cuda")
+    errors = []
+    for w_format, cfg, k in jobs:
+        try:
+            x = torch.randn(16, k, device=device, dtype=torch.bfloat16)
+            w, s = quantize_weight(torch.randn(512, k, device=device, dtype=torch.bfloat16), w_format)
+            launcher.linear(x, w, w_format=w_format, w_scale=s, config=GemmConfig.from_dict(cfg))
+            torch.cuda.synchronize()
+            errors.append("")
+        except Exception as err:
+            errors.append(f"{type(err).__name__}: {str(err)[:120]}")
+    return errors
+
+
+def precompile(jobs: list[tuple[str, GemmConfig, int]], workers: int = 12, log=print) -> dict:
+    """Compile every (w_format, config, K) in parallel processes; -> {(w_format, config, K): error} for failures.
+
+    M is not specialised and the M3 shapes share N, K divisibility, so one binary per config and split
+    count serves every point.
+    """
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    jobs = list(dict.fromkeys(jobs))
+    chunks = [jobs[i::workers] for i in range(workers)]
+    t0, failed = time.time(), {}
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        futs = {pool.submit(_compile_worker, [(f, c.to_dict(), k) for f, c, k in ch]): ch for ch in chunks if ch}
+        for fut in cf.as_completed(futs):
+            for job, err in zip(futs[fut], fut.result()):
+                if err:
+                    failed[job] = err
+    log(f"precompile: {len(jobs)} kernels in {time.time() - t0:.0f}s, {len(failed)} failed")
+    return failed
+
+
 def tune_point(m: int, n: int, k: int, w_format: str, cands: list[GemmConfig], checked: dict,
-               rep_ms: float = 15.0, device: torch.device | None = None, timer=None) -> list[dict]:
+               rep_ms: float = 8.0, device: torch.device | None = None, timer=None) -> list[dict]:
     """Time every candidate at one point -> rows {config, us, error}.
 
     ``timer(calls) -> Timing`` defaults to graph replay on the GPU (tests pass a CPU timer).
@@ -56,7 +122,7 @@ def tune_point(m: int, n: int, k: int, w_format: str, cands: list[GemmConfig], c
     from ..bench.timing import graph_time
     from ..gates.checks import TOLERANCES, rel_rms
     device = device or torch.device("cuda")
-    timer = timer or (lambda calls: graph_time(calls, rep_ms=rep_ms, warmup_ms=5))
+    timer = timer or (lambda calls: graph_time(calls, rep_ms=rep_ms, warmup_ms=2))
     tol = TOLERANCES["bfloat16" if device.type == "cuda" else "float16"]
     ops = make_operands(m, n, k, w_format, device)
     w, s = ops.ws[0]
@@ -81,23 +147,42 @@ def tune_point(m: int, n: int, k: int, w_format: str, cands: list[GemmConfig], c
 
 
 def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFILL_MS,
-              config_dir: Path = CONFIG_DIR, budget_s: float = 240.0, log=print) -> pd.DataFrame:
+              config_dir: Path = CONFIG_DIR, budget_s: float = 240.0, log=print, workers: int = 12) -> pd.DataFrame:
     """Tune every (shape, format, M) within the budget; write one table per (N, K, format). -> all timings.
 
     shapes: (N, K) pairs, normally :func:`default_shapes` (the OpTable's distinct GEMMs of M3 at TP4).
+    Candidates are compiled in parallel first (``workers`` processes); MX formats at prefill M take the
+    bf16 winner (the launcher dequantises W, then runs the bf16 kernel), timed once for the record.
     """
     device = torch.device("cuda")
     dev_name = device_name(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     t0, checked, all_rows = time.time(), {}, []
-    for w_format in w_formats:
+    plan = {(f, n, k, m): candidates(m, n, k, sms, f) for f in w_formats for n, k in shapes for m in ms}
+    jobs = [(f, c, k) for (f, n, k, m), cs in plan.items() for c in cs
+            if not (f in launcher.MX_FORMATS and c.kernel == "tiled")]
+    failed = {}
+    if workers > 1:
+        try:
+            failed = precompile(jobs, workers, log)
+        except Exception as err:      # compiling serially while timing is slower, never wrong
+            log(f"precompile failed ({type(err).__name__}: {str(err)[:200]}); compiling while timing")
+    order = sorted(w_formats, key=lambda f: f != "bf16")        # bf16 first: MX prefill reuses its winners
+    tables: dict[tuple, dict] = {}
+    if "bf16" not in w_formats:                                 # MX prefill: the committed bf16 winners
         for n, k in shapes:
-            table = {}
+            tables[(n, k, "bf16")] = dict(load_table(table_path(n, k, "bf16", dev_name, config_dir)))
+    for w_format in order:
+        for n, k in shapes:
+            table = tables.setdefault((n, k, w_format), {})
             for m in ms:
                 if time.time() - t0 > budget_s:
                     log(f"tune: budget {budget_s:.0f}s spent; N={n} K={k} {w_format} M={m} keeps the heuristic")
                     break
-                rows = tune_point(m, n, k, w_format, candidates(m, n, k, sms), checked)
+                cands = [c for c in plan[(w_format, n, k, m)] if (w_format, c, k) not in failed]
+                if w_format in launcher.MX_FORMATS and m > DECODE_MS[-1] and m in tables.get((n, k, "bf16"), {}):
+                    cands = [tables[(n, k, "bf16")][m]]
+                rows = tune_point(m, n, k, w_format, cands, checked)
                 all_rows += rows
                 ok = [r for r in rows if not math.isnan(r["us"])]
                 if ok:
