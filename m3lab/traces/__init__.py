@@ -18,10 +18,11 @@ from m3lab.traces.events import (COLUMNS, load_trace, short_kernel_name, sniff_f
                                  summary_totals)
 from m3lab.traces.expectations import Expectation, Expectations, list_shipped
 from m3lab.traces.kineto import read_kineto
+from m3lab.traces.recorded import recorded_traces
 from m3lab.traces.rocprof import read_rocprof_csv, read_rocprof_json
 from m3lab.traces.verify import Verification, verify
 
-__all__ = ["COLUMNS", "DispatchTraceWriter", "Expectation", "Expectations", "Verification", "list_shipped",
+__all__ = ["recorded_traces", "COLUMNS", "DispatchTraceWriter", "Expectation", "Expectations", "Verification", "list_shipped",
            "load_trace", "read_aiter_log", "read_dispatch_header", "read_dispatch_trace", "read_kineto",
            "read_rocprof_csv", "read_rocprof_json", "rejections", "short_kernel_name", "sniff_format",
            "summarize", "summarize_aiter_log", "summary_totals", "verify"]

@@ -1,0 +1,1 @@
+"""MiniMax M3 MoE: sigmoid+bias router, top-k, grouped expert GEMMs, SwiGLU-OAI."""

@@ -1,0 +1,17 @@
+"""Dispatcher with declared fast paths (checklist step 4).
+
+Submodules: ``fastpath`` (declarations), ``registry`` (the M3 fast paths, kernel attachment),
+``dispatcher`` (choosing and recording), ``capture`` (dispatch traces of reference-model steps),
+``gpu_capture`` (timed dispatch + profiler traces on a GPU), ``crosscheck`` (traced shapes vs OpTable).
+
+Public API: :class:`Dispatcher` (``call(op, layer, kind, ref, tensors, attrs, params)``),
+:class:`FastPath`, :class:`Condition`, :class:`CallContext`, :class:`FastPathRegistry`,
+:func:`m3_registry` (the M3 declarations), :func:`attach_repo_kernels`, :class:`TraceWriter` (the
+writer protocol; records are also kept in ``Dispatcher.records``), :func:`dtype_name`, :func:`plan_dict`.
+"""
+from m3lab.dispatch.dispatcher import FALLBACK, Dispatcher, TraceWriter, dtype_name, plan_dict
+from m3lab.dispatch.fastpath import CallContext, Condition, FastPath
+from m3lab.dispatch.registry import FastPathRegistry, attach_repo_kernels, m3_registry
+
+__all__ = ["Dispatcher", "TraceWriter", "FALLBACK", "dtype_name", "plan_dict", "CallContext", "Condition",
+           "FastPath", "FastPathRegistry", "attach_repo_kernels", "m3_registry"]

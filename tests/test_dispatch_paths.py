@@ -1,0 +1,123 @@
+"""Dispatcher: declared fast paths, the recorded failed condition, the trace file and the verifier."""
+import pytest
+import torch
+
+from m3lab.dispatch import CallContext, Condition, Dispatcher, FastPath, FastPathRegistry, m3_registry
+from m3lab.dispatch.capture import build_traced_model, capture_dispatch_trace, run_steps
+from m3lab.errors import M3LabError
+from m3lab.traces import Expectations, read_dispatch_trace, verify
+
+STEPS = [[300, 200], [1, 1]]  # a prefill step of two requests, then one decode step
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """Dispatch traces of full-width M3 (first 5 layers: 3 dense + 2 sparse/MoE) on the meta device."""
+    d = tmp_path_factory.mktemp("dispatch")
+    out = {}
+    for name, plan in {"tp2": {"tp": 2, "fused_shared_expert": True}, "tp4": {"tp": 4, "fused_shared_expert": True},
+                       "tp4_unfused": {"tp": 4, "fused_shared_expert": False}}.items():
+        out[name] = capture_dispatch_trace("minimax-m3", plan, STEPS, d / f"{name}.jsonl.gz", layers=5, commit="test")
+    return out
+
+
+def _rejected(row, path):
+    return [r["condition"] for r in row["rejected"] if r["path"] == path]
+
+
+def test_tp2_names_the_one_kv_head_per_rank_condition(traces):
+    df = read_dispatch_trace(traces["tp2"])
+    att = df[(df.op == "attention") & (df.layer >= 3)]
+    assert len(att) == 4  # 2 sparse layers x 2 steps
+    for _, row in att.iterrows():
+        assert row["path"] == "torch"
+        (why,) = _rejected(row, "sparse_attn.paged_page16")
+        assert "one KV head per rank" in why and "got 2 KV heads per rank at tp=2" in why
+    v = verify(Expectations.load("minimax_m3_tp4"), traces["tp2"])
+    assert not v.ok
+    res = v.results.set_index("id").loc["sparse_attention_paged"]
+    assert res["status"] == "fail" and "one KV head per rank" in res["why"]
+
+
+def test_tp4_passes_the_plan_conditions_and_fails_only_on_the_device(traces):
+    df = read_dispatch_trace(traces["tp4"])
+    header = df.attrs["header"]
+    assert header["plan"]["tp"] == 4 and header["commit"] == "test" and header["device"] == "meta"
+    att = df[(df.op == "attention") & (df.layer >= 3)]
+    for _, row in att.iterrows():
+        (why,) = _rejected(row, "sparse_attn.paged_page16")
+        assert why.startswith("runs on a GPU") and "got meta" in why
+    dense_att = df[(df.op == "attention") & (df.layer < 3)]
+    assert all("sparse-attention layer" in _rejected(r, "sparse_attn.paged_page16")[0] for _, r in dense_att.iterrows())
+
+
+def test_fused_moe_has_129_experts_and_no_shared_mlp(traces):
+    df = read_dispatch_trace(traces["tp4"])
+    moe = df[df.op == "moe_gate_up"]
+    assert len(moe) == 4 and all(s["w"][0] == 129 and s["ids"][1] == 5 for s in moe.shapes)
+    assert all(_rejected(r, "moe.fused_shared_grouped_gemm")[0].startswith("runs on a GPU") for _, r in moe.iterrows())
+    assert not df.op.isin(["shared_gate_up", "shared_down"]).any()
+    unfused = read_dispatch_trace(traces["tp4_unfused"])
+    moe = unfused[unfused.op == "moe_gate_up"]
+    assert all(s["w"][0] == 128 for s in moe.shapes)
+    assert all("shared expert fused" in _rejected(r, "moe.fused_shared_grouped_gemm")[0] for _, r in moe.iterrows())
+    assert (unfused.op == "shared_gate_up").sum() == 4
+
+
+def test_decode_tile_table_condition_is_about_m(traces):
+    df = read_dispatch_trace(traces["tp4"])
+    gemms = df[df.op.isin(["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])]
+    for _, row in gemms.iterrows():
+        (why,) = _rejected(row, "gemm.decode_tile_table")
+        if row["shapes"]["x"][0] <= 64:
+            assert why.startswith("runs on a GPU")
+        else:
+            assert why == f"decode-sized M <= 64 (got M={row['shapes']['x'][0]})"
+
+
+def test_a_registered_fast_path_runs_when_its_conditions_hold():
+    calls = []
+
+    def fast(x, w):
+        calls.append(x.shape)
+        return x @ w.T
+
+    reg = FastPathRegistry([
+        FastPath("never", ("gemm",), (Condition("M is odd", lambda c: c.attrs["m"] % 2 == 1,
+                                                lambda c: f"M={c.attrs['m']}"),), ("k0",), impl=fast),
+        FastPath("cpu_gemm", ("gemm",), (Condition("on the CPU", lambda c: c.device == "cpu"),), ("k1", "k2")),
+        FastPath("also_ok", ("gemm",), (), ("k3",), impl=fast),
+        FastPath("broken", ("gemm",), (Condition("needs attr", lambda c: c.attrs["missing"] > 0),), ("k4",),
+                 impl=fast),
+    ])
+    reg.register_impl("cpu_gemm", fast)
+    d = Dispatcher(plan={"tp": 1}, registry=reg)
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    out = d.call("qkv_proj", 0, "gemm", lambda x, w: None, {"x": x, "w": w}, {"m": 4})
+    torch.testing.assert_close(out, x @ w.T)
+    rec = d.records[-1]
+    assert rec["path"] == "cpu_gemm" and rec["kernels"] == ["k1", "k2"] and calls == [(4, 8)]
+    assert rec["rejected"] == [{"path": "never", "condition": "M is odd (got M=4)"},
+                               {"path": "broken", "condition": "needs attr"}]
+
+
+def test_unimplemented_path_and_registry_errors():
+    reg = m3_registry()
+    ctx = CallContext("moe_gate_up", 3, "grouped_gemm", {}, {}, "cuda", {"fused_shared_expert": True},
+                      {"experts": 129, "routed_experts": 128, "w_format": "mxfp8"})
+    assert "not implemented yet" in reg.paths["moe.fused_shared_grouped_gemm"].first_failure(ctx)
+    with pytest.raises(M3LabError, match="unknown fast path"):
+        reg.register_impl("nope", lambda: None)
+    with pytest.raises(M3LabError, match="already declared"):
+        reg.declare(reg.paths["indexer.index_topk"])
+    names = {row["path"] for row in reg.table()}
+    assert {"sparse_attn.paged_page16", "moe.fused_shared_grouped_gemm", "gemm.decode_tile_table"} <= names
+
+
+def test_mini_model_records_every_op_on_cpu():
+    m = build_traced_model(None, {"tp": 1})
+    run_steps(m, [[40], [1]])
+    ops = {r["op"] for r in m.dispatcher.records}
+    assert {"embedding", "qkv_proj", "qk_norm", "rope", "cache_write", "indexer", "topk", "attention", "o_proj",
+            "router", "moe_gate_up", "moe_act", "moe_down", "final_norm", "lm_head"} <= ops
+    assert all(r["device"] == "cpu" and r["path"] == "torch" for r in m.dispatcher.records)
