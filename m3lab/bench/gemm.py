@@ -154,9 +154,11 @@ def time_row(row) -> Timing:
     return time_provider(str(row["provider"]), int(dims["M"]), int(dims["N"]), int(dims["K"]), str(row["dtype"]))
 
 
-def gemm_table(device: str = "cpu", ms=(1, 32, 2048), w_formats=W_FORMATS, path=None):
+def gemm_table(device: str = "cpu", ms=(1, 32, 2048), w_formats=W_FORMATS, path=None, latest: bool = True):
     """The GEMM benchmark table as a DataFrame: measured live on a GPU (``device="cuda"``: the M3 shapes
-    at ``ms``), else the committed H200 table (traces/bench/gemm.csv, or ``path``)."""
+    at ``ms``), else the committed H200 table (traces/bench/gemm.csv, or ``path``). The committed table
+    keeps every run appended over time; ``latest`` keeps only the rows of the last run appended (its commit),
+    so that kernels of different commits are never mixed in one comparison."""
     import pandas as pd
 
     from .table import TRACES_BENCH, read_table
@@ -168,4 +170,5 @@ def gemm_table(device: str = "cpu", ms=(1, 32, 2048), w_formats=W_FORMATS, path=
         dims = df["shape"].str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(int)
         df["M"], df["N"], df["K"] = dims[0], dims[1], dims[2]
         return df
-    return read_table(path or TRACES_BENCH / "gemm.csv")
+    df = read_table(path or TRACES_BENCH / "gemm.csv")
+    return df[df["commit"] == df["commit"].iloc[-1]].reset_index(drop=True) if latest and len(df) else df
