@@ -8,27 +8,11 @@
 """
 from __future__ import annotations
 
-import json
-import math
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
-        return _clean(value.item())
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    return value
-
-
-def _echo_json(obj: dict) -> None:
-    typer.echo(json.dumps(_clean(obj)))
+from m3lab.cli.output import echo_json
 
 
 def estimate_cmd(
@@ -58,7 +42,7 @@ def estimate_cmd(
                    gpu_memory_utilization=gpu_memory_utilization)
     s = est.summary()
     if as_json:
-        _echo_json(s)
+        echo_json(s)
         return
     from rich.console import Console
     from rich.table import Table
@@ -101,7 +85,7 @@ def kernel_time_cmd(
              dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, topk=topk, routing=routing))
     res = kernel_time(hardware, op, quant=quant, calibration=cal, **shape)
     if as_json:
-        _echo_json(res)
+        echo_json(res)
         return
     typer.echo(f"{res['us']:.2f} us ({res['kind']}; limited by {res['bound']}); ceiling {res['ceiling_us']:.2f} us")
     for p in res["parts"]:

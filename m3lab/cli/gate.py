@@ -7,26 +7,16 @@
 """
 from __future__ import annotations
 
-import json
-import math
 from typing import List, Optional
 
 import typer
+
+from m3lab.cli.output import echo_json
 
 from m3lab.errors import M3LabError
 
 tune_app = typer.Typer(help="Tune kernel launch tables on the GPU (writes kernels/<op>/configs/).",
                        no_args_is_help=True)
-
-
-def _clean(v):
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_clean(x) for x in v]
-    return v.item() if hasattr(v, "item") else v
 
 
 def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small shapes) or cuda (model shapes)"),
@@ -43,7 +33,7 @@ def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small 
         df.to_csv(save, index=False)
     result = summary(df)
     if as_json:
-        typer.echo(json.dumps(_clean({"device": device, **result})))
+        echo_json({"device": device, **result})
     else:
         from rich.console import Console
         from rich.table import Table
@@ -95,7 +85,7 @@ def tune_gemm_cmd(shapes: Optional[str] = typer.Option(None, help="N x K list (d
     df = tuner.tune_gemm(nk, fmts, m_list, config_dir=config_dir or CONFIG_DIR,
                          budget_s=budget_s, log=(lambda s: None) if as_json else typer.echo)
     if as_json:
-        typer.echo(json.dumps({"timings": len(df), "ok": int(df["us"].notna().sum()) if len(df) else 0}))
+        echo_json({"timings": len(df), "ok": int(df["us"].notna().sum()) if len(df) else 0})
 
 
 def register(app: typer.Typer) -> None:

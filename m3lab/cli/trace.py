@@ -8,32 +8,16 @@ rocprofv3 CSV/JSON, AITER log; gzip or plain).
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, List
 
 import typer
 
+from m3lab.cli.output import echo_json
+
 trace_app = typer.Typer(help="Read kernel/dispatch traces: per-kernel time shares, fast-path checks.",
                         no_args_is_help=True)
-
-
-def _clean(value: Any) -> Any:
-    """NaN -> None, numpy scalars -> Python, tuples -> lists (for json.dumps)."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
-        return _clean(value.item())
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    return value
-
-
-def _print_json(obj: dict[str, Any]) -> None:
-    typer.echo(json.dumps(_clean(obj), default=str))
 
 
 def _cell(value: Any, fmt: str | None) -> str:
@@ -69,7 +53,7 @@ def summarize_cmd(trace: Path = typer.Argument(..., help="trace file (dispatch J
     summary = summarize(table)
     totals = summary_totals(table)
     if as_json:
-        _print_json({"totals": totals, "rows": summary.head(top).to_dict("records")})
+        echo_json({"totals": totals, "rows": summary.head(top).to_dict("records")})
         return
     console = Console()
     fmt = totals["format"]
@@ -101,7 +85,7 @@ def verify_cmd(traces: List[Path] = typer.Argument(..., help="one or more traces
 
     result = verify(Expectations.load(expect), *traces)
     if as_json:
-        _print_json(result.to_dict())
+        echo_json(result.to_dict())
     else:
         console = Console()
         console.print(f"expectations [bold]{result.expectations}[/bold] on {', '.join(result.traces)}")

@@ -17,17 +17,8 @@ from m3lab.dispatch.dispatcher import Dispatcher, plan_dict
 def build_traced_model(model: Any = None, plan: Any = None, *, device: str = "cpu", dtype=None, layers: int | None = None,
                        seed: int = 0, timed: bool = False):
     """A reference model (rank 0 of ``plan``) whose dispatcher keeps records; ``layers`` keeps the first n."""
-    from m3lab.model.build import build_model
-    from m3lab.model.config import M3Config, from_spec
-    if model is None:
-        cfg = M3Config.mini()
-    elif isinstance(model, M3Config):
-        cfg = model
-    elif isinstance(model, str):
-        from m3lab.spec.model import load_model
-        cfg = from_spec(load_model(model))
-    else:
-        cfg = from_spec(model)
+    from m3lab.model.build import build_model, model_config
+    cfg = model_config(model)
     if layers is not None:
         cfg = cfg.with_layers(layers)
     dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)

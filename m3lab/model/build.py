@@ -8,6 +8,18 @@ from m3lab.model.config import LocalDims, M3Config, from_spec
 from m3lab.model.decoder import M3Model
 
 
+def model_config(model: Any = None) -> M3Config:
+    """An M3Config from an M3Config, a ModelSpec, a name for ``m3lab.spec.model.load_model``, or None (mini)."""
+    if model is None:
+        return M3Config.mini()
+    if isinstance(model, M3Config):
+        return model
+    if isinstance(model, str):
+        from m3lab.spec.model import load_model
+        return from_spec(load_model(model))
+    return from_spec(model)
+
+
 def build_model(model: Any = None, plan: Any = None, *, checkpoint: str | None = None, rank: int = 0,
                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int | None = 0,
                 dispatcher: Dispatcher | None = None) -> M3Model:
@@ -17,15 +29,7 @@ def build_model(model: Any = None, plan: Any = None, *, checkpoint: str | None =
     plan: a ParallelPlan/dict (None: one GPU, shared expert separate); checkpoint: a safetensors
     checkpoint (else random weights, ``seed``); device "meta" builds shapes only.
     """
-    if model is None:
-        cfg = M3Config.mini()
-    elif isinstance(model, M3Config):
-        cfg = model
-    elif isinstance(model, str):
-        from m3lab.spec.model import load_model
-        cfg = from_spec(load_model(model))
-    else:
-        cfg = from_spec(model)
+    cfg = model_config(model)
     dims = LocalDims.from_plan(cfg, plan)
     if checkpoint is not None:
         from m3lab.weights.loader import load_weights
