@@ -1,0 +1,88 @@
+"""Import vLLM's MiniMax M3 code and kernels without its compiled extensions (CPU box or GPU box).
+
+:func:`prepare` runs once, before the first vLLM import, and does what importing vLLM's Python files needs
+where its CUDA stack is absent:
+
+- on a machine without a GPU, ``CUDA_VISIBLE_DEVICES=""``: otherwise ``vllm.triton_utils`` finds no active GPU
+  driver and swaps Triton for placeholders (the first kernel call then fails on ``triton.next_power_of_2``);
+- ``HF_HUB_OFFLINE=1`` (configs are read from local files only);
+- empty stand-ins for ``vllm._C`` / ``vllm._C_stable_libtorch`` when the compiled op libraries are absent
+  (vLLM's platform module imports them only to register ops that the Triton kernels do not use);
+- ``vllm.models.minimax_m3`` registered as a bare package, so importing ``.common.ops`` or ``.amd.ops`` runs
+  their harmless ``__init__`` files but not the package's, which imports the whole model (and torchvision).
+
+Environment variables that vLLM reads at import (``TRITON_INTERPRET``, ``VLLM_*``) must be set before the first
+call. :func:`m3_module` and :func:`vllm_module` are the only ways m3lab imports vLLM code.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import types
+from types import ModuleType
+
+from m3lab.vllm import install
+
+M3_PACKAGE = "vllm.models.minimax_m3"
+_COMPILED = ("vllm._C", "vllm._C_stable_libtorch")
+_prepared = False
+
+
+def _has_gpu() -> bool:
+    import torch
+    return bool(torch.cuda.is_available())
+
+
+def _stand_in_compiled_ops() -> None:
+    for name in _COMPILED:
+        if name in sys.modules:
+            continue
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            sys.modules[name] = types.ModuleType(name)
+
+
+def _bare_m3_package() -> None:
+    if M3_PACKAGE in sys.modules:
+        return
+    import vllm.models
+    pkg = types.ModuleType(M3_PACKAGE)
+    pkg.__path__ = [os.path.join(os.path.dirname(vllm.models.__file__), "minimax_m3")]
+    pkg.__package__ = M3_PACKAGE
+    sys.modules[M3_PACKAGE] = pkg
+
+
+def prepare(feature: str = "reading vLLM's MiniMax M3 code") -> None:
+    """Make vLLM importable here (idempotent); raises M3LabError with the install command if it is missing."""
+    global _prepared
+    if _prepared:
+        return
+    install.require(feature)
+    if "vllm" not in sys.modules:
+        if not _has_gpu():
+            os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    _stand_in_compiled_ops()
+    _bare_m3_package()
+    _prepared = True
+
+
+def vllm_module(name: str, feature: str | None = None) -> ModuleType:
+    """``importlib.import_module(name)`` for a module of vLLM, after :func:`prepare`."""
+    prepare(feature or f"importing {name}")
+    return importlib.import_module(name)
+
+
+def m3_module(relative: str, feature: str | None = None) -> ModuleType:
+    """A module of vLLM's MiniMax M3 package by its path below it, e.g. ``"common.ops.sparse_attn"``.
+
+    Always the module (``amd/ops/__init__.py`` re-exports functions under their modules' names, so
+    ``import ... as`` would bind a function).
+    """
+    return vllm_module(f"{M3_PACKAGE}.{relative}", feature)
