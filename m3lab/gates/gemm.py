@@ -18,9 +18,10 @@ from .perf import register_timer
 from .registry import Case, Gate, register
 
 GEMM_FORMATS = ("bf16", "fp8", "mxfp8", "mxfp4")
-CPU_PROBLEMS = ((1, 80, 96), (7, 100, 160), (33, 72, 224))
+CPU_PROBLEMS = ((1, 80, 96), (7, 100, 160), (33, 40, 224))
 CPU_CONFIGS = {"tiled": GemmConfig("tiled", 16, 32, 64, GROUP_M=2),
-               "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3)}
+               "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3),
+               "splitk1": GemmConfig("splitk", 32, 64, 64, SPLIT_K=1)}
 GPU_MS = (1, 7, 33, 128, 2048)
 
 
