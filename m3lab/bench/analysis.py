@@ -1,4 +1,4 @@
-"""Analysers of benchmark tables (DataFrames in, DataFrames out): speed-ups, tile gains, issue targets.
+"""Analysers of benchmark tables (DataFrames in, DataFrames out): speed-ups, tile gains, the GEMM targets.
 
 Input: a table read by :func:`m3lab.bench.table.read_table` (columns incl. provider, dtype, us_p50,
 M, N, K). Speed-ups are always against cuBLAS with bf16 weights measured in the same run.
@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..kernels.gemm.tables import DECODE_MAX_M
 
-DECODE_MS = (1, 8, 32, 64, 128)      # the issue's decode set for bf16
+DECODE_MS = (1, 8, 32, 64, 128)      # the bf16 decode points of the targets
 MX_DECODE_MAX_M = 32                 # MX targets: decode M <= 32
 PREFILL_MIN_M = 2048
 
@@ -42,7 +42,8 @@ def _geomean(x: pd.Series) -> float:
 
 
 def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
-    """The issue's H200 targets: measured figure, target, pass/fail (NaN measured = not measured)."""
+    """The GEMM kernels' H200 targets (kernels/gemm/README.md): measured figure, target, pass/fail (NaN
+    measured = not measured). The tile row is a gain: prefill-tile time / decode-tile time − 1."""
     sp = speedups(df)
     tri = sp[sp["provider"] == "triton"]
     bf = tri[tri["dtype"] == "bf16"]

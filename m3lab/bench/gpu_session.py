@@ -1,4 +1,4 @@
-"""One GPU session for the GEMM issue: gates, tuning, benchmarks, baseline (``python -m m3lab.bench.gpu_session``).
+"""One GPU session for the GEMM kernels: gates, tuning, benchmarks, baseline (``python -m m3lab.bench.gpu_session``).
 
 Writes into ``--out`` (the device tool's $OUT), each file as soon as its phase ends:
 ``env.json`` (versions, ceilings), ``tune.csv``, ``gemm_configs.json`` (every tuned table, {file name:
@@ -14,7 +14,7 @@ import torch
 
 PHASES = ("tune", "gates", "bench", "baseline")
 BASELINE_MS = (1, 32, 128, 2048)
-BENCH_MS = (1, 8, 16, 32, 64, 128, 2048, 4096, 8192)   # the issue's target points
+BENCH_MS = (1, 8, 16, 32, 64, 128, 2048, 4096, 8192)   # the points of analysis.gemm_targets
 
 
 def _logger(out: Path):

@@ -21,10 +21,10 @@ from ..spec.dtypes import element_bytes
 
 DECODE_MS = tuple(1 << i for i in range(CROSSOVER_MAX_M.bit_length()))     # 1, 2, 4, ..., CROSSOVER_MAX_M
 PREFILL_MS = (2048, 4096, 8192)
-# Decode candidates, from the H200 runs (traces/bench/gemm_tune_NVIDIA_H200.csv, columns commit/note):
-# c4f8001 (B): 64x128 or 32x128 tiles, 5-6 stages, SPLIT_K 4-8 won most points but streamed <= 2.9 TB/s.
-# 8da033f+G: BLOCK_M 128 at M = 128 lost to two 64-row tiles (27.7 vs 22.7 us, N 2560); unsplit 64-row tiles
-# won N = 6144; the gemv kernel won M = 1 (MX) and lost 2-5x at M >= 8 (tables.GEMV_MAX_M).
+# Decode candidates, from the H200 tuning runs (traces/bench/gemm_tune_NVIDIA_H200.csv): 64x128 or 32x128
+# tiles, 5-6 stages, SPLIT_K 4-8 won most points but streamed <= 2.9 TB/s; BLOCK_M 128 at M = 128 lost to two
+# 64-row tiles (27.7 vs 22.7 us, N 2560); unsplit 64-row tiles won N = 6144; the gemv kernel won M = 1 (MX)
+# and lost 2-5x at M >= 8 (tables.GEMV_MAX_M).
 # splitk (BLOCK_N, BLOCK_K, num_stages, num_warps) by BLOCK_M; M > 32 also tries half its BLOCK_M.
 SPLITK_TILES = {16: ((64, 128, 6, 4), (64, 128, 5, 4), (32, 128, 6, 4), (64, 256, 4, 4), (32, 256, 6, 4),
                      (128, 128, 5, 8), (64, 512, 3, 4), (32, 512, 4, 4), (64, 256, 4, 8)),
