@@ -9,7 +9,7 @@ import pandas as pd
 from ..kernels.gemm.tables import DECODE_MAX_M
 
 DECODE_MS = (1, 8, 32, 64, 128)      # the bf16 decode points of the targets
-MX_DECODE_MAX_M = 32                 # MX targets: decode M <= 32
+MX_TARGET_MAX_M = 32                 # MX targets: decode M <= 32
 PREFILL_MIN_M = 2048
 
 
@@ -49,8 +49,8 @@ def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
     bf = tri[tri["dtype"] == "bf16"]
     dec = bf[bf["M"].isin(DECODE_MS)]
     pre = bf[bf["M"] >= PREFILL_MIN_M]
-    mx8 = tri[(tri["dtype"] == "mxfp8") & (tri["M"] <= MX_DECODE_MAX_M)]
-    mx4 = tri[(tri["dtype"] == "mxfp4") & (tri["M"] <= MX_DECODE_MAX_M)]
+    mx8 = tri[(tri["dtype"] == "mxfp8") & (tri["M"] <= MX_TARGET_MAX_M)]
+    mx4 = tri[(tri["dtype"] == "mxfp4") & (tri["M"] <= MX_TARGET_MAX_M)]
     gain = tile_gain(df)
     gain = gain[(gain["dtype"] == "bf16") & (gain["M"] <= DECODE_MAX_M)]
     rows = [
