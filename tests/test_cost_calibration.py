@@ -1,4 +1,4 @@
-"""GEMM calibration: readers, fit, residuals, and the out-of-sample acceptance (issue 4, item 2)."""
+"""GEMM calibration: readers, fit, residuals, and the out-of-sample acceptance."""
 import numpy as np
 import pandas as pd
 import pytest
