@@ -16,8 +16,8 @@ from ..kernels.gemm.tables import DECODE_MAX_M, select_config
 from ..kernels.gemm.reference import quantize_weight
 from ..spec.dtypes import weight_bytes
 from ..spec.gemm_cost import gemm_cost
-from .ceilings import Ceilings
-from .table import BenchRow, commit_id, today
+from .ceilings import Ceilings, measure_ceilings
+from .table import TRACES_BENCH, BenchRow, append_rows, commit_id, read_table, rows_frame, today
 from .timing import Timing, copies_needed, graph_time
 
 DEFAULT_MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -136,8 +136,6 @@ def bench_gemm(shapes=None, ms=DEFAULT_MS, w_formats=W_FORMATS,
 def main(ms: str = ",".join(map(str, DEFAULT_MS)), formats: str = ",".join(W_FORMATS),
          out: str = "traces/bench/gemm.csv", measure: bool = True) -> None:
     """Benchmark the M3 TP4 GEMM shapes and append to the table."""
-    from .ceilings import measure_ceilings
-    from .table import append_rows
     ceilings = measure_ceilings(torch.device("cuda")) if measure else Ceilings()
     rows = bench_gemm(ms=tuple(int(v) for v in ms.split(",")), w_formats=tuple(formats.split(",")),
                       ceilings=ceilings)
@@ -166,11 +164,7 @@ def gemm_table(device: str = "cpu", ms=(1, 32, 2048), w_formats=W_FORMATS, path=
     at ``ms``), else the committed H200 table (traces/bench/gemm.csv, or ``path``). The committed table
     keeps every run appended over time; ``latest`` keeps only the rows of the last run appended (its commit),
     so that kernels of different commits are never mixed in one comparison."""
-    import pandas as pd
-
-    from .table import TRACES_BENCH, read_table, rows_frame
     if device == "cuda":
-        from .ceilings import measure_ceilings
         rows = bench_gemm(ms=tuple(ms), w_formats=tuple(w_formats),
                           ceilings=measure_ceilings(torch.device("cuda")), log=lambda s: None)
         return rows_frame(rows)

@@ -13,7 +13,7 @@ Each function returns a dict of OpTable columns (see :mod:`m3lab.optable`). Conv
 from __future__ import annotations
 
 from m3lab.errors import M3LabError
-from m3lab.spec.dtypes import QUANTIZED, dtype_bytes, gemm_act_dtype, scale_bytes, weight_bytes
+from m3lab.spec.dtypes import QUANTIZED, dtype_bytes, gemm_act_dtype, scale_bytes
 from m3lab.spec.gemm_cost import gemm_cost
 
 # The OpTable's columns, in order (meanings and units: m3lab.optable). Rows may leave any of them out (NaN).
