@@ -52,9 +52,11 @@ def test_formulas_and_ceiling():
         flops, nbytes = gemm.gemm_flops_bytes(m, n, k, fmt)
         assert flops == 2 * m * n * k and nbytes == pytest.approx(n * k * w_bytes + 2 * m * k + 2 * m * n)
     c = Ceilings(copy_tbps=4.0, mm_tflops=800.0)
-    name, value, floor = c.bound(*gemm.gemm_flops_bytes(m, n, k, "bf16"))
+    name, value, floor = c.limit(*gemm.gemm_flops_bytes(m, n, k, "bf16"))
     assert (name, value) == ("copy_tbps", 4.0) and floor == pytest.approx(gemm.gemm_flops_bytes(m, n, k, "bf16")[1] / 4e6)
-    assert c.bound(*gemm.gemm_flops_bytes(8192, 6144, 6144, "bf16"))[:2] == ("mm_tflops", 800.0)
+    assert c.limit(*gemm.gemm_flops_bytes(8192, 6144, 6144, "bf16"))[:2] == ("mm_tflops", 800.0)
+    assert c.bound(*gemm.gemm_flops_bytes(8192, 6144, 6144, "bf16")) == ("mm_tflops=800", c.limit(
+        *gemm.gemm_flops_bytes(8192, 6144, 6144, "bf16"))[2])
     r = _row(us=10.0)
     assert r.tbps == pytest.approx(gemm.gemm_flops_bytes(m, n, k, "bf16")[1] / 10e-6 / 1e12)
     assert 0 < r.frac_ceiling < 1 and isinstance(r, BenchRow)
@@ -108,3 +110,13 @@ def test_optable_gives_the_benchmarked_shapes(monkeypatch):
     with pytest.raises(RuntimeError, match="broken OpTable"):      # no silent fall-back to a hard-coded set
         gemm.model_gemm_shapes("minimax-m3", 4)
     gemm.model_gemm_shapes.cache_clear()
+
+
+def test_label_fields_of_other_ops(tmp_path):
+    """A MoE row names its problem in the label: its integer fields become columns; M/N/K stay empty."""
+    row = BenchRow("moe", "triton", "T=8,H=6144,I=768,E=129,k=5,routing=zipf", "mxfp8", 1.0, 2.0, 3.0, 0.1, 0.2,
+                   0.5, Ceilings().bound(1e9, 1e8)[0], "dev", "abc", "2026-11-30")
+    path = append_rows(tmp_path / "moe.csv", [row])
+    df = read_table(path)
+    assert (int(df["T"][0]), int(df["E"][0]), df["ceiling"][0], df["ceiling_value"][0]) == (8, 129, "copy_tbps", 4.25)
+    assert df["M"].isna().all() and "routing" not in df.columns

@@ -80,7 +80,7 @@ def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, 
 def bench_row(provider: str, m: int, n: int, k: int, w_format: str, timing, ceilings: Ceilings,
               device: str, op: str = "gemm") -> BenchRow:
     flops, nbytes = gemm_flops_bytes(m, n, k, w_format)
-    ceiling, value, floor_us = ceilings.bound(flops, nbytes)
+    ceiling, value, floor_us = ceilings.limit(flops, nbytes)
     t = timing.us_p50
     return BenchRow(op, provider, f"M={m},N={n},K={k}", w_format, timing.us_p20, t, timing.us_p80,
                     flops / t / 1e6, nbytes / t / 1e6, floor_us / t, ceiling, device, commit_id(), today(),

@@ -74,6 +74,18 @@ def append_rows(path: Path | str, rows: list[BenchRow]) -> Path:
     return path
 
 
+def _label_fields(df: pd.DataFrame) -> pd.DataFrame:
+    """Ops without GEMM dimensions (MoE, attention) name theirs in the ``shape`` label (``"T=8,H=6144,..."``):
+    each integer ``KEY=value`` becomes a column ``KEY`` (M, N and K come from m, n, k)."""
+    parts = df["shape"].astype(str).str.extractall(r"(?P<key>[A-Za-z_]+)=(?P<val>\d+)(?:,|$)")
+    if len(parts):
+        wide = parts.reset_index().pivot_table(index="level_0", columns="key", values="val", aggfunc="first")
+        for key in wide.columns:
+            if key not in ("M", "N", "K") and key not in df.columns:
+                df[key] = pd.to_numeric(wide[key].reindex(df.index))
+    return df
+
+
 def _legacy(df: pd.DataFrame) -> pd.DataFrame:
     """Fill m/n/k and ceiling_value of rows written before those columns existed, from the text labels."""
     for col in NUMERIC_SHAPE:
@@ -105,9 +117,9 @@ def rows_frame(rows: list[BenchRow]) -> pd.DataFrame:
 
 def read_table(path: Path | str) -> pd.DataFrame:
     """A benchmark CSV -> DataFrame with the columns of :data:`COLUMNS` (older rows filled by their labels),
-    plus ``M``, ``N``, ``K`` (nullable integers) for the analysers."""
+    plus ``M``, ``N``, ``K`` (nullable integers) for the analysers and the integer fields of non-GEMM labels."""
     df = pd.read_csv(path)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: missing columns {missing} (expected {list(COLUMNS)})")
-    return _with_dims(_legacy(df))
+    return _with_dims(_label_fields(_legacy(df)))
