@@ -1,4 +1,4 @@
-"""Bytes counted twice (issue 4, item 3): a hand count of one MiniMax M3 TP4 MXFP8 decode step against the
+"""Bytes counted twice: a hand count of one MiniMax M3 TP4 MXFP8 decode step against the
 OpTable's byte planes, plus the byte-plane and time-by-plane views."""
 import random
 

@@ -38,7 +38,8 @@ Columns (units: elements, FLOPs, bytes; NaN where not applicable):
 Per-expert token counts come from a routing model (balanced, Zipf, recorded) and are never materialised
 per step; long workloads go through :mod:`m3lab.workload.shapes`.
 """
-from m3lab.optable.builder import COLUMNS, build_optable
+from m3lab.optable.builder import build_optable
+from m3lab.optable.ops import COLUMNS
 from m3lab.optable.routing import Routing, balanced, make_routing, recorded, zipf
 
 __all__ = ["COLUMNS", "Routing", "balanced", "build_optable", "make_routing", "recorded", "zipf"]

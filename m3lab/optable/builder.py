@@ -4,18 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from m3lab.optable import ops
+from m3lab.optable.ops import COLUMNS
 from m3lab.optable.counts import AttentionCounts, attention_counts
 from m3lab.optable.routing import Routing, make_routing
 from m3lab.spec.model import ATTN_LINEAR, ATTN_SPARSE, MLP_MOE, ModelSpec, load_model
 from m3lab.spec.plan import ParallelPlan
 from m3lab.spec.quant import QuantScheme, dtype_bytes, load_quant
 from m3lab.workload.step import EngineStep
-
-COLUMNS = ("layer", "op", "kind", "m", "n", "k", "experts", "topk", "hidden", "inter", "routed_tokens",
-           "experts_active", "tokens_per_expert_max", "q_tokens", "ctx_tokens", "keys_attended",
-           "selected_blocks", "heads_q", "heads_kv", "head_dim", "act_dtype", "w_dtype", "flops",
-           "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm", "comm_payload", "comm_factor", "comm_algo",
-           "comm_group")
 
 
 @dataclass(frozen=True)

@@ -124,3 +124,12 @@ class ParallelPlan:
     def describe(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "role": self.role,
                 "fused_shared_expert": self.fused_shared_expert}
+
+
+def as_plan(plan) -> ParallelPlan:
+    """A ParallelPlan from a ParallelPlan, a dict of its fields, or None (its defaults)."""
+    if plan is None:
+        return ParallelPlan()
+    if isinstance(plan, dict):
+        return ParallelPlan(**plan)
+    return plan

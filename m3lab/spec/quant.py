@@ -4,7 +4,7 @@ Weight groups (``MODULES``): attention q/k/v and o projections, the indexer q/k 
 the shared expert, the routed experts, the router gate, the embedding and the LM head. Presets follow the
 MiniMax M3 checkpoints (reference §1): ``mxfp8`` = MiniMaxAI/MiniMax-M3-MXFP8 (indexer q/k stay bf16, so
 vLLM splits the fused projection), ``mxfp4`` = amd/MiniMax-M3-MXFP4 (only routed + shared experts MXFP4).
-MX formats carry one E8M0 scale byte per 32 elements along K, counted in :func:`weight_bytes`.
+Bytes per element and block scales: :mod:`m3lab.spec.dtypes`.
 """
 from __future__ import annotations
 
@@ -14,44 +14,15 @@ from types import MappingProxyType
 from typing import Mapping
 
 from m3lab.errors import M3LabError
+# Bytes per dtype live in m3lab.spec.dtypes; re-exported for the modules that read them with the presets.
+from m3lab.spec.dtypes import DTYPE_BYTES, MX_BLOCK, NVFP4_BLOCK, QUANTIZED, dtype_bytes, gemm_act_dtype, weight_bytes  # noqa: F401
 
-# Bytes per element of the payload (scales excluded).
-DTYPE_BYTES: Mapping[str, float] = MappingProxyType({
-    "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1, "mxfp4": 0.5, "nvfp4": 0.5, "int32": 4,
-})
-MX_BLOCK = 32      # elements per E8M0 scale byte (OCP MX)
-NVFP4_BLOCK = 16   # elements per fp8 scale byte (NVFP4)
-QUANTIZED = frozenset({"fp8", "mxfp8", "mxfp4", "nvfp4"})
 CACHE_DTYPES = ("bf16", "fp16", "fp8")
 _CACHE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
                   "float8_e4m3fn": "fp8", "e4m3": "fp8"}
 
 MODULES = ("attn_qkv", "attn_o", "indexer_qk", "dense_mlp", "shared_expert", "routed_expert", "router",
            "embedding", "lm_head")
-
-
-def dtype_bytes(dtype: str) -> float:
-    """Payload bytes per element of ``dtype``."""
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise M3LabError(f"unknown dtype {dtype!r}", field="dtype",
-                         hint=f"use one of {', '.join(DTYPE_BYTES)}") from None
-
-
-def scale_bytes_per_element(dtype: str) -> float:
-    """Block-scale bytes per weight element (MX: 1/32, NVFP4: 1/16; per-tensor fp8 scales ~0)."""
-    return {"mxfp8": 1 / MX_BLOCK, "mxfp4": 1 / MX_BLOCK, "nvfp4": 1 / NVFP4_BLOCK}.get(dtype, 0.0)
-
-
-def weight_bytes(elements: float, dtype: str) -> float:
-    """Bytes of ``elements`` weights stored as ``dtype``, block scales included."""
-    return elements * (dtype_bytes(dtype) + scale_bytes_per_element(dtype))
-
-
-def gemm_act_dtype(w_dtype: str) -> str:
-    """Activation dtype a GEMM with weights ``w_dtype`` consumes (dynamic activation quantisation)."""
-    return w_dtype if w_dtype in QUANTIZED else ("fp32" if w_dtype == "fp32" else "bf16")
 
 
 def normalize_cache_dtype(dtype: str, field_name: str = "kv_dtype") -> str:
