@@ -209,6 +209,12 @@ class ModelSpec:
         return self.heads_q * self.head_dim
 
     # ---- variants ---------------------------------------------------------------------------------
+    def with_layers(self, n: int) -> ModelSpec:
+        """The first ``n`` layers only (e.g. a GPU run at full width over a few layers)."""
+        if not 1 <= int(n) <= self.layers:
+            raise M3LabError(f"layers must be between 1 and {self.layers}, got {n}", field="layers")
+        return dataclasses.replace(self, layers=int(n), attn_types=self.attn_types[:n], mlp_types=self.mlp_types[:n])
+
     def with_index_sharing(self, freq: int, offset: int = 0) -> ModelSpec:
         """The same model with vLLM's ``use_index_cache`` top-k reuse (``index_topk_freq``, offset)."""
         if self.sparse is None:
