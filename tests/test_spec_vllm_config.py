@@ -88,3 +88,15 @@ def test_index_sharing_top_level_is_an_error():
     assert len(parse_hf_config(ok).topk_layers) == 15
     ok["text_config"]["use_index_cache"] = False   # freq without use_index_cache: no sharing (amd/model.py:180)
     assert len(parse_hf_config(ok).topk_layers) == 57
+
+
+def test_mtp_modules_and_rope_scaling_without_vllm():
+    cfg = json.loads((CONFIG_DIR / "minimax-m3.json").read_text())
+    assert parse_hf_config(cfg).mtp_modules == 7 and parse_hf_config(cfg).rope_scaling is None
+    cfg["text_config"].pop("num_mtp_modules")
+    cfg["text_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0}
+    m = parse_hf_config(cfg)
+    assert m.mtp_modules == 1 and m.rope_scaling_dict == {"rope_type": "yarn", "factor": 2.0}
+    cfg["text_config"]["rope_scaling"] = 2.0
+    with pytest.raises(M3LabError, match="rope_scaling"):
+        parse_hf_config(cfg)

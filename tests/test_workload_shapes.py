@@ -79,3 +79,8 @@ def test_attention_ctx_histogram_y_axis_starts_at_zero():
     fig = attention_ctx_figure(att, {"model": "m", "isl": 1, "osl": 1, "concurrency": 1})
     assert fig.layout.yaxis.type == "linear" and fig.layout.yaxis.rangemode == "tozero"
     assert sorted(v for tr in fig.data for v in tr.y) == [3, 5, 7]
+
+
+def test_sharding_table_fused_projection_widths():
+    t = sharding_table("minimax-m3").set_index("tp")
+    assert t.loc[4, "qkv_sparse"] == 2560 and t.loc[1, "qkv_sparse"] == 9856 and t.loc[4, "qkv_dense"] == 2304

@@ -203,7 +203,9 @@ def sharding_table(model, tps=(1, 2, 4, 8)):
         p = ParallelPlan(tp=tp).validate(model)
         row = {"tp": tp, "heads_q": p.heads_q_local(model), "heads_kv": p.heads_kv_local(model),
                "kv_replication": p.kv_replication(model), "vocab_local": p.vocab_local(model)}
+        row.update(qkv_dense=sum(p.qkv_widths(model, sparse=False)))
         if model.sparse is not None:
-            row.update(index_heads=p.index_heads_local(model), index_key_heads=1, index_key_replication=tp)
+            row.update(index_heads=p.index_heads_local(model), index_key_heads=1, index_key_replication=tp,
+                       qkv_sparse=sum(p.qkv_widths(model, sparse=True)))
         rows.append(row)
     return pd.DataFrame(rows)
