@@ -76,3 +76,27 @@ def test_out_of_blocks_and_unknown_layout_are_clear_errors():
             _cache(bad)
     with pytest.raises(M3LabError, match="aiter"):
         _cache("triton").aiter_pages(0)
+
+
+@pytest.mark.skipif(not __import__("m3lab.vllm.install", fromlist=["available"]).available(),
+                    reason="vLLM 0.33.0 not installed")
+def test_aiter_pages_follow_vllms_page_table_rebase():
+    """vLLM's own page arithmetic (amd/ops/sparse_pa.py): the K/V views count as interleaved sides (16 page ids
+    per 128-token block) and a rebased block table page id reaches the written token in both views."""
+    from m3lab.vllm.imports import m3_module
+
+    sp = m3_module("amd.ops.sparse_pa")
+    c = _cache("aiter", block=128, blocks=3, heads=1, dim=128, dtype=torch.bfloat16)
+    c.append(5, 1)
+    c.append(0, 200)
+    k, v = torch.randn(200, 1, 128).to(torch.bfloat16), torch.randn(200, 1, 128).to(torch.bfloat16)
+    c.write(0, c.slots(0, 0, 200), k, v)
+    kp, vp = c.aiter_pages(0)
+    assert sp.minimax_m3_sparse_block_page_stride(kp, vp) == 2 * sp.PAGES_PER_SPARSE_BLOCK
+    table = sp.minimax_m3_rebase_block_table_to_page16(torch.tensor([c.tables[0]], dtype=torch.int32))[0]
+    x = 16 // 2
+    for p in (0, 15, 16, 127, 128, 199):
+        page = int(table[p // 128]) * sp.PAGES_PER_SPARSE_BLOCK + (p % 128) // 16
+        t = p % 16
+        assert torch.equal(kp[page, 0].permute(1, 0, 2).reshape(16, 128)[t], k[p, 0])
+        assert torch.equal(vp[page, 0, t // x, :, t % x], v[p, 0])
