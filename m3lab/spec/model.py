@@ -25,7 +25,7 @@ CONFIG_DIR = Path(__file__).with_name("configs")
 ATTN_DENSE, ATTN_SPARSE, ATTN_LINEAR = "dense", "sparse", "linear"
 MLP_DENSE, MLP_MOE = "dense", "moe"
 # M3 index sharing: vLLM on ROCm reads these from text_config only and rejects them at the top level of the VL
-# config (``MiniMaxM3SparseForConditionalGenerationConfig.INDEX_CACHE_KEYS``, vllm/model_executor/models/config.py:790-808).
+# config (MiniMaxM3SparseForConditionalGenerationConfig.INDEX_CACHE_KEYS, vllm/model_executor/models/config.py:790-808).
 _INDEX_SHARING_KEYS = ("use_index_cache", "index_topk_freq", "index_skip_topk_offset")
 # vLLM's MiniMaxM3TextConfig defaults where the checkpoint omits a key (vllm/transformers_utils/configs/minimax_m3.py).
 M3_MAX_POSITION_DEFAULT = 524288
