@@ -489,6 +489,7 @@ def _deepseek(t: dict) -> dict:
     n_shared = _get(t, "n_shared_experts", default=0)
     inter = _positive(t, "moe_intermediate_size")
     return dict(base, family="deepseek", attn_types=(ATTN_DENSE,) * layers, mlp_types=mlp, mla=mla,
+                mtp_modules=_get(t, "num_nextn_predict_layers", default=0),
                 head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim, rotary_dim=mla.qk_rope_head_dim,
                 dense_inter=_positive(t, "intermediate_size"), expert_inter=inter, shared_inter=inter * n_shared,
                 n_shared=n_shared, experts=_positive(t, "n_routed_experts"), topk=_positive(t, "num_experts_per_tok"),
