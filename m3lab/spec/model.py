@@ -370,9 +370,14 @@ def _minimax_m3(t: dict) -> dict:
                              hint="use text_config use_index_cache + index_topk_freq (+ index_skip_topk_offset)")
     base = _common(t)
     # RoPE: get_rope(head_dim, partial_rotary_factor) (amd/model.py:201-239); rotary_dim is not read.
-    base["rotary_dim"] = int(round(base["head_dim"] * _get(t, "partial_rotary_factor", default=0.5, kind=float)))
+    # transformers>=5 nests theta, factor and scaling in rope_parameters.
+    rope = t.get("rope_parameters") if isinstance(t.get("rope_parameters"), dict) else {}
+    factor = _get({**rope, **t}, "partial_rotary_factor", default=0.5, kind=float)
+    base["rotary_dim"] = int(round(base["head_dim"] * factor))
     base["max_position"] = _get(t, "max_position_embeddings", default=M3_MAX_POSITION_DEFAULT)
     scaling = t.get("rope_scaling")
+    if scaling is None and rope.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
     if scaling is not None and not isinstance(scaling, dict):
         raise M3LabError("config field 'rope_scaling' must be an object (e.g. YaRN)", field="rope_scaling")
     base["rope_scaling"] = _frozen(scaling) if scaling else None
