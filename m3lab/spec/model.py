@@ -352,6 +352,11 @@ def _frozen(value: Any) -> Any:
     return value
 
 
+def _not_a_vllm_option(key: str) -> M3LabError:
+    return M3LabError(f"config field {key!r} is not a vLLM option for MiniMax M3", field=key,
+                      hint="use text_config use_index_cache + index_topk_freq (+ index_skip_topk_offset)")
+
+
 def _m3_index_sharing(t: dict) -> dict:
     """Index sharing as vLLM's AMD model reads it from the text config (``_should_skip_index_topk``,
     vllm/models/minimax_m3/amd/model.py:169-190): only with ``use_index_cache``; freq <= 1 means none."""
@@ -365,9 +370,7 @@ def _minimax_m3(t: dict) -> dict:
     """MiniMax M3 text config read as vLLM 0.33.0's AMD model reads it (vllm/models/minimax_m3/amd/model.py)."""
     for where in (t, t.get("sparse_attention_config") or {}):
         if isinstance(where, dict) and "index_topk_pattern" in where:
-            raise M3LabError("config field 'index_topk_pattern' is not a vLLM option for MiniMax M3",
-                             field="index_topk_pattern",
-                             hint="use text_config use_index_cache + index_topk_freq (+ index_skip_topk_offset)")
+            raise _not_a_vllm_option("index_topk_pattern")
     base = _common(t)
     # RoPE: get_rope(head_dim, partial_rotary_factor) (amd/model.py:201-239); rotary_dim is not read.
     # transformers>=5 nests theta, factor and scaling in rope_parameters.
@@ -580,9 +583,7 @@ def parse_hf_config(config: dict, name: str | None = None, source: str = "") -> 
     misplaced = [k for k in (*_INDEX_SHARING_KEYS, "index_topk_pattern") if text and k in config]
     if parser is _minimax_m3 and misplaced:
         if "index_topk_pattern" in misplaced:
-            raise M3LabError("config field 'index_topk_pattern' is not a vLLM option for MiniMax M3",
-                             field="index_topk_pattern",
-                             hint="use text_config use_index_cache + index_topk_freq (+ index_skip_topk_offset)")
+            raise _not_a_vllm_option("index_topk_pattern")
         moved = json.dumps({"text_config": {k: config[k] for k in misplaced}})
         raise M3LabError(f"config field {misplaced[0]!r} is at the top level, where vLLM on ROCm rejects it "
                          f"(MiniMax M3 reads index sharing from text_config only)", field=misplaced[0],
