@@ -13,6 +13,7 @@ import torch
 
 from m3lab.dispatch.fastpath import CallContext
 from m3lab.dispatch.registry import FastPathRegistry, m3_registry
+from m3lab.spec.plan import as_plan
 
 FALLBACK = "torch"  # name of the plain-torch reference path
 
@@ -23,7 +24,6 @@ def dtype_name(dt: torch.dtype) -> str:
 
 def plan_dict(plan: Any) -> dict[str, Any]:
     """A plan (ParallelPlan, dict of its fields, or None for its defaults) as a plain dict of its fields."""
-    from m3lab.model.config import as_plan  # the model package imports this module
     plan = as_plan(plan)
     return asdict(plan) if is_dataclass(plan) else dict(vars(plan))
 
