@@ -122,3 +122,27 @@ def test_per_token_head_scales_add_their_bytes():
     s_tok, t = pd_plan(M3, 4, 4, 1000, kv_dtype="fp8", scales="per_token_head")
     assert s_tok["bytes_per_request"] - s_scalar["bytes_per_request"] == 1000 * 4 * 60 * 2 * 1 * 4
     assert {"k_scale", "v_scale"} <= set(t["region"])
+
+
+@pytest.mark.parametrize("esize", [2, 1])
+def test_aiter_element_map_matches_vllm_page16_views(esize):
+    # vllm/models/minimax_m3/amd/model.py:857-909: K [phys16, H, D/x, 16, x], V [phys16, H, 16/x, D, x],
+    # x = 16 bytes / element size; K pages of block b are 2*(block/16)*b + j, V pages start half a block later
+    block, H, D = 32, 2, 32
+    x, per = 16 // esize, block // 16
+    r = main_region("aiter", (0, 1), block, D, esize)
+    p, h, t, c = np.meshgrid(*[np.arange(n) for n in (2, H, block, D)], indexing="ij")
+    page = p * per + t // 16
+    k = page * H * D * 16 + h * D * 16 + (c // x) * 16 * x + (t % 16) * x + c % x
+    v = page * H * D * 16 + h * 16 * D + ((t % 16) // x) * D * x + c * x + (t % 16) % x
+    assert np.array_equal(r.inner, np.where(p == 0, k, v))
+    assert r.block_stride == 2 * block * H * D
+
+
+def test_aiter_one_head_per_rank_is_one_run_per_block_two_heads_are_sixteen():
+    s44, _ = pd_plan(M3, 4, 4, 8192, prefill_layout="aiter", decode_layout="aiter")
+    s24, _ = pd_plan(M3, 2, 4, 8192, prefill_layout="aiter", decode_layout="aiter")
+    main_blocks = 4 * 60 * 64
+    index_blocks = 4 * 57 * 64
+    assert s44["descriptors_per_request"] == main_blocks + index_blocks
+    assert s24["descriptors_per_request"] == 16 * main_blocks + index_blocks   # 8 K + 8 V pages per block
