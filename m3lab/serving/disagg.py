@@ -8,7 +8,11 @@ travels from prefill to decode over ``kv_link_bw`` (B/s per GPU; all ranks in pa
 linear-attention model's fixed recurrent state per request (``state_bytes_per_request``; 0 otherwise).
 
 With P prefill and D decode instances the system serves ``min(P × prefill rate, D × decode rate)``
-requests/s; output tokens/s/GPU = that × osl / ((P + D) × tp); TTFT = prefill latency + KV hand-off.
+requests/s; output tokens/s/GPU = that × osl / ((P + D) × tp); TTFT = prefill latency + KV hand-off
+(:func:`disaggregated`, a rate bound). :func:`pd_estimate` simulates the same deployment request by request
+(queues at both pools, the decode instances' batch limit, hand-offs one at a time per prefill instance): what
+``m3lab estimate --pd P:D`` prints. Both take the hand-off bytes from the exact geometry of
+:mod:`m3lab.pd.geometry` for M3-style caches.
 """
 from __future__ import annotations
 
@@ -28,12 +32,27 @@ def _decode_step_s(coster, concurrency: int, isl: int, osl: int, mode: str) -> f
     return float(np.mean([coster.time_us(EngineStep.decode(concurrency, int(c)), mode) for c in ctx])) * 1e-6
 
 
+def _handoff_bytes_per_rank(m, plan, quant, isl: int) -> float:
+    """Bytes the busiest rank moves for one request: the exact hand-off geometry for M3-style caches
+    (:func:`m3lab.pd.geometry.pd_plan`), else per-layer KV bytes per rank plus a linear-attention state."""
+    from m3lab.analysis.byte_planes import kv_per_layer
+    from m3lab.spec.memory import state_bytes_per_request
+    from m3lab.spec.quant import load_quant
+
+    if m.sparse is not None and m.sparse.style == "block" and m.linear is None and m.mla is None:
+        from m3lab.pd.geometry import pd_plan
+        q = load_quant(quant)
+        s, _ = pd_plan(m, plan.tp, plan.tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype)
+        return float(max(s["max_bytes_sent_per_prefill_rank"], s["max_bytes_received_per_decode_rank"]))
+    return float(kv_per_layer(m, plan, quant)["bytes_per_token_per_rank"].sum() * isl
+                 + state_bytes_per_request(m, plan))
+
+
 def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int, concurrency: int,
                   ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3)), prefill_concurrency: int = 4,
                   kv_link_bw: float = KV_LINK_BW, calibration="default") -> pd.DataFrame:
     """One row per (prefill:decode ratio, mode): request rates, TTFT (prefill + KV hand-off), TPOT and output
     tokens/s/GPU; ``limited_by`` says which side sets the rate."""
-    from m3lab.analysis.byte_planes import kv_per_layer
     from m3lab.serving.estimate import estimate
 
     if kv_link_bw <= 0:
@@ -45,12 +64,9 @@ def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int,
     from m3lab.spec.model import load_model
     from m3lab.spec.plan import ParallelPlan
 
-    from m3lab.spec.memory import state_bytes_per_request
-
     m = load_model(model)
     plan = ParallelPlan(tp=tp)
-    kv_bytes_rank = (kv_per_layer(m, plan, quant)["bytes_per_token_per_rank"].sum() * isl
-                     + state_bytes_per_request(m, plan))
+    kv_bytes_rank = _handoff_bytes_per_rank(m, plan, quant, isl)
     kv_s = kv_bytes_rank / kv_link_bw
     rows = []
     for mode, res in pre.results.items():
