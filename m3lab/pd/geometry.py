@@ -274,3 +274,30 @@ def pd_plan(model, prefill_tp: int, decode_tp: int, isl: int, *, kv_dtype: str =
                "scales": pre.scales, "tables": tables, **handoff_summary(plan, isl, bandwidth),
                "label": "projected (exact byte geometry; time = bytes / link bandwidth)"}
     return summary, per_layer(plan)
+
+
+def layout_pairs(model, prefill_tp: int, decode_tp: int, isl: int, pairs=(("triton", "triton"), ("aiter", "aiter"),
+                                                                          ("triton", "aiter")),
+                 kv_dtype: str = "bf16", tables: str = "scattered") -> pd.DataFrame:
+    """Per-layer descriptors and bytes for several (prefill layout, decode layout) pairs: :func:`per_layer` rows
+    plus ``pair`` and ``mean_descriptor_bytes``."""
+    frames = []
+    for pl, dl in pairs:
+        _, t = pd_plan(model, prefill_tp, decode_tp, isl, kv_dtype=kv_dtype, prefill_layout=pl, decode_layout=dl,
+                       tables=tables)
+        frames.append(t.assign(pair=f"{pl} -> {dl}", mean_descriptor_bytes=t["bytes"] / t["descriptors"]))
+    return pd.concat(frames, ignore_index=True)
+
+
+def bytes_vs_isl(model, isls, tp_pairs=((4, 4), (2, 4), (4, 8)), kv_dtypes=("bf16", "fp8"),
+                 bandwidth: float = 50e9) -> pd.DataFrame:
+    """Bytes per request and transfer time against input length: one row per (isl, TP pair, KV dtype)."""
+    rows = []
+    for isl in isls:
+        for p, d in tp_pairs:
+            for kv in kv_dtypes:
+                s, _ = pd_plan(model, p, d, int(isl), kv_dtype=kv, bandwidth=bandwidth)
+                rows.append({"isl": int(isl), "tp": f"TP{p} -> TP{d}", "kv_dtype": kv,
+                             "bytes_per_request": s["bytes_per_request"], "transfer_ms": s["transfer_s"] * 1e3,
+                             "descriptors_per_request": s["descriptors_per_request"]})
+    return pd.DataFrame(rows)

@@ -136,3 +136,21 @@ def acceptance_table(bench_paths=None) -> "pandas.DataFrame":  # noqa: F821
             rows.append(row)
     cols = ["model", "method", "draft", "k", "tp", "dataset", "accept_len", "acceptance_rate", "kind", "source"]
     return pd.DataFrame(rows)[cols]
+
+
+def spec_sweep(model, hardware, draft_lengths, *, dataset: str = "MT-Bench", **estimate_kwargs) -> "pandas.DataFrame":  # noqa: F821
+    """Serving estimates against the draft length k: acceptance length projected from the published M3 EAGLE3
+    point on ``dataset`` (:func:`projected_accept_len`), one row per (k, mode); ``estimate_kwargs`` as for
+    :func:`m3lab.serving.estimate.estimate`."""
+    import pandas as pd
+
+    from m3lab.serving.estimate import estimate
+
+    rows = []
+    for k in draft_lengths:
+        a = projected_accept_len(int(k), dataset) if k else None
+        est = estimate(model, hardware, spec_tokens=int(k), accept_len=a, **estimate_kwargs)
+        for mode, res in est.results.items():
+            rows.append({"k": int(k), "accept_len": a or 1.0, "mode": mode,
+                         **{key: res[key] for key in ("output_tokens_per_s_per_gpu", "ttft_s", "tpot_ms", "label")}})
+    return pd.DataFrame(rows)
