@@ -58,6 +58,8 @@ def test_acceptance_mxfp8_tp4_one_fused_projection():
     qkv = {(g["n"], g["k"], g["dtype"], g["layers"]) for g in _gemms(d, "qkv_proj")}
     assert qkv == {(2560, 6144, "mxfp8", 57), (2304, 6144, "mxfp8", 3)}
     assert {g["dtype"] for g in d["distinct_gemms"] if g["kind"] == "gemm"} == {"mxfp8"}
+    cp = _json(SHAPES_M3 + ["--indexer-cp"])   # index q replicated on every rank: 2048 + 128 + 128 + 512 + 128
+    assert {(g["n"], g["layers"]) for g in _gemms(cp, "qkv_proj")} == {(2944, 57), (2304, 3)}
 
 
 def test_acceptance_shared_expert_fusion():

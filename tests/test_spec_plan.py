@@ -60,3 +60,12 @@ def test_bad_plans(m3, plan, field):
 def test_ep_on_dense_model_rejected():
     with pytest.raises(M3LabError, match="ep"):
         ParallelPlan(tp=2, ep=2).validate(load_model("llama-3.1-8b"))
+
+
+def test_as_plan():
+    from m3lab.spec.plan import as_plan
+
+    assert as_plan(None) == ParallelPlan() and not as_plan(None).fused_shared_expert
+    assert as_plan({"tp": 2, "fused_shared_expert": True}) == ParallelPlan(tp=2, fused_shared_expert=True)
+    with pytest.raises(M3LabError, match="tpp"):
+        as_plan({"tpp": 2})

@@ -100,3 +100,13 @@ def test_mtp_modules_and_rope_scaling_without_vllm():
     cfg["text_config"]["rope_scaling"] = 2.0
     with pytest.raises(M3LabError, match="rope_scaling"):
         parse_hf_config(cfg)
+
+
+def test_rope_parameters_of_transformers_5():
+    cfg = json.loads((CONFIG_DIR / "minimax-m3.json").read_text())
+    t = cfg["text_config"]
+    for key in ("rope_theta", "partial_rotary_factor", "rotary_dim"):
+        t.pop(key)
+    t["rope_parameters"] = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 5e6, "partial_rotary_factor": 0.25}
+    m = parse_hf_config(cfg)
+    assert (m.rope_theta, m.rotary_dim, m.rope_scaling_dict) == (5e6, 32, {"rope_type": "yarn", "factor": 2.0})

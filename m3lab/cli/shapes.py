@@ -9,10 +9,10 @@ import typer
 MODEL_HELP = "A named model (minimax-m3, minimax-m2, llama-3.1-8b, ...) or a path to a Hugging Face config.json."
 
 
-def _plan(model, tp: int, ep: int, fused_shared: bool):
+def _plan(model, tp: int, ep: int, fused_shared: bool, indexer_cp: bool = False):
     from m3lab.spec import ParallelPlan
 
-    return ParallelPlan(tp=tp, ep=ep, fused_shared_expert=fused_shared).validate(model)
+    return ParallelPlan(tp=tp, ep=ep, fused_shared_expert=fused_shared, indexer_cp=indexer_cp).validate(model)
 
 
 def _records(df) -> list[dict]:
@@ -42,6 +42,9 @@ def shapes(
                                            "turns it off under EP and with differently quantised experts."),
     index_topk_freq: int = typer.Option(1, "--index-topk-freq",
                                         help="vLLM index sharing: top-k computed every N sparse layers."),
+    indexer_cp: bool = typer.Option(False, "--indexer-cp",
+                                    help="vLLM --attention-config minimax_m3_indexer_cp: every rank projects all "
+                                         "index q heads (the fused projection widens, 2944 columns at TP4)."),
     routing: str = typer.Option("balanced", "--routing", help="Routing model: balanced or zipf:S."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -53,7 +56,7 @@ def shapes(
     spec = load_model(model)
     if index_topk_freq != 1:
         spec = spec.with_index_sharing(index_topk_freq)
-    plan = _plan(spec, tp, ep, fused_shared)
+    plan = _plan(spec, tp, ep, fused_shared, indexer_cp)
     wl = Workload(isl, osl, concurrency, num_requests)
     cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     rep = shape_histograms(spec, plan, quant, wl, cfg, routing=routing)

@@ -1,7 +1,7 @@
 """A straightforward dense-mask implementation of the same M3 math: the check of the reference model.
 
-Reads the same :class:`~m3lab.spec.model.ModelSpec` (``model.model``). Whole sequence at once, no cache, no gathers: the indexer's choice becomes a boolean [heads, T, T]
-mask (HF-style), the MoE runs every expert on every token and weighs them with a dense [T, E] gate
+Reads the same :class:`~m3lab.spec.model.ModelSpec` (``model.model``). Whole sequence at once, no cache, no
+gathers: the indexer's choice becomes a boolean [heads, T, T] mask (HF-style), the MoE runs every expert on every token and weighs them with a dense [T, E] gate
 matrix. Written independently of ``kernels/*/reference.py`` (own RoPE, norm, mask and softmax code),
 for tp = 1 and floating-point weights.
 """

@@ -25,7 +25,7 @@ CONFIG_DIR = Path(__file__).with_name("configs")
 ATTN_DENSE, ATTN_SPARSE, ATTN_LINEAR = "dense", "sparse", "linear"
 MLP_DENSE, MLP_MOE = "dense", "moe"
 # M3 index sharing: vLLM on ROCm reads these from text_config only and rejects them at the top level of the VL
-# config (``MiniMaxM3SparseForConditionalGenerationConfig.INDEX_CACHE_KEYS``, vllm/model_executor/models/config.py:790-808).
+# config (MiniMaxM3SparseForConditionalGenerationConfig.INDEX_CACHE_KEYS, vllm/model_executor/models/config.py:790-808).
 _INDEX_SHARING_KEYS = ("use_index_cache", "index_topk_freq", "index_skip_topk_offset")
 # vLLM's MiniMaxM3TextConfig defaults where the checkpoint omits a key (vllm/transformers_utils/configs/minimax_m3.py).
 M3_MAX_POSITION_DEFAULT = 524288
@@ -352,6 +352,11 @@ def _frozen(value: Any) -> Any:
     return value
 
 
+def _not_a_vllm_option(key: str) -> M3LabError:
+    return M3LabError(f"config field {key!r} is not a vLLM option for MiniMax M3", field=key,
+                      hint="use text_config use_index_cache + index_topk_freq (+ index_skip_topk_offset)")
+
+
 def _m3_index_sharing(t: dict) -> dict:
     """Index sharing as vLLM's AMD model reads it from the text config (``_should_skip_index_topk``,
     vllm/models/minimax_m3/amd/model.py:169-190): only with ``use_index_cache``; freq <= 1 means none."""
@@ -365,14 +370,17 @@ def _minimax_m3(t: dict) -> dict:
     """MiniMax M3 text config read as vLLM 0.33.0's AMD model reads it (vllm/models/minimax_m3/amd/model.py)."""
     for where in (t, t.get("sparse_attention_config") or {}):
         if isinstance(where, dict) and "index_topk_pattern" in where:
-            raise M3LabError("config field 'index_topk_pattern' is not a vLLM option for MiniMax M3",
-                             field="index_topk_pattern",
-                             hint="use text_config use_index_cache + index_topk_freq (+ index_skip_topk_offset)")
+            raise _not_a_vllm_option("index_topk_pattern")
     base = _common(t)
     # RoPE: get_rope(head_dim, partial_rotary_factor) (amd/model.py:201-239); rotary_dim is not read.
-    base["rotary_dim"] = int(round(base["head_dim"] * _get(t, "partial_rotary_factor", default=0.5, kind=float)))
+    # transformers>=5 nests theta, factor and scaling in rope_parameters.
+    rope = t.get("rope_parameters") if isinstance(t.get("rope_parameters"), dict) else {}
+    factor = _get({**rope, **t}, "partial_rotary_factor", default=0.5, kind=float)
+    base["rotary_dim"] = int(round(base["head_dim"] * factor))
     base["max_position"] = _get(t, "max_position_embeddings", default=M3_MAX_POSITION_DEFAULT)
     scaling = t.get("rope_scaling")
+    if scaling is None and rope.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
     if scaling is not None and not isinstance(scaling, dict):
         raise M3LabError("config field 'rope_scaling' must be an object (e.g. YaRN)", field="rope_scaling")
     base["rope_scaling"] = _frozen(scaling) if scaling else None
@@ -489,6 +497,7 @@ def _deepseek(t: dict) -> dict:
     n_shared = _get(t, "n_shared_experts", default=0)
     inter = _positive(t, "moe_intermediate_size")
     return dict(base, family="deepseek", attn_types=(ATTN_DENSE,) * layers, mlp_types=mlp, mla=mla,
+                mtp_modules=_get(t, "num_nextn_predict_layers", default=0),
                 head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim, rotary_dim=mla.qk_rope_head_dim,
                 dense_inter=_positive(t, "intermediate_size"), expert_inter=inter, shared_inter=inter * n_shared,
                 n_shared=n_shared, experts=_positive(t, "n_routed_experts"), topk=_positive(t, "num_experts_per_tok"),
@@ -574,9 +583,7 @@ def parse_hf_config(config: dict, name: str | None = None, source: str = "") -> 
     misplaced = [k for k in (*_INDEX_SHARING_KEYS, "index_topk_pattern") if text and k in config]
     if parser is _minimax_m3 and misplaced:
         if "index_topk_pattern" in misplaced:
-            raise M3LabError("config field 'index_topk_pattern' is not a vLLM option for MiniMax M3",
-                             field="index_topk_pattern",
-                             hint="use text_config use_index_cache + index_topk_freq (+ index_skip_topk_offset)")
+            raise _not_a_vllm_option("index_topk_pattern")
         moved = json.dumps({"text_config": {k: config[k] for k in misplaced}})
         raise M3LabError(f"config field {misplaced[0]!r} is at the top level, where vLLM on ROCm rejects it "
                          f"(MiniMax M3 reads index sharing from text_config only)", field=misplaced[0],

@@ -19,6 +19,7 @@ Rules as vLLM applies them:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,5 +180,10 @@ def as_plan(plan: Any) -> ParallelPlan:
     if plan is None:
         return ParallelPlan()
     if isinstance(plan, dict):
+        known = {f.name for f in dataclasses.fields(ParallelPlan)}
+        unknown = sorted(set(plan) - known)
+        if unknown:
+            raise M3LabError(f"unknown plan field {unknown[0]!r}", field=unknown[0],
+                             hint=f"one of {', '.join(sorted(known))}")
         return ParallelPlan(**plan)
     return plan
