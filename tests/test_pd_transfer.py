@@ -1,7 +1,6 @@
 """The KV hand-off executed between processes (gloo on CPU): prefill ranks send by the descriptors, decode ranks
 receive into their own layout; the received KV matches byte for byte and decoding from it gives the
 single-process logits; a deliberately wrong offset is caught and located."""
-import pytest
 
 from m3lab.model.kv_cache import LAYOUTS
 from m3lab.pd.geometry import CacheSide

@@ -44,7 +44,7 @@ def estimate_cmd(
         from m3lab.cli.pd import print_pd_estimate
         from m3lab.serving.disagg import parse_ratio, pd_estimate
         p, d = parse_ratio(pd)
-        print_pd_estimate(pd_estimate(model, hardware, prefill=p, decode=d, tp=tp, quant=quant, isl=isl, osl=osl,
+        print_pd_estimate(pd_estimate(model, hardware, prefill=p, decode=d, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl,
                                       concurrency=concurrency, num_requests=num_requests, calibration=cal,
                                       kv_link_bw=kv_link_gbps * 1e9, spec_tokens=spec_tokens, accept_len=accept_len,
                                       gpu_memory_utilization=gpu_memory_utilization), as_json)

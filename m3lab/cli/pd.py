@@ -67,8 +67,8 @@ def print_pd_estimate(s: dict, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{s['model']} {s['quant']} P:D = {s['pd']} (prefill TP{s['prefill_tp']}, decode TP{s['decode_tp']}, "
-                    f"{s['gpus']} GPUs) on {s['hardware']}: {s['isl']} in / {s['osl']} out, "
+    t = Table(title=f"{s['model']} {s['quant']} P:D = {s['pd']} (prefill TP{s['prefill_tp']}, decode "
+                    f"TP{s['decode_tp']}, {s['gpus']} GPUs) on {s['hardware']}: {s['isl']} in / {s['osl']} out, "
                     f"concurrency {s['concurrency']}")
     t.add_column("figure", justify="right")
     t.add_column(s["kind"], justify="right")

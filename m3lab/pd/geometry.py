@@ -21,7 +21,7 @@ per-(head, token) scales are sent with their tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np

@@ -138,7 +138,8 @@ def acceptance_table(bench_paths=None) -> "pandas.DataFrame":  # noqa: F821
     return pd.DataFrame(rows)[cols]
 
 
-def spec_sweep(model, hardware, draft_lengths, *, dataset: str = "MT-Bench", **estimate_kwargs) -> "pandas.DataFrame":  # noqa: F821
+def spec_sweep(model, hardware, draft_lengths, *, dataset: str = "MT-Bench",
+               **estimate_kwargs) -> "pandas.DataFrame":  # noqa: F821
     """Serving estimates against the draft length k: acceptance length projected from the published M3 EAGLE3
     point on ``dataset`` (:func:`projected_accept_len`), one row per (k, mode); ``estimate_kwargs`` as for
     :func:`m3lab.serving.estimate.estimate`."""

@@ -191,7 +191,7 @@ def _simulate_pd(pre_coster, dec_coster, mode: str, *, prefill: int, decode: int
 
 
 def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, decode_tp: int | None = None,
-                quant="bf16", isl: int, osl: int, concurrency: int, num_requests: int | None = None,
+                ep: int = 1, quant="bf16", isl: int, osl: int, concurrency: int, num_requests: int | None = None,
                 calibration="default", kv_link_bw: float = KV_LINK_BW, spec_tokens: int = 0,
                 accept_len: float | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                 prefill_layout: str = "triton", decode_layout: str = "triton",
@@ -215,8 +215,8 @@ def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, deco
         raise M3LabError(f"kv_link_bw={kv_link_bw} must be positive (B/s per GPU)", field="kv_link_bw")
     if not isinstance(concurrency, int) or concurrency < 1:
         raise M3LabError(f"concurrency={concurrency!r} must be a positive integer", field="concurrency")
-    pplan = ParallelPlan(tp=tp, role="prefill").validate(m)
-    dplan = ParallelPlan(tp=decode_tp, role="decode").validate(m)
+    pplan = ParallelPlan(tp=tp, ep=ep, role="prefill").validate(m)
+    dplan = ParallelPlan(tp=decode_tp, ep=ep, role="decode").validate(m)
     cap = capacity(m, dplan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=gpu_memory_utilization,
                    spec_tokens=spec_tokens)
     max_seqs = min(max_num_seqs, cap.max_concurrency)
@@ -250,7 +250,7 @@ def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, deco
     return {"kind": kind, **{k: results[kind][k] for k in figures},
             "ceiling": {k: results["ceiling"][k] for k in figures},
             "pd": f"{prefill}:{decode}", "prefill_instances": prefill, "decode_instances": decode,
-            "prefill_tp": tp, "decode_tp": decode_tp, "gpus": gpus, "model": m.name, "hardware": hw.name,
+            "prefill_tp": tp, "decode_tp": decode_tp, "ep": ep, "gpus": gpus, "model": m.name, "hardware": hw.name,
             "quant": q.name, "kv_dtype": q.kv_dtype, "isl": isl, "osl": osl, "concurrency": concurrency,
             "num_requests": n_req, "max_num_seqs_per_decode_instance": max_seqs,
             "kv_handoff_bytes_per_request": handoff["bytes_per_request"],
@@ -265,10 +265,10 @@ def pd_ratio_sweep(model, hardware, ratios, **kwargs) -> pd.DataFrame:
     rows = []
     for p, d in ratios:
         s = pd_estimate(model, hardware, prefill=p, decode=d, **kwargs)
-        for mode in ("ceiling", "calibrated"):
-            res = s["ceiling"] if mode == "ceiling" else ({k: s[k] for k in s["ceiling"]} if s["kind"] == mode else None)
-            if res is None:
-                continue
+        modes = {"ceiling": s["ceiling"]}
+        if s["kind"] == "calibrated":
+            modes["calibrated"] = {k: s[k] for k in s["ceiling"]}
+        for mode, res in modes.items():
             rows.append({"ratio": s["pd"], "prefill": p, "decode": d, "gpus": s["gpus"], "mode": mode, **res,
                          "kv_handoff_ms": s["kv_handoff_ms"]})
     return pd.DataFrame(rows)
