@@ -7,7 +7,8 @@ Spawns ``--world`` processes (one per GPU, NCCL over NVLink on an H200 pair) and
 benchmark format (:mod:`m3lab.bench.table`) under ``traces/bench/collectives.csv``:
 
 - ``allreduce`` / ``nccl``: ``T=..,H=..,world=..`` bf16. 24 all-reduces, each on its own input copy (together over
-  twice the L2), captured in one CUDA graph and replayed; per-call µs = replay time / 24. Every rank times the
+  twice the L2), captured in one CUDA graph and replayed (``nccl``; ``nccl-eager`` where the build cannot capture
+  and the same calls run eagerly); per-call µs = replay time / 24. Every rank times the
   same fixed number of replays (collectives must stay in lockstep, so no adaptive repetition) and the slowest
   rank's quantiles are kept. ``tbps`` is the bus bandwidth 2 (n - 1) / n x bytes / t, the figure NCCL reports;
   ``frac_ceiling`` is that over the hardware profile's one-way link bandwidth.
@@ -49,10 +50,18 @@ def _time_replays(run, group, capture: bool) -> tuple[torch.Tensor, str]:
     torch.cuda.synchronize()
     provider, step = "nccl-eager", run
     if capture:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        provider, step = "nccl", graph.replay
+        graph, ok = torch.cuda.CUDAGraph(), 1
+        try:
+            with torch.cuda.graph(graph):
+                run()
+        except RuntimeError as err:   # a torch/NCCL build that cannot capture: every rank falls back together
+            print(f"rank {dist.get_rank()}: CUDA-graph capture failed ({err}); timing eagerly", flush=True)
+            ok = 0
+        torch.cuda.synchronize()
+        flag = torch.tensor([ok], device="cuda")
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        if flag.item():
+            provider, step = "nccl", graph.replay
     for _ in range(WARMUP):
         step()
     torch.cuda.synchronize()
