@@ -146,3 +146,13 @@ def test_aiter_one_head_per_rank_is_one_run_per_block_two_heads_are_sixteen():
     index_blocks = 4 * 57 * 64
     assert s44["descriptors_per_request"] == main_blocks + index_blocks
     assert s24["descriptors_per_request"] == 16 * main_blocks + index_blocks   # 8 K + 8 V pages per block
+
+
+def test_index_sharing_reuse_layers_send_no_index_keys():
+    # reuse layers skip the index-cache write (vllm/models/minimax_m3/amd/model.py:1024-1101): nothing to send
+    shared = M3.with_index_sharing(4)
+    full, _ = pd_plan(M3, 4, 4, 4096)
+    less, table = pd_plan(shared, 4, 4, 4096)
+    assert len(shared.topk_layers) == 15
+    assert full["bytes_per_request"] - less["bytes_per_request"] == 4096 * 4 * (57 - 15) * 128 * 2
+    assert set(table.loc[table["region"] == "index", "layer"]) == set(shared.topk_layers)
