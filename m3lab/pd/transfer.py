@@ -135,7 +135,7 @@ def _bytes(cache) -> dict:
 
 
 def _tables(n_blocks: int, num_blocks: int, seed: int) -> tuple[list[int], list[int]]:
-    """Distinct, non-consecutive physical blocks for the two sides (so block ids and offsets are exercised)."""
+    """Random physical blocks for the two sides (so block ids and offsets differ between them)."""
     g = torch.Generator().manual_seed(seed)
     src = torch.randperm(num_blocks, generator=g)[:n_blocks].tolist()
     dst = torch.randperm(num_blocks, generator=g)[:n_blocks].tolist()
