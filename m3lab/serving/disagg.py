@@ -191,7 +191,8 @@ def _simulate_pd(pre_coster, dec_coster, mode: str, *, prefill: int, decode: int
 
 
 def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, decode_tp: int | None = None,
-                ep: int = 1, quant="bf16", isl: int, osl: int, concurrency: int, num_requests: int | None = None,
+                ep: int = 1, quant="bf16", kv_dtype: str | None = None, isl: int, osl: int, concurrency: int,
+                num_requests: int | None = None,
                 calibration="default", kv_link_bw: float = KV_LINK_BW, spec_tokens: int = 0,
                 accept_len: float | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                 prefill_layout: str = "triton", decode_layout: str = "triton",
@@ -209,7 +210,8 @@ def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, deco
     from m3lab.spec.plan import ParallelPlan
     from m3lab.spec.quant import load_quant
 
-    m, hw, q = load_model(model), load_hardware(hardware), load_quant(quant)
+    m, hw = load_model(model), load_hardware(hardware)
+    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else load_quant(quant)
     decode_tp = decode_tp or tp
     if kv_link_bw <= 0:
         raise M3LabError(f"kv_link_bw={kv_link_bw} must be positive (B/s per GPU)", field="kv_link_bw")
