@@ -1,7 +1,7 @@
 """``m3lab estimate`` (serving ceiling and calibrated estimate) and ``m3lab kernel-time`` (one kernel).
 
     m3lab estimate --model minimax-m3 --hardware mi355x --tp 4 --quant mxfp8 --isl 8192 --osl 1024 \\
-        --concurrency 32 [--ep N] [--calibration TABLE] [--spec-tokens K --accept-len A] [--pd P:D] [--json]
+        --concurrency 32 [--ep N] [--calibration TABLE] [--spec-tokens K --accept-len A] [--json]
     m3lab kernel-time --hardware mi355x --op gemm --m 32 --n 2560 --k 6144 --quant mxfp8 [--json]
     m3lab kernel-time --hardware mi355x --op grouped_gemm --tokens 32 --hidden 6144 --inter 768 \\
         --experts 129 --topk 5 --quant mxfp8 [--routing balanced] [--json]

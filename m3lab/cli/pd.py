@@ -3,6 +3,8 @@
     m3lab pd-plan --model minimax-m3 --prefill-tp 4 --decode-tp 8 --isl 8192 [--kv-dtype fp8]
         [--index-dtype bf16] [--prefill-layout triton --decode-layout aiter] [--scales per_token_head]
         [--tables scattered|contiguous] [--bandwidth 50] [--json]
+    m3lab estimate --model minimax-m3 --hardware mi355x --tp 4 --quant mxfp8 --isl 8192 --osl 1024 \\
+        --concurrency 512 --pd 2:1 [--kv-link-gbps 50] [--json]
 """
 from __future__ import annotations
 
