@@ -123,9 +123,12 @@ def cost_columns(cols, hw, calibration: Calibration | None) -> dict:
         eff = _efficiency(cols, calibration)
         fused = np.isin(np.asarray(cols["op"], dtype=object), list(kernel_defaults.FUSED_INTO))
         floor = np.where(fused, 0.0, np.array([calibration.floor_us(x) for x in kind], dtype=float))
+    t_us = np.maximum(t_b / eff, floor)
+    if calibration is not None:   # all-reduces measured on this device (traces/bench/collectives.csv) take that time
+        from m3lab.pd.collective_time import measured_comm_us
+        t_us = measured_comm_us(cols, hw, t_us)
     return {"peak_dtype": peak_dtype, "t_compute_us": t_c, "t_memory_us": t_m, "t_comm_us": t_x,
-            "t_bound_us": t_b, "bound": bound, "efficiency": eff, "floor_us": floor,
-            "t_us": np.maximum(t_b / eff, floor)}
+            "t_bound_us": t_b, "bound": bound, "efficiency": eff, "floor_us": floor, "t_us": t_us}
 
 
 def cost_optable(optable: pd.DataFrame, hw, calibration=None) -> pd.DataFrame:
