@@ -1,0 +1,104 @@
+"""Gates for kernels/moe: our grouped MoE (``launcher.fused_moe``) and vLLM's own MoE kernel vs ``fused_moe_ref``.
+
+``moe.<fmt>`` (bf16 | mxfp8 | mxfp4 weights): CPU (interpreter) small awkward shapes (H 64, I 48 or 64,
+T 1 / 7 / 37, a few experts, EP with remote experts, MXFP8 activations, tl.dot_scaled where the
+interpreter has it), fp32/fp16 activations; CUDA: MiniMax M3 TP4 shapes (H 6144, I 768, 128 + 1 experts,
+top-5 with the shared slot), bf16, T 1 … 2048, both program orders.
+
+``vllm.fused_moe_kernel``: vLLM's Triton ``fused_moe_kernel`` (``fused_moe/fused_moe.py:297-610``, launched by
+its ``invoke_fused_moe_triton_kernel``: gate_up, then down with the routing weights) on tokens aligned by
+our ``kernels/moe/align.py`` (vLLM's own ``moe_align_block_size`` is a compiled op), or vLLM's naive
+one-block-per-slot assignment where vLLM takes it (``_prepare_expert_assignment``, ``fused_moe.py:1549-1600``);
+the SwiGLU-OAI between the GEMMs is vLLM's ``swiglu_oai_split``; the per-token sum is torch's (vLLM's
+``ops.moe_sum`` is compiled). vLLM's config comes from its own lookup (``try_get_optimal_moe_config``).
+"""
+import torch
+
+from ..kernels.moe import launcher, routing
+from ..kernels.moe.reference import fused_moe_ref
+from ..kernels.moe.tables import MoeConfig
+from .checks import poison_
+from .inputs import act_dtype
+from .registry import Case, Gate, register
+
+M3_ACT = {"alpha": 1.702, "limit": 7.0, "beta": 1.0}   # MiniMax M3's SwiGLU-OAI (minimax_m3.md §2.4)
+M3_TP4 = {"h": 6144, "i": 768, "experts": 128, "topk": 4}
+CPU_CONFIG = MoeConfig(16, 32, 32, 2, 4, 1, "token", 32, 32, 4, 1)
+GPU_TS = (1, 8, 32, 128, 2048)
+
+
+def make_weights(e: int, h: int, i: int, fmt: str, dtype: torch.dtype, device) -> dict:
+    """w13 [E, 2I, H], w2 [E, H, I] (± MX scales) as fused_moe takes them; values scaled to keep act O(1)."""
+    from ..kernels.mx.reference import quantize_mxfp4, quantize_mxfp8
+    w13 = torch.randn(e, 2 * i, h, device=device) * (2.0 / h ** 0.5)
+    w2 = torch.randn(e, h, i, device=device) / i ** 0.5
+    if fmt == "bf16":
+        return {"w13": w13.to(dtype), "w2": w2.to(dtype), "fmt": fmt}
+    q = {"mxfp8": quantize_mxfp8, "mxfp4": quantize_mxfp4}[fmt]
+    w13q, s13 = q(w13)
+    w2q, s2 = q(w2)
+    return {"w13": w13q, "w2": w2q, "w13_scale": s13, "w2_scale": s2, "fmt": fmt}
+
+
+def make_routing(t: int, experts: int, topk: int, device, shared: bool = True, convention: str = "scaled_weights",
+                 skew: float = 0.0) -> routing.Routing:
+    """vLLM's routing on random logits (skew > 0: Zipf-like logits favouring low expert ids)."""
+    logits = torch.randn(t, experts, device=device)
+    if skew:
+        logits = logits - skew * torch.log1p(torch.arange(experts, device=device, dtype=torch.float32))
+    bias = 0.1 * torch.randn(experts, device=device)
+    return routing.route(logits, bias, topk=topk, routed_scaling=2.0, shared_id=experts if shared else None,
+                         convention=convention)
+
+
+def _case(t: int, h: int, i: int, experts: int, topk: int, fmt: str, device, dtype, label: str,
+          ep: bool = False, act_format: str = "bf16", **launch) -> Case:
+    def run():
+        w = make_weights(experts + 1, h, i, fmt, dtype, device)
+        r = make_routing(t, experts, topk, device)
+        x = torch.randn(t, h, device=device, dtype=dtype)
+        ids, emap = r.ids, None
+        if ep:   # this rank holds the even experts (and the shared one): the odd ones are remote
+            emap = torch.full((experts + 1,), -1, dtype=torch.int32, device=device)
+            local = torch.arange(0, experts + 1, 2, device=device)
+            emap[local] = torch.arange(local.numel(), dtype=torch.int32, device=device)
+            emap[experts] = local.numel()
+            keep = torch.cat([local, torch.tensor([experts], device=device)])
+            w = {**w, **{k: w[k][keep] for k in ("w13", "w2", "w13_scale", "w2_scale") if k in w}}
+        out = poison_(torch.empty(t, h, device=device, dtype=dtype))
+        launcher.fused_moe(x, w["w13"], w["w2"], r.weights, ids, **M3_ACT, w13_scale=w.get("w13_scale"),
+                           w2_scale=w.get("w2_scale"), fmt=fmt, act_format=act_format, expert_map=emap,
+                           output_scale=r.output_scale, out=out, **launch)
+        ref_ids = ids if emap is None else torch.where(emap[ids.long()] >= 0, emap[ids.long()], -1)
+        ref = fused_moe_ref(x.float(), w["w13"] if fmt != "bf16" else w["w13"].float(),
+                            w["w2"] if fmt != "bf16" else w["w2"].float(), r.weights, ref_ids, **M3_ACT,
+                            w13_scale=w.get("w13_scale"), w2_scale=w.get("w2_scale"), fmt=fmt,
+                            act_format=act_format, output_scale=r.output_scale)
+        return out, ref
+    return Case(f"T={t},H={h},I={i},E={experts}+1,k={topk}+1,{label}", str(dtype).removeprefix("torch."), run)
+
+
+def _cases(fmt: str, device: torch.device):
+    dtype = act_dtype(device)
+    if device.type != "cuda":
+        i = 64 if fmt != "bf16" else 48
+        yield _case(1, 64, i, 6, 2, fmt, device, torch.float32, "fp32", config=CPU_CONFIG)
+        yield _case(37, 64, i, 6, 2, fmt, device, dtype, "auto")
+        yield _case(7, 64, i, 6, 2, fmt, device, dtype, "ep_half_remote", ep=True, config=CPU_CONFIG, order="expert")
+        if fmt != "bf16":
+            yield _case(7, 64, i, 6, 2, fmt, device, torch.float32, "act_mxfp8", act_format="mxfp8", config=CPU_CONFIG)
+            yield _case(7, 64, i, 6, 2, fmt, device, dtype, "native_mx", config=CPU_CONFIG, use_native_mx=True)
+        return
+    for t in GPU_TS:
+        yield _case(t, M3_TP4["h"], M3_TP4["i"], M3_TP4["experts"], M3_TP4["topk"], fmt, device, dtype, "auto")
+        yield _case(t, M3_TP4["h"], M3_TP4["i"], M3_TP4["experts"], M3_TP4["topk"], fmt, device, dtype,
+                    "order=expert", order="expert")
+    if fmt != "bf16":
+        yield _case(32, M3_TP4["h"], M3_TP4["i"], M3_TP4["experts"], M3_TP4["topk"], fmt, device, dtype,
+                    "act_mxfp8", act_format="mxfp8")
+
+
+for _fmt in launcher.W_FORMATS:
+    register(Gate(f"moe.{_fmt}", "moe", lambda d, f=_fmt: list(_cases(f, d)),
+                  doc=f"grouped MoE (routing, alignment, gate_up+SwiGLU, down+combine) with {_fmt} weights "
+                      "vs fused_moe_ref"))
