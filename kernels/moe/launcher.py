@@ -72,7 +72,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     the program order; use_native_mx: force tl.dot_scaled on/off; out: write here (e.g. poisoned by the gates).
     """
     t, h, e, i, k = _check(x, w13, w2, weights, ids, fmt, act_format, w13_scale, w2_scale)
-    cfg = config or select_config(t, e, i, k, fmt, x.device)
+    cfg = (config or select_config(t, e, i, k, fmt, x.device)).check_launchable()
     if order is not None:
         if order not in ORDERS:
             raise ValueError(f"order: {order!r} is not one of {ORDERS}")

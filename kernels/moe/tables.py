@@ -11,7 +11,8 @@ tables add ``,dtype=mxfp8|mxfp4`` (vLLM looks up none for OCP MX). vLLM's keys c
 kernel (its BLOCK_SIZE_N tiles the intermediate dimension, gate and up rows together); what vLLM's kernel
 does not take (program order, the down kernel's tiles) is in a file beside it, same stem,
 ``.m3lab.json``, same M keys. vLLM's shipped tables carry AMD options (``waves_per_eu``,
-``matrix_instr_nonkdim``, ``kpack``, ``SPLIT_K``) and other backends' keys; they are kept as read.
+``matrix_instr_nonkdim``, ``kpack``, ``SPLIT_K``), kept as read; tables of other backends (file names
+ending ``,backend=flydsl``: ``tile_m`` … keys) are read raw by :func:`read_vllm_table`.
 """
 import json
 from dataclasses import asdict, dataclass, field, fields
@@ -47,8 +48,15 @@ class MoeConfig:
             raise ValueError(f"ORDER: {self.ORDER!r} is not 'token' or 'expert'")
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "DOWN_BLOCK_SIZE_N", "DOWN_BLOCK_SIZE_K"):
             v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"{name}: {v} must be a power of two >= 16")
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"{name}: {v} must be a power of two")
+
+    def check_launchable(self) -> "MoeConfig":
+        """Our kernels' limits (tl.dot needs 16 on every side); vLLM's tables also hold 8-row blocks."""
+        for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "DOWN_BLOCK_SIZE_N", "DOWN_BLOCK_SIZE_K"):
+            if getattr(self, name) < 16:
+                raise ValueError(f"config: {name}={getattr(self, name)} must be >= 16 for the m3lab MoE kernels")
+        return self
 
     def vllm_dict(self) -> dict:
         """The entry as vLLM's table holds it (vLLM's keys, then any extra keys read)."""
@@ -61,6 +69,10 @@ class MoeConfig:
     @classmethod
     def from_dicts(cls, vllm_entry: dict, meta: dict | None = None) -> "MoeConfig":
         known = {f.name for f in fields(cls)} - {"extra"}
+        missing = [k for k in VLLM_KEYS if k not in vllm_entry]
+        if missing:
+            raise ValueError(f"entry: missing {missing} (not a table of vLLM's Triton fused_moe_kernel; other "
+                             "backends' tables, e.g. ',backend=flydsl', are read by read_vllm_table only)")
         entry = {**vllm_entry, **(meta or {})}
         unknown = sorted(set(meta or {}) - known)
         if unknown:
