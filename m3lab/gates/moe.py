@@ -102,3 +102,69 @@ for _fmt in launcher.W_FORMATS:
     register(Gate(f"moe.{_fmt}", "moe", lambda d, f=_fmt: list(_cases(f, d)),
                   doc=f"grouped MoE (routing, alignment, gate_up+SwiGLU, down+combine) with {_fmt} weights "
                       "vs fused_moe_ref"))
+
+
+# --- vLLM's own MoE kernel ------------------------------------------------------------------------------
+def vllm_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                   *, alpha: float, limit: float, beta: float, config: dict | None = None,
+                   out: torch.Tensor | None = None, poison: bool = False) -> torch.Tensor:
+    """vLLM's bf16 Triton MoE path (unquantised weights) on x [T, H], w13 [E, 2I, H], w2 [E, H, I] -> [T, H].
+
+    config: vLLM's launch config (default: vLLM's own lookup, ``try_get_optimal_moe_config``; on a CPU,
+    where vLLM has no device name, its ``get_default_config``). poison: NaN-fill the intermediates.
+    """
+    import triton.language as tl
+
+    from ..kernels.moe.align import align
+    from ..vllm.imports import m3_module, vllm_module
+    fm = vllm_module("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused_moe_kernel")
+    act_mod = m3_module("amd.ops.swiglu_oai", "vLLM's SwiGLU-OAI")
+    t, h = x.shape
+    e, n2, _ = w13.shape
+    k = ids.shape[1]
+    if config is None:
+        config = (fm.try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), k, None, t) if x.is_cuda
+                  else fm.get_default_config(t, e, n2 // 2, h, k, None, None))
+    if t * k * 4 <= e:                                  # vLLM's naive assignment (fused_moe.py:1569-1589)
+        sorted_ids, expert_ids = None, ids.reshape(-1).to(torch.int32)
+        num_post = torch.full((1,), ids.numel() * config["BLOCK_SIZE_M"], dtype=torch.int32, device=x.device)
+    else:
+        sorted_ids, expert_ids, num_post = align(ids, config["BLOCK_SIZE_M"], e)
+    ct = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[x.dtype]
+    flags = dict(compute_type=ct, use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False,
+                 use_int4_w4a16=False, per_channel_quant=False)
+    new = (lambda *s: poison_(torch.empty(*s, dtype=x.dtype, device=x.device))) if poison else \
+        (lambda *s: torch.empty(*s, dtype=x.dtype, device=x.device))
+    cache1 = new(t, k, n2)
+    fm.invoke_fused_moe_triton_kernel(x, w13, cache1, None, None, weights, sorted_ids, expert_ids, num_post,
+                                      False, k, config, **flags)
+    act = act_mod.swiglu_oai_split(cache1.view(-1, n2), alpha, beta, limit)
+    cache3 = new(t, k, h)
+    fm.invoke_fused_moe_triton_kernel(act, w2, cache3, None, None, weights, sorted_ids, expert_ids, num_post,
+                                      True, 1, config, **flags)
+    return torch.sum(cache3, dim=1, out=out)
+
+
+def _vllm_case(t: int, h: int, i: int, experts: int, topk: int, device, dtype) -> Case:
+    def run():
+        w = make_weights(experts + 1, h, i, "bf16", dtype, device)
+        r = make_routing(t, experts, topk, device)
+        x = torch.randn(t, h, device=device, dtype=dtype)
+        out = poison_(torch.empty(t, h, device=device, dtype=dtype))
+        vllm_fused_moe(x, w["w13"], w["w2"], r.weights, r.ids, **M3_ACT, out=out, poison=True)
+        ref = fused_moe_ref(x.float(), w["w13"].float(), w["w2"].float(), r.weights, r.ids, **M3_ACT)
+        return out, ref
+    return Case(f"T={t},H={h},I={i},E={experts}+1,k={topk}+1", str(dtype).removeprefix("torch."), run)
+
+
+def _vllm_cases(device: torch.device):
+    if device.type != "cuda":
+        return [_vllm_case(1, 64, 48, 8, 1, device, torch.float32),      # naive assignment (T·k·4 <= E)
+                _vllm_case(1, 64, 48, 6, 2, device, torch.float32),
+                _vllm_case(37, 64, 48, 6, 2, device, torch.float16)]
+    return [_vllm_case(t, M3_TP4["h"], M3_TP4["i"], M3_TP4["experts"], M3_TP4["topk"], device, torch.bfloat16)
+            for t in GPU_TS]
+
+
+register(Gate("vllm.fused_moe_kernel", "vllm_moe", _vllm_cases,
+              doc="vLLM's Triton fused_moe_kernel (bf16 path, both GEMMs) with its SwiGLU-OAI vs fused_moe_ref"))

@@ -22,6 +22,7 @@ class Case:
     dtype: str                                              # tolerance key: "float32" | "float16" | "bfloat16"
     run: Callable[[], tuple[torch.Tensor, torch.Tensor]]    # -> (kernel out, reference out)
     exact: bool = False                                     # codes: bit-identical or fail
+    finding: Callable[[], str] | None = None                # after run(): a documented difference, with its size
 
 
 @dataclass(frozen=True)
