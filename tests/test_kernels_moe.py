@@ -128,6 +128,9 @@ def test_fused_shared_expert_equals_separate_and_conventions_agree():
     separate = _run(x, {**w, **routed}, rw, rid.int()) + _run(x, {**w, **shared}, torch.ones(t, 1),
                                                               torch.zeros(t, 1, dtype=torch.int32))
     _check(fused_a, separate, torch.float32)
+    sliced = _run(x, {**w, **routed}, a.weights[:, :2], a.ids[:, :2]) + _run(   # strided views of the fused table
+        x, {**w, **shared}, a.weights[:, 2:], torch.zeros_like(a.ids[:, 2:]))
+    _check(fused_a, sliced, torch.float32)
     _check(fused_b, fused_a, torch.float32)
     _check(fused_a, _ref(x, w, a.weights, a.ids), torch.float32)
 

@@ -105,7 +105,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
         BLOCK_M=bm, BLOCK_N=cfg.BLOCK_SIZE_N, BLOCK_K=cfg.BLOCK_SIZE_K, GROUP_M=cfg.GROUP_SIZE_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     acc = torch.zeros(t, h, device=dev, dtype=torch.float32)
-    w_flat = weights.reshape(-1).to(torch.float32)
+    w_flat = weights.to(torch.float32).contiguous().reshape(-1)
     down_kernel[(num_m * triton.cdiv(h, cfg.DOWN_BLOCK_SIZE_N),)](
         act, act_s, w2, w2_s, acc, w_flat, al.sorted_ids, al.expert_ids, al.num_post,
         slots, num_m, h, i, k, float(output_scale),
