@@ -42,7 +42,7 @@ TS = (1, 8, 32, 128, 512, 2048, 8192)
 ROUTINGS = ("balanced", "zipf")
 CALLS = 24
 WEIGHT_COPIES = 3
-LOOP_MAX_T = 128
+LOOP_MAX_T = 32
 FORMATS = ("bf16", "mxfp8", "mxfp4")
 ACT = {"alpha": 1.702, "limit": 7.0, "beta": 1.0}
 
@@ -296,7 +296,7 @@ def provider_calls_for(fmt: str, ops: Operands, cfg) -> list:
 
 
 # --- one GPU session --------------------------------------------------------------------------------------
-def main(out: str = "out", phases: str = "gates,tune,bench", deadline_s: float = 520.0,
+def main(out: str = "out", phases: str = "gates,tune,bench", deadline_s: float = 520.0, tune_until_s: float = 300.0,
          providers: str = ",".join(PROVIDERS), ts: str = ",".join(map(str, TS)), tune_ts: str = "1,8,32,128,512,2048,8192",
          rep_ms: float = 40.0) -> None:
     """Gates (moe.*, vllm.*) on the GPU, tuning of the bf16 table, then every provider side by side."""
@@ -332,7 +332,7 @@ def main(out: str = "out", phases: str = "gates,tune,bench", deadline_s: float =
         except Exception as err:
             log(f"gates failed: {type(err).__name__}: {err}")
     if "tune" in todo:
-        best, trials = tune(tuple(int(v) for v in tune_ts.split(",")), log, deadline - 200)
+        best, trials = tune(tuple(int(v) for v in tune_ts.split(",")), log, t0 + tune_until_s)
         pd.DataFrame(trials).to_csv(outdir / "moe_tune.csv", index=False)
         if best:
             path = tables.write_table(outdir / tables.file_name(EXPERTS, I, tables.vllm_device_name(device)), best,

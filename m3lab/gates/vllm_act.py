@@ -62,7 +62,7 @@ def _dtypes(device):
 
 
 def _rows(device):
-    return (1, 160, 2048) if device.type == "cuda" else CPU_ROWS
+    return (1, 2048) if device.type == "cuda" else CPU_ROWS
 
 
 def _label(dtype) -> str:
