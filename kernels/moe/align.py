@@ -88,11 +88,10 @@ def _align_torch(flat: torch.Tensor, num_experts: int, block_m: int, max_padded:
     key = torch.where(flat >= 0, flat, num_experts).long()
     order = torch.argsort(key, stable=True)
     counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
-    counts[num_experts] = 0
+    counts = torch.cat([counts[:num_experts], counts.new_zeros(1)])  # (no host->device copy: graph capturable)
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
-    starts = ends - padded
-    starts[num_experts] = max_padded                              # skipped slots land past the end
+    starts = torch.cat([(ends - padded)[:num_experts], ends.new_full((1,), max_padded)])  # skipped: past the end
     first = torch.cumsum(counts, 0) - counts
     skey = key[order]
     pos = starts[skey] + torch.arange(numel, device=dev) - first[skey]
