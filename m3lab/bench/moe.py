@@ -359,3 +359,75 @@ def moe_table(path=None, latest: bool = True):
 if __name__ == "__main__":
     import typer
     typer.run(main)
+
+
+# --- analysis of a recorded table ----------------------------------------------------------------------------
+DECODE_MAX_T = 128
+BW_MIN_T = 32
+
+
+def _p50(df, provider: str, fmt: str | None = None):
+    sel = df[df["provider"] == provider]
+    if fmt:
+        sel = sel[sel["dtype"] == fmt]
+    return sel.set_index(["routing", "T"])["us_p50"]
+
+
+def moe_targets(df):
+    """The issue's H200 targets against a recorded table (moe_table()): one row per target and routing,
+    measured figure, threshold, passed (NaN = not measured)."""
+    import numpy as np
+    import pandas as pd
+    ours = _p50(df, "m3lab")
+    peer = pd.concat([_p50(df, "vllm-triton"), _p50(df, "torch-grouped-mm")], axis=1).min(axis=1)
+    gmm = _p50(df, "torch-grouped-mm")
+    tb = df[df["provider"] == "m3lab"].set_index(["routing", "T"])["tbps"]
+    copy = df["ceiling"].astype(str).str.extract(r"copy_tbps=([\d.]+)")[0].astype(float).median()
+    rows = []
+    for routing in sorted(df["routing"].dropna().unique()):
+        def worst(series, ts):
+            vals = [series.get((routing, t), np.nan) for t in ts]
+            return float(np.nanmin(vals)) if not all(np.isnan(vals)) else np.nan
+        ts = sorted(df["T"].unique())
+        speed = (peer / ours)
+        rows += [
+            (routing, "T <= 128: m3lab vs the faster of vllm-triton and torch._grouped_mm (worst T)",
+             worst(speed, [t for t in ts if t <= DECODE_MAX_T]), 1.2),
+            (routing, "T >= 32: fraction of copy bandwidth on touched weight bytes (worst T)",
+             worst(tb / copy, [t for t in ts if t >= BW_MIN_T]), 0.75),
+            (routing, "T = 8192: m3lab vs torch._grouped_mm", (gmm / ours).get((routing, 8192), np.nan), 1.2),
+            (routing, "MXFP8 weights, T <= 32: speed-up over our bf16 (worst T)",
+             worst(ours / _p50(df, "m3lab-mxfp8"), [t for t in ts if t <= 32]), 1.5),
+            (routing, "MXFP4 weights, T <= 32: speed-up over our bf16 (worst T)",
+             worst(ours / _p50(df, "m3lab-mxfp4"), [t for t in ts if t <= 32]), 2.2),
+            (routing, "T = 1: fused shared expert vs separate (speed-up; write-up +30.2% at concurrency 1)",
+             (_p50(df, "m3lab-separate-shared") / ours).get((routing, 1), np.nan), 1.0),
+        ]
+    out = pd.DataFrame(rows, columns=["routing", "target", "measured", "threshold"])
+    out["passed"] = out["measured"] >= out["threshold"]
+    return out
+
+
+def decode_share(df, batch: int = 32, context: int = 8192, hardware: str = "h200", routing: str = "balanced",
+                 quant: str = "bf16"):
+    """The MoE's share of one TP4 decode step: the OpTable costed for ``hardware`` (projected), and the same
+    step with every layer's grouped GEMMs replaced by our measured fused-MoE time at T = batch (nearest T).
+
+    -> DataFrame: kind, projected_us, with_measured_moe_us (whole model, one step).
+    """
+    import pandas as pd
+
+    from ..cost.model import cost_step
+    from ..workload.step import EngineStep
+    costed = cost_step("minimax-m3", hardware, step=EngineStep.decode(batch, context), tp=4, quant=quant,
+                       calibration=None)
+    by_kind = costed.groupby("kind")["t_us"].sum()
+    moe_layers = costed.loc[costed["kind"] == "grouped_gemm", "layer"].nunique()
+    ours = _p50(df, "m3lab")
+    ts = sorted(t for r, t in ours.index if r == routing)
+    t_near = min(ts, key=lambda t: abs(t - batch))
+    measured = by_kind.copy()
+    measured["grouped_gemm"] = float(ours[(routing, t_near)]) * moe_layers
+    out = pd.DataFrame({"projected_us": by_kind, "with_measured_moe_us": measured}).fillna(0.0)
+    out.attrs.update({"batch": batch, "measured_T": t_near, "moe_layers": moe_layers, "hardware": hardware})
+    return out.reset_index().rename(columns={"index": "kind"})
