@@ -338,6 +338,9 @@ def main(out: str = "out", phases: str = "gates,tune,bench", deadline_s: float =
             path = tables.write_table(outdir / tables.file_name(EXPERTS, I, tables.vllm_device_name(device)), best,
                                       triton_version=triton.__version__)
             tables.write_table(tables.CONFIG_DIR / path.name, best, triton_version=triton.__version__)
+            # the device tool returns no file names holding '=' or ',': the same tables, keyed by file name
+            bundle = {p.name: json.loads(p.read_text()) for p in (path, tables.meta_path(path))}
+            (outdir / "moe_configs.json").write_text(json.dumps(bundle, indent=1))
             log(f"tune: wrote {path.name}")
     if "bench" in todo:
         rows = bench(providers.split(","), tuple(int(v) for v in ts.split(",")), ceilings=ceilings, log=log,
