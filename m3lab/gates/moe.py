@@ -3,7 +3,7 @@
 ``moe.<fmt>`` (bf16 | mxfp8 | mxfp4 weights): CPU (interpreter) small awkward shapes (H 64, I 48 or 64,
 T 1 / 7 / 37, a few experts, EP with remote experts, MXFP8 activations, tl.dot_scaled where the
 interpreter has it), fp32/fp16 activations; CUDA: MiniMax M3 TP4 shapes (H 6144, I 768, 128 + 1 experts,
-top-5 with the shared slot), bf16, T 1 … 2048, both program orders.
+top-5 with the shared slot), bf16, T 1 / 32 / 2048 (MX: 1 / 32) and the expert-major order at T 8.
 
 ``vllm.fused_moe_kernel``: vLLM's Triton ``fused_moe_kernel`` (``fused_moe/fused_moe.py:297-610``, launched by
 its ``invoke_fused_moe_triton_kernel``: gate_up, then down with the routing weights) on tokens aligned by
