@@ -85,7 +85,7 @@ def kernel_time_cmd(
              dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, topk=topk, routing=routing))
     res = kernel_time(hardware, op, quant=quant, calibration=cal, **shape)
     if as_json:
-        echo_json(res)
+        echo_json(res.to_dict())
         return
     typer.echo(f"{res['us']:.2f} us ({res['kind']}; limited by {res['bound']}); ceiling {res['ceiling_us']:.2f} us")
     for p in res["parts"]:
