@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launches import launch, record
+
 SINGLE_PROGRAM_MAX = 2048   # slots (T·k) up to which the one-program kernel is used
 CHUNK = 64                  # slots per step of the one-program kernel (rank matrix CHUNK x CHUNK)
 
@@ -119,6 +121,7 @@ def align(ids: torch.Tensor, block_m: int, num_experts: int, expert_map: torch.T
         if expert_map is not None:
             flat = torch.where(flat >= 0, expert_map.long()[flat.long().clamp(min=0)], -1)
         flat = torch.where((flat >= 0) & (flat < num_experts), flat, -1)
+        record("moe_align_torch")
         return _align_torch(flat, num_experts, block_m, max_padded, max_blocks)
     dev = ids.device
     e_p2 = triton.next_power_of_2(num_experts + 1)
@@ -127,7 +130,7 @@ def align(ids: torch.Tensor, block_m: int, num_experts: int, expert_map: torch.T
     num_post = torch.empty(1, dtype=torch.int32, device=dev)
     cursor = torch.empty(e_p2, dtype=torch.int32, device=dev)
     flat = flat.contiguous()
-    align_kernel[(1,)](flat, flat if expert_map is None else expert_map.contiguous(), sorted_ids, expert_ids,
+    launch(align_kernel, (1,), flat, flat if expert_map is None else expert_map.contiguous(), sorted_ids, expert_ids,
                        num_post, cursor, numel, num_experts, max_padded, max_blocks,
                        HAS_MAP=expert_map is not None, BLOCK_M=block_m, E_P2=e_p2, CHUNK=CHUNK,
                        num_warps=8 if e_p2 >= 256 else 4)

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launches import launch
 from .align import align
 from .grouped import ORDERS, down_kernel, gate_up_kernel
 from .tables import MoeConfig, select_config
@@ -96,7 +97,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
         act = torch.empty(slots, i, device=dev, dtype=x.dtype)
         act_s = act
     x_fmt = _X_FMT[x.dtype]
-    gate_up_kernel[(num_m * triton.cdiv(i, cfg.BLOCK_SIZE_N),)](
+    launch(gate_up_kernel, (num_m * triton.cdiv(i, cfg.BLOCK_SIZE_N),),
         x, w13, w13_s, act, act_s, al.sorted_ids, al.expert_ids, al.num_post,
         slots, num_m, i, h, k,
         x.stride(0), x.stride(1), *w13.stride(), *s13, act.stride(0), act.stride(1), act_s.stride(0), act_s.stride(1),
@@ -106,7 +107,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     acc = torch.zeros(t, h, device=dev, dtype=torch.float32)
     w_flat = weights.to(torch.float32).contiguous().reshape(-1)
-    down_kernel[(num_m * triton.cdiv(h, cfg.DOWN_BLOCK_SIZE_N),)](
+    launch(down_kernel, (num_m * triton.cdiv(h, cfg.DOWN_BLOCK_SIZE_N),),
         act, act_s, w2, w2_s, acc, w_flat, al.sorted_ids, al.expert_ids, al.num_post,
         slots, num_m, h, i, k, float(output_scale),
         act.stride(0), act.stride(1), act_s.stride(0), act_s.stride(1), *w2.stride(), *s2, acc.stride(0), acc.stride(1),

@@ -212,11 +212,11 @@ def row(name: str, t: int, routing: str, timing, ops: Operands, ceilings, device
     fmt = PROVIDERS[name][0]
     nbytes = expert_bytes(fmt) * sum(ops.touched) / len(ops.touched)
     flops = moe_flops(t)
-    label, floor_us = ceilings.bound(flops, nbytes)
+    ceiling, value, floor_us = ceilings.limit(flops, nbytes)
     us = timing.us_p50
     return BenchRow("moe", name, f"T={t},H={H},I={I},E={EXPERTS},k={TOPK + 1},routing={routing}", fmt,
-                    timing.us_p20, us, timing.us_p80, flops / us / 1e6, nbytes / us / 1e6, floor_us / us, label,
-                    device_name, commit_id(), today())
+                    timing.us_p20, us, timing.us_p80, flops / us / 1e6, nbytes / us / 1e6, floor_us / us, ceiling,
+                    device_name, commit_id(), today(), ceiling_value=value)
 
 
 def bench(providers, ts=TS, routings=ROUTINGS, ceilings=None, log=print, deadline: float | None = None,
@@ -376,6 +376,11 @@ def _p50(df, provider: str, fmt: str | None = None):
     return sel.set_index(["routing", "T"])["us_p50"]
 
 
+def copy_ceiling(df) -> float:
+    """The measured copy bandwidth (TB/s) the table's rows are quoted against (median over rows)."""
+    return float(df.loc[df["ceiling"] == "copy_tbps", "ceiling_value"].median())
+
+
 def moe_targets(df):
     """The issue's H200 targets against a recorded table (moe_table()): one row per target and routing,
     measured figure, threshold, passed (NaN = not measured)."""
@@ -385,7 +390,7 @@ def moe_targets(df):
     peer = pd.concat([_p50(df, "vllm-triton"), _p50(df, "torch-grouped-mm")], axis=1).min(axis=1)
     gmm = _p50(df, "torch-grouped-mm")
     tb = df[df["provider"] == "m3lab"].set_index(["routing", "T"])["tbps"]
-    copy = df["ceiling"].astype(str).str.extract(r"copy_tbps=([\d.]+)")[0].astype(float).median()
+    copy = copy_ceiling(df)
     rows = []
     for routing in sorted(df["routing"].dropna().unique()):
         def worst(series, ts):

@@ -23,7 +23,7 @@ def bandwidth_figure(df: pd.DataFrame, providers: list[str] | None = None) -> go
     fig = px.line(d.sort_values("T"), x="T", y="tbps", color="provider", facet_col="routing", markers=True, log_x=True,
                   labels={"tbps": "TB/s on touched expert weights", "T": "tokens T"},
                   title=f"Grouped MoE: TB/s over the expert bytes touched, measured on {_device(df)} (dashed: copy ceiling)")
-    copy = df["ceiling"].astype(str).str.extract(r"copy_tbps=([\d.]+)")[0].astype(float).median()
+    copy = float(df.loc[df["ceiling"] == "copy_tbps", "ceiling_value"].median())
     if copy == copy:
         fig.add_hline(y=copy, line_dash="dash", annotation_text=f"copy {copy:.2f} TB/s (measured)")
     return fig
