@@ -335,9 +335,10 @@ def main(out: str = "out", phases: str = "gates,tune,bench", deadline_s: float =
         best, trials = tune(tuple(int(v) for v in tune_ts.split(",")), log, t0 + tune_until_s)
         pd.DataFrame(trials).to_csv(outdir / "moe_tune.csv", index=False)
         if best:
-            path = tables.write_table(outdir / tables.file_name(EXPERTS, I, tables.vllm_device_name(device)), best,
-                                      triton_version=triton.__version__)
-            tables.write_table(tables.CONFIG_DIR / path.name, best, triton_version=triton.__version__)
+            name = tables.file_name(EXPERTS, I, tables.vllm_device_name(device))
+            best = {**tables.load_table(tables.CONFIG_DIR / name), **best}    # entries of T not re-tuned are kept
+            path = tables.write_table(outdir / name, best, triton_version=triton.__version__)
+            tables.write_table(tables.CONFIG_DIR / name, best, triton_version=triton.__version__)
             # the device tool returns no file names holding '=' or ',': the same tables, keyed by file name
             bundle = {p.name: json.loads(p.read_text()) for p in (path, tables.meta_path(path))}
             (outdir / "moe_configs.json").write_text(json.dumps(bundle, indent=1))
