@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from m3lab.gates.checks import TOLERANCES, poison_, rel_rms  # noqa: E402
-from m3lab.gates.moe import M3_ACT, make_routing, make_weights  # noqa: E402
+from m3lab.gates.moe import m3_act, make_routing, make_weights  # noqa: E402
 from m3lab.kernels.moe import align, launcher, routing  # noqa: E402
 from m3lab.kernels.moe.reference import fused_moe_ref, route_sigmoid_bias  # noqa: E402
 from m3lab.kernels.moe.tables import MoeConfig  # noqa: E402
@@ -21,14 +21,14 @@ CFG = MoeConfig(16, 32, 32, 2, 4, 1, "token", 32, 32, 4, 1)
 
 def _run(x, w, weights, ids, **kw):
     out = poison_(torch.empty(x.shape, dtype=x.dtype))
-    launcher.fused_moe(x, w["w13"], w["w2"], weights, ids, **M3_ACT, w13_scale=w.get("w13_scale"),
+    launcher.fused_moe(x, w["w13"], w["w2"], weights, ids, **m3_act(), w13_scale=w.get("w13_scale"),
                        w2_scale=w.get("w2_scale"), fmt=w["fmt"], out=out, **{"config": CFG, **kw})
     return out
 
 
 def _ref(x, w, weights, ids, **kw):
     f = (lambda t: t.float()) if w["fmt"] == "bf16" else (lambda t: t)
-    return fused_moe_ref(x.float(), f(w["w13"]), f(w["w2"]), weights, ids, **M3_ACT, w13_scale=w.get("w13_scale"),
+    return fused_moe_ref(x.float(), f(w["w13"]), f(w["w2"]), weights, ids, **m3_act(), w13_scale=w.get("w13_scale"),
                          w2_scale=w.get("w2_scale"), fmt=w["fmt"], **kw)
 
 
@@ -151,8 +151,8 @@ def test_bad_operands_name_the_field():
     x = torch.randn(3, H)
     ids = torch.zeros(3, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match="w2"):
-        launcher.fused_moe(x, w["w13"], w["w2"][:, :, :-1], torch.ones(3, 2), ids, **M3_ACT)
+        launcher.fused_moe(x, w["w13"], w["w2"][:, :, :-1], torch.ones(3, 2), ids, **m3_act())
     with pytest.raises(ValueError, match="act_format"):
-        launcher.fused_moe(x, w["w13"], w["w2"], torch.ones(3, 2), ids, **M3_ACT, act_format="mxfp8")
+        launcher.fused_moe(x, w["w13"], w["w2"], torch.ones(3, 2), ids, **m3_act(), act_format="mxfp8")
     with pytest.raises(ValueError, match="order"):
-        launcher.fused_moe(x, w["w13"], w["w2"], torch.ones(3, 2), ids, **M3_ACT, order="diagonal")
+        launcher.fused_moe(x, w["w13"], w["w2"], torch.ones(3, 2), ids, **m3_act(), order="diagonal")

@@ -12,6 +12,8 @@ one-block-per-slot assignment where vLLM takes it (``_prepare_expert_assignment`
 the SwiGLU-OAI between the GEMMs is vLLM's ``swiglu_oai_split``; the per-token sum is torch's (vLLM's
 ``ops.moe_sum`` is compiled). vLLM's config comes from its own lookup (``try_get_optimal_moe_config``).
 """
+from functools import lru_cache
+
 import torch
 
 from ..kernels.moe import launcher, routing
@@ -21,7 +23,14 @@ from .checks import poison_
 from .inputs import act_dtype
 from .registry import Case, Gate, register
 
-M3_ACT = {"alpha": 1.702, "limit": 7.0, "beta": 1.0}   # MiniMax M3's SwiGLU-OAI (minimax_m3.md §2.4)
+
+@lru_cache(maxsize=1)
+def m3_act() -> dict:
+    """MiniMax M3's SwiGLU-OAI constants (alpha, limit, beta), read from its ModelSpec."""
+    from m3lab.spec.model import load_model
+    return load_model("minimax-m3").swiglu
+
+
 M3_TP4 = {"h": 6144, "i": 768, "experts": 128, "topk": 4}
 CPU_CONFIG = MoeConfig(16, 32, 32, 2, 4, 1, "token", 32, 32, 4, 1)
 GPU_TS = (1, 32, 2048)
@@ -66,12 +75,12 @@ def _case(t: int, h: int, i: int, experts: int, topk: int, fmt: str, device, dty
             keep = torch.cat([local, torch.tensor([experts], device=device)])
             w = {**w, **{k: w[k][keep] for k in ("w13", "w2", "w13_scale", "w2_scale") if k in w}}
         out = poison_(torch.empty(t, h, device=device, dtype=dtype))
-        launcher.fused_moe(x, w["w13"], w["w2"], r.weights, ids, **M3_ACT, w13_scale=w.get("w13_scale"),
+        launcher.fused_moe(x, w["w13"], w["w2"], r.weights, ids, **m3_act(), w13_scale=w.get("w13_scale"),
                            w2_scale=w.get("w2_scale"), fmt=fmt, act_format=act_format, expert_map=emap,
                            output_scale=r.output_scale, out=out, **launch)
         ref_ids = ids if emap is None else torch.where(emap[ids.long()] >= 0, emap[ids.long()], -1)
         ref = fused_moe_ref(x.float(), w["w13"] if fmt != "bf16" else w["w13"].float(),
-                            w["w2"] if fmt != "bf16" else w["w2"].float(), r.weights, ref_ids, **M3_ACT,
+                            w["w2"] if fmt != "bf16" else w["w2"].float(), r.weights, ref_ids, **m3_act(),
                             w13_scale=w.get("w13_scale"), w2_scale=w.get("w2_scale"), fmt=fmt,
                             act_format=act_format, output_scale=r.output_scale)
         return out, ref
@@ -153,8 +162,8 @@ def _vllm_case(t: int, h: int, i: int, experts: int, topk: int, device, dtype) -
         r = make_routing(t, experts, topk, device)
         x = torch.randn(t, h, device=device, dtype=dtype)
         out = poison_(torch.empty(t, h, device=device, dtype=dtype))
-        vllm_fused_moe(x, w["w13"], w["w2"], r.weights, r.ids, **M3_ACT, out=out, poison=True)
-        ref = fused_moe_ref(x.float(), w["w13"].float(), w["w2"].float(), r.weights, r.ids, **M3_ACT)
+        vllm_fused_moe(x, w["w13"], w["w2"], r.weights, r.ids, **m3_act(), out=out, poison=True)
+        ref = fused_moe_ref(x.float(), w["w13"].float(), w["w2"].float(), r.weights, r.ids, **m3_act())
         return out, ref
     return Case(f"T={t},H={h},I={i},E={experts}+1,k={topk}+1", str(dtype).removeprefix("torch."), run)
 

@@ -22,9 +22,9 @@ import contextlib
 import torch
 
 from .checks import poison_
+from .moe import m3_act
 from .registry import Case, Gate, register
 
-ALPHA, LIMIT, BETA = 1.702, 7.0, 1.0     # MiniMax M3 SwiGLU-OAI (minimax_m3.md §2.4)
 EPS = 1e-6
 E4M3_MAX = 448.0
 CPU_ROWS = (1, 37)
@@ -81,8 +81,9 @@ def _swiglu_case(m: int, inter: int, dtype, device) -> Case:
         mod = _mod("amd.ops.swiglu_oai")
         g = _gate_up(m, inter, dtype, device)
         with poisoned_outputs(mod):
-            out = mod.swiglu_oai_split(g, ALPHA, BETA, LIMIT)
-        return out, swiglu_oai(g.float(), alpha=ALPHA, limit=LIMIT, beta=BETA)
+            a = m3_act()
+            out = mod.swiglu_oai_split(g, a["alpha"], a["beta"], a["limit"])
+        return out, swiglu_oai(g.float(), **m3_act())
     return Case(f"M={m},I={inter},{_label(dtype)}", _label(dtype), run)
 
 
@@ -110,8 +111,8 @@ def _quant_cases(m: int, inter: int, dtype, device):
             mod = _mod("amd.ops.swiglu_oai")
             g = _gate_up(m, inter, dtype, device)
             with poisoned_outputs(mod):
-                state["q"], state["s"] = mod.swiglu_oai_quantize_mxfp8(g, alpha=ALPHA, beta=BETA, limit=LIMIT)
-            state["act"] = swiglu_oai(g.float(), alpha=ALPHA, limit=LIMIT, beta=BETA)
+                state["q"], state["s"] = mod.swiglu_oai_quantize_mxfp8(g, **m3_act())
+            state["act"] = swiglu_oai(g.float(), **m3_act())
         return state
 
     def scales():

@@ -201,6 +201,11 @@ class ModelSpec:
     index_skip_topk_offset = property(lambda self: self._sparse_field("index_skip_topk_offset"))
 
     @property
+    def swiglu(self) -> dict[str, float]:
+        """SwiGLU-OAI constants as keyword arguments of the kernels and references: alpha, limit, beta."""
+        return {"alpha": self.swiglu_alpha, "limit": self.swiglu_limit, "beta": self.swiglu_beta}
+
+    @property
     def is_moe(self) -> bool:
         return self.experts > 0 and bool(self.moe_layers)
 
