@@ -144,3 +144,19 @@ def page16_attention_ref(q: torch.Tensor, k_view: torch.Tensor, v_view: torch.Te
         p = torch.softmax(torch.einsum("hgd,nhd->hgn", qg, k) * scale, dim=-1)
         out[i] = torch.einsum("hgn,nhd->hgd", p, v).reshape(hq, d)
     return out.to(q.dtype)
+
+
+def masked_dense_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor,
+                               q_pos: torch.Tensor, *, block_size: int, scale: float) -> torch.Tensor:
+    """Dense attention of one request under the sparse mask: q [T, Hq, D]; k, v [S, Hkv, D] (key j at
+    position j, only the request's written keys); blocks [Hkv, T, K] (-1 unused); q_pos [T] -> [T, Hq, D].
+    Key j is attended by row t of KV group h iff block j // block_size is in blocks[h, t] and j <= q_pos[t]."""
+    t, hq, d = q.shape
+    s, hkv = k.shape[0], k.shape[1]
+    key_block = torch.arange(s, device=q.device) // block_size
+    chosen = (key_block[None, None, :, None] == blocks.long()[:, :, None, :]).any(-1)   # [Hkv, T, S]
+    mask = chosen & (torch.arange(s, device=q.device)[None, None, :] <= q_pos[None, :, None])
+    qg = q.view(t, hkv, hq // hkv, d).float()
+    sc = torch.einsum("thgd,shd->htgs", qg, k.float()) * scale
+    p = torch.softmax(sc.masked_fill(~mask[:, :, None, :], float("-inf")), dim=-1)
+    return torch.einsum("htgs,shd->thgd", p, v.float()).reshape(t, hq, d).to(q.dtype)
