@@ -25,11 +25,11 @@ def apply() -> bool:
             return mask
         return interpreter.TensorHandle(mask.data.astype(np.bool_), mask.dtype)
 
-    def masked_load(self, ptrs, mask, other, *args):
-        return load(self, ptrs, as_bool(mask), other, *args)
+    def masked_load(self, ptrs, mask, other, *args, **kwargs):
+        return load(self, ptrs, as_bool(mask), other, *args, **kwargs)
 
-    def masked_store(self, ptrs, value, mask, *args):
-        return store(self, ptrs, value, as_bool(mask), *args)
+    def masked_store(self, ptrs, value, mask, *args, **kwargs):
+        return store(self, ptrs, value, as_bool(mask), *args, **kwargs)
 
     builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
     builder._m3lab_bool_masks = True
