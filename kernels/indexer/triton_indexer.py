@@ -12,8 +12,9 @@ asked, the compact page-16 table row of the sparse page adapter (full blocks fir
 import triton
 import triton.language as tl
 
-LOCAL_SCORE = 1e29  # forced score of the local blocks (vLLM index_topk kernels)
-INIT_SCORE = 1e30   # forced score of the init blocks
+LOCAL_SCORE = tl.constexpr(1e29)  # forced score of the local blocks (vLLM index_topk kernels)
+INIT_SCORE = tl.constexpr(1e30)   # forced score of the init blocks
+EMPTY_KEY = tl.constexpr(-(2**63))  # sort key of an unused slot (below every real key)
 
 
 @triton.jit
@@ -89,8 +90,7 @@ def select_kernel(s_ptr, topk_ptr, cu_q_ptr, seq_lens_ptr, bt_ptr, table_ptr, ct
     pos = tl.load(seq_lens_ptr + r) - q_len + i
     own = pos // BLOCK_SIZE
     n_valid = own + 1
-    empty: tl.constexpr = -9223372036854775807 - 1
-    best = tl.full([BLOCK_T], empty, tl.int64)
+    best = tl.full([BLOCK_T], EMPTY_KEY, tl.int64)
     off_n = tl.arange(0, BLOCK_N)
     s_row = s_ptr + h * stride_sh + t * stride_st
     for c0 in tl.range(0, n_valid, BLOCK_N):
@@ -100,12 +100,12 @@ def select_kernel(s_ptr, topk_ptr, cu_q_ptr, seq_lens_ptr, bt_ptr, table_ptr, ct
         x = tl.where(x != x, -3.0e38, x)
         x = tl.where(b > own - local_blocks, LOCAL_SCORE, x)
         x = tl.where(b < init_blocks, INIT_SCORE, x)
-        keys = tl.where(valid, _sortable_key(x, b), empty)
+        keys = tl.where(valid, _sortable_key(x, b), EMPTY_KEY)
         top = _first(tl.sort(keys, descending=True), BLOCK_N, BLOCK_T)
         both = tl.reshape(tl.join(best, top), [2 * BLOCK_T])
         best = _first(tl.sort(both, descending=True), 2 * BLOCK_T, BLOCK_T)
     off_t = tl.arange(0, BLOCK_T)
-    used = (best != empty) & (off_t < topk)
+    used = (best != EMPTY_KEY) & (off_t < topk)
     blk = tl.where(used, 0x7FFFFFFF - (best & 0x7FFFFFFF), -1).to(tl.int32)
     tl.store(topk_ptr + h * stride_th + t * stride_tt + off_t * stride_tk, blk, mask=off_t < topk)
     if EMIT_TABLE:

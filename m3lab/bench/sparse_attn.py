@@ -314,7 +314,7 @@ def bench_prefill(ctx, ceilings, vllm_mods, log, rep_ms=40.0) -> list[BenchRow]:
 
 def main(out: str = "out", batches: str = ",".join(map(str, BATCHES)), contexts: str = ",".join(map(str, CONTEXTS)),
          q_rows: str = ",".join(map(str, Q_ROWS)), deadline_s: float = 400.0, prefill: bool = True,
-         gates: bool = True) -> None:
+         gates: str = "sparse.*,vllm.sparse*,vllm.index*,vllm.amd.*") -> None:
     """GPU gates of the sparse kernels (ours and vLLM's, bf16) into OUT/gates_cuda.csv, then every benchmark
     point (until ``deadline_s``) appended to OUT/sparse_attn.csv, extras to OUT/extra.csv."""
     import csv
@@ -335,20 +335,21 @@ def main(out: str = "out", batches: str = ",".join(map(str, BATCHES)), contexts:
     if gates:
         from ..gates.runner import run_gates, summary
         try:
-            df = run_gates("cuda", names=["sparse.*", "vllm.sparse*", "vllm.index*", "vllm.amd.*"], perf=False)
+            df = run_gates("cuda", names=gates.split(","), perf=False)
             df.to_csv(outdir / "gates_cuda.csv", index=False)
             s = summary(df)
             log(f"gates: {s['cases'] - s['failed']}/{s['cases']} passed; failures: {s['failures']}")
         except Exception as err:
             log(f"gates failed to run: {type(err).__name__}: {str(err)[:500]}")
+    t0 = time.time()   # the deadline counts from the benchmark's start
     ceilings = measure_ceilings(torch.device("cuda"))
     log(f"ceilings: copy {ceilings.copy_tbps:.3f} TB/s, mm {ceilings.mm_tflops:.0f} TFLOP/s")
     vllm_mods = _vllm()
     log("vllm imported")
     extras = []
-    for ctx in map(int, contexts.split(",")):
-        for b in map(int, batches.split(",")):
-            for q in map(int, q_rows.split(",")):
+    for q in map(int, q_rows.split(",")):
+        for ctx in map(int, contexts.split(",")):
+            for b in map(int, batches.split(",")):
                 if time.time() - t0 > deadline_s:
                     log(f"deadline: skipping B={b} ctx={ctx} q={q}")
                     continue

@@ -40,6 +40,9 @@ def _module(name: str):
     mod = m3_module(name, "the vLLM sparse-attention gates")
     if os.environ.get("TRITON_INTERPRET") == "1":
         _smallest_configs(mod)
+    elif torch.cuda.is_available():   # tensor descriptors (amd/ops/index_topk.py) allocate scratch through Triton
+        import triton
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     return mod
 
 
