@@ -116,3 +116,21 @@ def test_bad_inputs_say_which():
         _triton(p, blocks)
     with pytest.raises(ValueError, match="power of two"):
         _triton(p, blocks, split=3, k_scale=torch.tensor([1.0]), v_scale=torch.tensor([1.0]))
+
+
+def test_gates_catch_a_wrong_kernel(monkeypatch):
+    """The sparse gates fail when the attention is off by 1% or the top-k drops a block."""
+    from m3lab.gates import run_gates
+    real_attn, real_topk = launcher.sparse_attention, index_launcher.indexer_topk
+
+    def attn(*a, **k):
+        return real_attn(*a, **k).mul_(1.01)
+
+    def topk(*a, **k):
+        sel = real_topk(*a, **k)
+        sel.topk[..., -1] = -1
+        return sel
+    monkeypatch.setattr(launcher, "sparse_attention", attn)
+    monkeypatch.setattr(index_launcher, "indexer_topk", topk)
+    df = run_gates("cpu", names=["sparse.attn_triton", "sparse.indexer"], perf=False)
+    assert not df["passed"].any(), df[df["passed"]]
