@@ -9,6 +9,7 @@ requests × context × query rows per request (1 = decode, 4 = 1 + 3 verificatio
   (``minimax_m3_sparse_attn_decode``: ``_gqa_sparse_decode_kernel`` + merge), ``dense-sdpa`` (torch SDPA over
   the whole context), ``gather-attend`` (torch: gather the selected blocks, then SDPA over them).
   Bytes: the selected K+V the kernel reads (each row its own blocks); gather-attend: read + write + read.
+  dense-sdpa and gather-attend put no causal mask among verification rows (the same bytes).
 - ``sparse_indexer``: scores + top-16. ``ours`` (bf16 index keys), ``ours-fp8`` (e4m3 keys: half the bytes),
   ``ours-table`` (also emitting the page-16 table), ``vllm`` (``minimax_m3_index_decode``: score + partial +
   merge top-k), ``vllm-amd`` (vLLM's AMD file on its generic path: score + fused top-k). Bytes: index keys,
