@@ -380,7 +380,6 @@ def recorded_table(path=None, latest: bool = True):
     """traces/bench/sparse_attn.csv as a DataFrame with B, ctx, q parsed; ``latest``: only the last run's commit."""
     from .table import TRACES_BENCH, read_table
     df = read_table(path or TRACES_BENCH / "sparse_attn.csv")
-    df = df.rename(columns={"B": "B", "ctx": "ctx", "q": "q"})
     return df[df["commit"] == df["commit"].iloc[-1]].reset_index(drop=True) if latest and len(df) else df
 
 
