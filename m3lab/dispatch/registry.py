@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from m3lab.dispatch.fastpath import CallContext, Condition, FastPath
 from m3lab.errors import M3LabError
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # our launcher's decode/prefill boundary
 
 GPU_DEVICES = ("cuda", "hip")
-DECODE_M_MAX = 64  # decode tile table covers M <= 64 (write-up: "decode GEMMs with M <= 64")
 GEMM_DTYPES = ("bf16", "fp8", "mxfp8", "mxfp4")
 
 
