@@ -95,18 +95,35 @@ def test_page_table_rows_pack_full_blocks_then_the_tail():
         assert int(ctx[t]) == 2 * 32 + pos + 1 - own * 32
 
 
-@pytest.mark.parametrize("layout", ["vllm", "triton", "kv_split"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_fast_path_equals_the_model_reference_on_every_cache_layout(layout):
     p = _problem([150, 60], 2)
-    cache = torch.empty(LAYOUTS[layout].shape(p.k_blocks.shape[0], 32, 2, 32))
-    kp, vp = LAYOUTS[layout].k_plane(cache, 32), LAYOUTS[layout].v_plane(cache, 32)
-    kp.copy_(p.k_blocks.nan_to_num())
-    vp.copy_(p.v_blocks.nan_to_num())
+    nb = p.k_blocks.shape[0]
+    lay = LAYOUTS[layout]
+    cache = torch.zeros(lay.shape(nb, 32, 2, 32))
+    slots = torch.arange(nb * 32)
+    lay.write(cache, slots // 32, slots % 32, p.k_blocks.nan_to_num().flatten(0, 1), p.v_blocks.nan_to_num().flatten(0, 1))
+    kp, vp = lay.planes(cache, 2, 32)
     blocks = selection_ref(p, topk=4)
     tables = [p.block_tables[r, :-(-n // 32)].tolist() for r, n in enumerate(p.lens)]
     meta = dict(tables=tables, starts=[n - 2 for n in p.lens], counts=p.q_lens, scale=p.scale)
     args = (p.q, kp, vp, p.block_tables, p.seq_lens, p.cu_seqlens_q, blocks)
     assert rel_rms(launcher.attention_varlen(*args, **meta), model_attention.attention_varlen(*args, **meta)) < 1e-5
+
+
+def test_reference_page16_views_are_the_model_caches():
+    """reference.aiter_page16_cache lays K/V out exactly as the model's "aiter" cache and its page-16 views."""
+    from m3lab.model.kv_cache import PagedKVCache
+    p = _problem([100], 1)
+    nb = p.k_blocks.shape[0]
+    cache = PagedKVCache(num_blocks=nb, block_size=32, kv_heads=2, head_dim=32, index_dim=32, sparse=[True],
+                         layout="aiter", dtype=torch.float32)
+    slots = torch.arange(nb * 32)
+    k, v = p.k_blocks.nan_to_num(), p.v_blocks.nan_to_num()
+    cache.write(0, slots, k.flatten(0, 1), v.flatten(0, 1))
+    k16, v16, stride = reference.aiter_page16_cache(k, v)
+    mk, mv = cache.aiter_pages(0)
+    assert stride == 2 * 32 // 16 and torch.equal(k16, mk) and torch.equal(v16, mv)
 
 
 def test_bad_inputs_say_which():

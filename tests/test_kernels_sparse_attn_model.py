@@ -11,8 +11,9 @@ import torch  # noqa: E402
 
 from m3lab.kernels.indexer import launcher as index_launcher  # noqa: E402
 from m3lab.kernels.sparse_attn import launcher as attn_launcher  # noqa: E402
-from m3lab.model import M3Config, build_model, dense_mask_logits  # noqa: E402
+from m3lab.model import build_model, dense_mask_logits  # noqa: E402
 from m3lab.model import decoder  # noqa: E402
+from m3lab.spec.model import ModelSpec  # noqa: E402
 
 MARGIN = 1e-3
 ATOL = 2e-4
@@ -40,8 +41,8 @@ def _fast_paths(monkeypatch) -> dict:
 
 
 def test_mini_model_decode_with_the_fast_paths_matches_dense_mask(monkeypatch):
-    cfg = M3Config.mini(index_topk_freq=2)
-    bs, k = cfg.block_size, cfg.topk_blocks
+    cfg = ModelSpec.mini().with_index_sharing(2)
+    bs, k = cfg.sparse.block_size, cfg.sparse.topk_blocks
     for _ in range(4):
         seed = int(torch.randint(0, 2**30, ()).item())
         m = build_model(cfg, {"tp": 1, "fused_shared_expert": False}, seed=seed)
