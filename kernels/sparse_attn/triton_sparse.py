@@ -1,0 +1,174 @@
+"""Triton kernels of M3 block-sparse GQA attention on the real KV layouts.
+
+``sparse_attn_kernel`` reads K and V through strided block planes ``[NB, block, Hkv, D]`` (vLLM's Triton
+layout ``[NB, Hkv, block, 2 D]`` is two such views, so are the other layouts) and the top-k block ids.
+``page16_attn_kernel`` reads AITER's page-16 views (K ``[P, Hkv, D/x, 16, x]``, V ``[P', Hkv, 16/x, D, x]``)
+through the sparse page adapter's compact table (one row per query token, context = full blocks + tail).
+
+One program per (query row, request, KV head × split): the GQA group's query heads are the rows of the MMA
+(padded to 16), the selected blocks (or compact context chunks) of the row are split ``SPLIT`` ways; with
+``SPLIT > 1`` each split writes a normalised partial and its log2-sum-exp and ``merge_kernel`` combines them.
+Base-2 online softmax; fp8 KV: K/V upcast on load, the scalar K scale folded into the softmax scale and the V
+scale applied to the output.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _online_update(q, k, v, kmask, m_i, l_i, acc, scale_log2):
+    """One key tile: q [H, D], k [D, N], v [N, D], kmask [N] -> updated (m_i, l_i, acc)."""
+    qk = tl.dot(q, k, out_dtype=tl.float32) * scale_log2
+    qk = tl.where(kmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _finish(acc, m_i, l_i, v_scale, o_ptr, po_ptr, pl_ptr, t, kvh, s, n_rows, heads, d, h_ok,
+            stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
+            SPLIT: tl.constexpr):
+    """Write the output (SPLIT == 1) or a normalised partial and its log2-sum-exp."""
+    inv = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
+    out = acc * (inv * v_scale)[:, None]
+    if SPLIT == 1:
+        tl.store(o_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+        tl.store(po_ptr + s * stride_pc + t * stride_pt + heads[:, None] * stride_ph + d[None, :], out,
+                 mask=h_ok[:, None])
+        tl.store(pl_ptr + s * stride_lc + t * stride_lt + heads, lse, mask=h_ok)
+
+
+@triton.jit
+def sparse_attn_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr, o_ptr, po_ptr, pl_ptr,
+                       k_scale_ptr, v_scale_ptr, sm_scale,
+                       stride_qt, stride_qh, stride_kb, stride_kp, stride_kh, stride_kd,
+                       stride_vb, stride_vp, stride_vh, stride_vd, stride_th, stride_tt, stride_tk, stride_bt,
+                       stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
+                       group, topk, n_rows,
+                       HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
+                       SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """o[t, h] = softmax(q[t, h] K_sel^T / sqrt(D)) V_sel over the row's selected blocks, keys <= pos(t)."""
+    i = tl.program_id(0)
+    r = tl.program_id(1)
+    kvh = tl.program_id(2) // SPLIT
+    s = tl.program_id(2) % SPLIT
+    q0 = tl.load(cu_q_ptr + r)
+    q_len = tl.load(cu_q_ptr + r + 1) - q0
+    if i >= q_len:
+        return
+    t = (q0 + i).to(tl.int64)
+    pos = tl.load(seq_lens_ptr + r) - q_len + i
+    own = pos // BLOCK_SIZE
+    off_h = tl.arange(0, BLOCK_H)
+    h_ok = off_h < group
+    heads = kvh * group + off_h
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0)
+    scale_log2 = sm_scale * 1.4426950408889634
+    v_scale = 1.0
+    if HAS_SCALE:
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    per = tl.cdiv(topk, SPLIT)
+    j_lo = s * per
+    j_hi = tl.minimum(j_lo + per, topk)
+    off_n = tl.arange(0, BLOCK_SIZE)
+    sel = topk_ptr + kvh * stride_th + t * stride_tt
+    for j in tl.range(j_lo, j_hi):
+        blk = tl.load(sel + j * stride_tk)
+        ok = (blk >= 0) & (blk <= own)
+        last = tl.where(ok, pos - blk * BLOCK_SIZE, -1)  # last offset of the block visible to the row
+        blk = tl.where(ok, blk, 0)
+        page = tl.load(bt_ptr + r * stride_bt + blk).to(tl.int64)
+        kmask = off_n <= last
+        k = tl.load(k_ptr + page * stride_kb + kvh * stride_kh + off_n[None, :] * stride_kp + d[:, None] * stride_kd,
+                    mask=kmask[None, :], other=0.0)
+        v = tl.load(v_ptr + page * stride_vb + kvh * stride_vh + off_n[:, None] * stride_vp + d[None, :] * stride_vd,
+                    mask=kmask[:, None], other=0.0)
+        m_i, l_i, acc = _online_update(q, k.to(q.dtype), v.to(q.dtype), kmask, m_i, l_i, acc, scale_log2)
+    _finish(acc, m_i, l_i, v_scale, o_ptr, po_ptr, pl_ptr, t, kvh, s, n_rows, heads, d, h_ok,
+            stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt, SPLIT)
+
+
+@triton.jit
+def page16_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, po_ptr, pl_ptr,
+                       k_scale_ptr, v_scale_ptr, sm_scale,
+                       stride_qt, stride_qh, stride_kp, stride_kh, stride_vp, stride_vh,
+                       stride_gh, stride_gt, stride_ch,
+                       stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
+                       group, n_chunks, n_rows,
+                       HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, X: tl.constexpr, BLOCK_H: tl.constexpr,
+                       SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """Attention of row t over compact tokens 0 .. ctx-1; token n is slot n % 16 of page table[t, n // 16]."""
+    t = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1) // SPLIT
+    s = tl.program_id(1) % SPLIT
+    ctx = tl.load(ctx_ptr + kvh * stride_ch + t)
+    off_h = tl.arange(0, BLOCK_H)
+    h_ok = off_h < group
+    heads = kvh * group + off_h
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0)
+    scale_log2 = sm_scale * 1.4426950408889634
+    v_scale = 1.0
+    if HAS_SCALE:
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    per = tl.cdiv(n_chunks, SPLIT)
+    c_lo = s * per
+    c_hi = tl.minimum(tl.minimum(c_lo + per, n_chunks), tl.cdiv(ctx, CHUNK))
+    off_n = tl.arange(0, CHUNK)
+    row = table_ptr + kvh * stride_gh + t * stride_gt
+    slot = off_n % 16
+    k_in = (d[:, None] // X) * (16 * X) + slot[None, :] * X + d[:, None] % X          # [D, CHUNK]
+    v_in = (slot[:, None] // X) * (HEAD_DIM * X) + d[None, :] * X + slot[:, None] % X  # [CHUNK, D]
+    for c in tl.range(c_lo, c_hi):
+        tok = c * CHUNK + off_n
+        kmask = tok < ctx
+        page = tl.load(row + tok // 16, mask=kmask, other=0).to(tl.int64)
+        k = tl.load(k_ptr + page[None, :] * stride_kp + kvh * stride_kh + k_in, mask=kmask[None, :], other=0.0)
+        v = tl.load(v_ptr + page[:, None] * stride_vp + kvh * stride_vh + v_in, mask=kmask[:, None], other=0.0)
+        m_i, l_i, acc = _online_update(q, k.to(q.dtype), v.to(q.dtype), kmask, m_i, l_i, acc, scale_log2)
+    _finish(acc, m_i, l_i, v_scale, o_ptr, po_ptr, pl_ptr, t, kvh, s, n_rows, heads, d, h_ok,
+            stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt, SPLIT)
+
+
+@triton.jit
+def merge_kernel(po_ptr, pl_ptr, o_ptr, group, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
+                 stride_ot, stride_oh,
+                 HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr):
+    """o[t, group of KV head] = sum_s w_s o_s, w_s = 2^(lse_s - lse) over the splits of one row."""
+    t = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    off_h = tl.arange(0, BLOCK_H)
+    h_ok = off_h < group
+    heads = kvh * group + off_h
+    d = tl.arange(0, HEAD_DIM)
+    c = tl.arange(0, SPLIT)
+    lse = tl.load(pl_ptr + c[:, None] * stride_lc + t * stride_lt + heads[None, :], mask=h_ok[None, :],
+                  other=float("-inf"))                                                  # [SPLIT, H]
+    mx = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx)[None, :])
+    w = w / tl.sum(w, axis=0)[None, :]
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    for s in tl.static_range(SPLIT):
+        o_s = tl.load(po_ptr + s * stride_pc + t * stride_pt + heads[:, None] * stride_ph + d[None, :],
+                      mask=h_ok[:, None], other=0.0)
+        w_s = tl.sum(tl.where(c[:, None] == s, w, 0.0), axis=0)
+        acc += o_s * w_s[:, None]
+    tl.store(o_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=h_ok[:, None])
