@@ -43,9 +43,9 @@ class M3LabKVCache(PrefixCache):
         return self.get_computed_blocks(self._keys[rid], num_tokens)
 
     def allocate(self, rid, num_tokens: int, num_computed: int, num_new_tokens: int, hit: list,
-                 full_sequence_must_fit: bool = False) -> bool:
+                 full_sequence_must_fit: bool = False, lookahead: int = 0) -> bool:
         return self.allocate_slots(rid, self._keys[rid], num_tokens, num_computed, num_new_tokens, hit,
-                                   full_sequence_must_fit=full_sequence_must_fit)
+                                   lookahead=lookahead, full_sequence_must_fit=full_sequence_must_fit)
 
     def record(self, rid, num_tokens: int, hit_blocks: int, preempted: bool = False) -> None:  # noqa: D102
         super().record(num_tokens, hit_blocks, preempted)

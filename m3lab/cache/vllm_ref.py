@@ -96,11 +96,12 @@ class VllmKVCache:
         return list(blocks.get_block_ids()[0]) if n else []
 
     def allocate(self, rid, num_tokens: int, num_computed: int, num_new_tokens: int, hit: list,
-                 full_sequence_must_fit: bool = False) -> bool:
+                 full_sequence_must_fit: bool = False, lookahead: int = 0) -> bool:
         req = self._grow(rid, num_tokens)
         req.num_computed_tokens = num_computed
         blocks = self._hits.pop(rid, None) if hit else None
         out = self.manager.allocate_slots(req, num_new_tokens, len(hit) * self.block_size, blocks,
+                                          num_lookahead_tokens=lookahead,
                                           full_sequence_must_fit=full_sequence_must_fit)
         return out is not None
 
