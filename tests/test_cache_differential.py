@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from m3lab.cache import pool as pool_mod
@@ -276,8 +277,14 @@ class _KeylessToTail(M3LabKVCache):
 class _MostRecentVictim(M3LabKVCache):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        q = self.policy._q
-        self.policy.popleft = lambda: q.popitem(last=True)[0]  # evict the most recently freed block
+        pol = self.policy
+
+        def newest_first(n):                                  # evict the most recently freed blocks
+            out = pol.order()[::-1][:n]
+            pol.remove_n(np.asarray(out, np.int64))
+            return out
+
+        pol.popleft_n = newest_first
 
 
 class _IgnoresEvictableHits(M3LabKVCache):

@@ -14,45 +14,102 @@ the cached free blocks:
   of cached prefixes (a block that no cached block extends) may go, least recently freed first; when
   every free block still has a cached child, the least recently freed one goes.
 
-Each policy is a small class over integer block ids with ``append_n``, ``remove``, ``popleft`` and
+Each policy is a small class over integer block ids with ``append_n``, ``remove(_n)``, ``popleft`` and
 ``len``; ``on_hit`` / ``on_cached`` / ``on_evicted`` are called only when ``tracks_hits`` /
 ``tracks_tree`` say the policy needs them.
 """
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+
+import numpy as np
 
 from m3lab.errors import M3LabError
 
 
 class LRU:
-    """vLLM's free queue for cached blocks: an ordered dict of block ids, head = next victim."""
+    """vLLM's free queue for cached blocks, as a first-in first-out array with lazy removal.
+
+    vLLM's doubly linked list only ever appends at the tail, so the queue is ordered by the time of
+    appending: each append stamps the block with the next sequence number, a removal (a hit touching a
+    free block) clears the stamp, and the head is the oldest entry whose stamp is still the block's own.
+    Appends and removals are numpy operations on whole requests; the order is exactly vLLM's.
+    """
 
     name = "lru"
     tracks_hits = False
     tracks_tree = False
 
-    def __init__(self):
-        self._q: OrderedDict[int, None] = OrderedDict()
+    def __init__(self, size: int = 1024):
+        self._stamp = np.full(size, -1, np.int64)     # per block: stamp of its live entry, -1 when not queued
+        self._blocks = np.zeros(1024, np.int64)       # entries in append order ...
+        self._stamps = np.zeros(1024, np.int64)       # ... and the stamp each was given
+        self._head = self._tail = self._next = self._len = 0
+
+    def reserve(self, size: int) -> None:
+        """Room for block ids below ``size``."""
+        if size > len(self._stamp):
+            self._stamp = np.concatenate([self._stamp, np.full(size - len(self._stamp), -1, np.int64)])
+
+    def _live(self) -> np.ndarray:
+        b = self._blocks[self._head:self._tail]
+        return self._stamp[b] == self._stamps[self._head:self._tail]
+
+    def _make_room(self, k: int) -> None:
+        keep = self._live()
+        b, st = self._blocks[self._head:self._tail][keep], self._stamps[self._head:self._tail][keep]
+        size = max(len(self._blocks), 2 * (len(b) + k))
+        if size > len(self._blocks):
+            self._blocks, self._stamps = np.zeros(size, np.int64), np.zeros(size, np.int64)
+        self._blocks[:len(b)], self._stamps[:len(b)] = b, st
+        self._head, self._tail = 0, len(b)
 
     def append_n(self, blocks) -> None:
-        q = self._q
-        for b in blocks:
-            q[b] = None
+        blocks = np.asarray(blocks, np.int64)
+        k = len(blocks)
+        if self._tail + k > len(self._blocks):
+            self._make_room(k)
+        stamps = np.arange(self._next, self._next + k, dtype=np.int64)
+        t = self._tail
+        self._blocks[t:t + k], self._stamps[t:t + k] = blocks, stamps
+        self._stamp[blocks] = stamps
+        self._tail += k
+        self._next += k
+        self._len += k
 
     def remove(self, b: int) -> None:
-        del self._q[b]
+        self._stamp[b] = -1
+        self._len -= 1
+
+    def remove_n(self, blocks) -> None:
+        self._stamp[blocks] = -1
+        self._len -= len(blocks)
+
+    def popleft_n(self, n: int) -> list[int]:
+        """The ``n`` oldest entries, removed."""
+        out: list = []
+        while len(out) < n:
+            need, h = n - len(out), self._head
+            if h >= self._tail:
+                raise IndexError("pop from an empty free queue")
+            span = min(self._tail, h + max(2 * need, 64))
+            b = self._blocks[h:span]
+            live = np.flatnonzero(self._stamp[b] == self._stamps[h:span])[:need]
+            out.extend(b[live].tolist())
+            self._head = h + int(live[-1]) + 1 if len(live) == need else span
+        self._stamp[out] = -1
+        self._len -= n
+        return out
 
     def popleft(self) -> int:
-        return self._q.popitem(last=False)[0]
+        return self.popleft_n(1)[0]
 
     def order(self) -> list[int]:
         """Free cached blocks from the next victim to the last."""
-        return list(self._q)
+        return self._blocks[self._head:self._tail][self._live()].tolist()
 
     def __len__(self) -> int:
-        return len(self._q)
+        return self._len
 
 
 class _Heap:
@@ -98,12 +155,16 @@ class LFU:
         self._clock = 0
 
     def append_n(self, blocks) -> None:
-        for b in blocks:
+        for b in np.asarray(blocks).tolist():
             self._clock += 1
             self._heap.push((self._hits.get(b, 0), self._clock, b))
 
     def remove(self, b: int) -> None:
         self._heap.discard(b)
+
+    def remove_n(self, blocks) -> None:
+        for b in np.asarray(blocks).tolist():
+            self._heap.discard(b)
 
     def popleft(self) -> int:
         return self._heap.pop()
@@ -134,7 +195,7 @@ class RadixLRU:
         self._clock = 0
 
     def append_n(self, blocks) -> None:
-        for b in blocks:
+        for b in np.asarray(blocks).tolist():
             self._clock += 1
             if self._children.get(b):
                 self._inner[b] = self._clock
@@ -148,6 +209,10 @@ class RadixLRU:
             self._inner_heap.discard(b)
         else:
             self._leaves.discard(b)
+
+    def remove_n(self, blocks) -> None:
+        for b in np.asarray(blocks).tolist():
+            self.remove(b)
 
     def popleft(self) -> int:
         if len(self._leaves):

@@ -35,6 +35,8 @@ import math
 from collections import deque
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from m3lab.cache.policies import make_policy
 from m3lab.errors import M3LabError
 
@@ -104,11 +106,14 @@ class PrefixCache:
         self._keyless: deque[int] = deque()          # freed blocks without a key, next victim first
         self._fresh = 1                               # next never-used block id (0 is the null block)
         self._fresh_end = num_blocks if num_blocks is not None else math.inf
-        size = num_blocks if num_blocks is not None else 1
-        self.ref: list[int] = [0] * size              # reference count per block
+        size = num_blocks if num_blocks is not None else 1024
+        self.ref = np.zeros(size, np.int32)           # reference count per block
+        self.has_key = np.zeros(size, bool)           # whether the block is cached (has a key)
         self.key: list = [None] * size                # the key a block is cached under (None: not cached)
         self.table: dict = {}                         # key -> first cached block with that key
         self._dups: dict = {}                         # key -> further blocks with that key, in caching order
+        if hasattr(self.policy, "reserve"):
+            self.policy.reserve(size)
         self.req_blocks: dict = {}                    # request -> its block ids in order
         self._req_cached: dict = {}                   # request -> how many of its blocks are cached
         self.stats = PrefixCacheStats()
@@ -124,7 +129,7 @@ class PrefixCache:
     @property
     def num_used(self) -> int:
         """Blocks held by live requests (excludes the null block)."""
-        return sum(1 for r in self.ref if r > 0)
+        return int((self.ref > 0).sum())
 
     @property
     def usage(self) -> float | None:
@@ -158,29 +163,37 @@ class PrefixCache:
             k = n if self._fresh_end == math.inf else min(n, self._fresh_end - self._fresh)
             start = self._fresh
             self._fresh += k
-            if self.num_blocks is None:
-                self.ref.extend([0] * k)
-                self.key.extend([None] * k)
+            if self._fresh > len(self.ref):
+                self._grow(self._fresh)
             out.extend(range(start, start + k))
             n -= k
         if n:
-            pop, key, policy = self.policy.popleft, self.key, self.policy
+            key, policy, has_key = self.key, self.policy, self.has_key
+            victims = policy.popleft_n(n) if hasattr(policy, "popleft_n") else [policy.popleft() for _ in range(n)]
             evicted = 0
-            for _ in range(n):
-                b = pop()
+            for b in victims:
                 h = key[b]
                 if h is not None:
                     self._drop_key(h, b)
                     key[b] = None
+                    has_key[b] = False
                     evicted += 1
                     if self._tracks_hits or self._tracks_tree:
                         policy.on_evicted(b)
                 out.append(b)
             self.stats.evicted_blocks += evicted
-        ref = self.ref
-        for b in out:
-            ref[b] = 1
+        self.ref[out] = 1
         return out
+
+    def _grow(self, size: int) -> None:
+        """Unlimited pool: room for block ids below ``size``."""
+        new = max(size, 2 * len(self.ref))
+        extra = new - len(self.ref)
+        self.ref = np.concatenate([self.ref, np.zeros(extra, np.int32)])
+        self.has_key = np.concatenate([self.has_key, np.zeros(extra, bool)])
+        self.key.extend([None] * extra)
+        if hasattr(self.policy, "reserve"):
+            self.policy.reserve(new)
 
     def _drop_key(self, h, b: int) -> None:
         if self.table.get(h) == b:
@@ -199,6 +212,7 @@ class PrefixCache:
 
     def _insert(self, h, b: int) -> None:
         self.key[b] = h
+        self.has_key[b] = True
         if h not in self.table:
             self.table[h] = b
         else:
@@ -225,15 +239,17 @@ class PrefixCache:
         """Record one admitted lookup (``KVCacheManager.record_prefix_cache_stats``)."""
         self.stats.record(num_tokens, hit_blocks * self.block_size, preempted, self.block_size)
 
-    def blocks_to_allocate(self, rid, num_tokens_slot: int, hit: list[int] = ()) -> int:
-        """Free blocks an allocation needs (``get_num_blocks_to_allocate``)."""
+    def blocks_to_allocate(self, rid, num_tokens_slot: int, hit: list[int] = (), evictable: int | None = None) -> int:
+        """Free blocks an allocation needs (``get_num_blocks_to_allocate``); ``evictable``: how many ``hit``
+        blocks sit in the free queue, when already counted."""
         required = -(-num_tokens_slot // self.block_size)
         blocks = self.req_blocks.get(rid)
         if blocks is not None and rid in self._req_cached:
             return max(required - len(blocks), 0)
         have = len(blocks) if blocks is not None else 0
-        ref = self.ref
-        return max(required - len(hit) - have, 0) + sum(1 for b in hit if ref[b] == 0)
+        if evictable is None:
+            evictable = int((self.ref[hit] == 0).sum()) if len(hit) else 0
+        return max(required - len(hit) - have, 0) + evictable
 
     def allocate_slots(self, rid, hashes: list, num_tokens: int, num_computed: int, num_new_tokens: int,
                        hit: list[int] = (), *, lookahead: int = 0, full_sequence_must_fit: bool = False,
@@ -245,21 +261,27 @@ class PrefixCache:
         total_computed = min(num_computed + len(hit) * bs, self.max_model_len)
         free = self.num_free
         reserve = self.watermark_blocks if apply_watermark else 0
-        if full_sequence_must_fit and (self.blocks_to_allocate(rid, min(num_tokens, self.max_model_len), hit)
-                                       + reserve > free):
+        if hit:
+            h = np.asarray(hit, np.int64)
+            r = self.ref[h]
+            in_queue = r == 0
+            evictable = int(in_queue.sum())
+        else:
+            evictable = 0
+        if full_sequence_must_fit and (self.blocks_to_allocate(rid, min(num_tokens, self.max_model_len), hit,
+                                                               evictable) + reserve > free):
             return False
         slot = min(total_computed + num_new_tokens + lookahead, self.max_model_len)
-        if self.blocks_to_allocate(rid, slot, hit) + reserve > free:
+        if self.blocks_to_allocate(rid, slot, hit, evictable) + reserve > free:
             return False
         blocks = self.req_blocks.get(rid)
         if blocks is None:
             blocks = self.req_blocks[rid] = []
         if hit:
-            ref, policy = self.ref, self.policy
-            for b in hit:
-                if ref[b] == 0:
-                    policy.remove(b)
-                ref[b] += 1
+            policy = self.policy
+            if evictable:
+                policy.remove_n(h[in_queue])
+            self.ref[h] = r + 1
             if self._tracks_hits:
                 for b in hit:
                     policy.on_hit(b)
@@ -289,16 +311,18 @@ class PrefixCache:
         self._req_cached.pop(rid, None)
         if not blocks:
             return
-        ref, key = self.ref, self.key
-        keyless, cached = [], []
-        for b in reversed(blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
-                (keyless if key[b] is None else cached).append(b)
-        if keyless:
-            self._keyless.extendleft(reversed(keyless))
-        if cached:
+        b = np.asarray(blocks[::-1], np.int64)
+        r = self.ref[b] - 1
+        self.ref[b] = r
+        z = b[r == 0]
+        if not len(z):
+            return
+        k = self.has_key[z]
+        keyless = z[~k]
+        if len(keyless):
+            self._keyless.extendleft(keyless[::-1].tolist())
+        cached = z[k]
+        if len(cached):
             self.policy.append_n(cached)
 
     def usage_snapshot(self) -> dict:
