@@ -118,6 +118,7 @@ class PrefixCache:
         self._req_cached: dict = {}                   # request -> how many of its blocks are cached
         self.stats = PrefixCacheStats()
         self.peak_used = 0
+        self.num_cached = 0                           # blocks holding a key (resident cache, duplicates included)
 
     # ---- pool ------------------------------------------------------------------------------------
     @property
@@ -141,11 +142,6 @@ class PrefixCache:
     @property
     def peak_usage(self) -> float | None:
         return None if self.num_blocks is None else self.peak_used / (self.num_blocks - 1)
-
-    @property
-    def num_cached(self) -> int:
-        """Blocks holding a key (resident prefix cache, duplicates included)."""
-        return len(self.table) + sum(len(v) for v in self._dups.values())
 
     def free_order(self) -> list[int]:
         """The free queue from the next block handed out to the last (vLLM's ``get_all_free_blocks``);
@@ -178,6 +174,7 @@ class PrefixCache:
                     key[b] = None
                     has_key[b] = False
                     evicted += 1
+                    self.num_cached -= 1
                     if self._tracks_hits or self._tracks_tree:
                         policy.on_evicted(b)
                 out.append(b)
@@ -213,6 +210,7 @@ class PrefixCache:
     def _insert(self, h, b: int) -> None:
         self.key[b] = h
         self.has_key[b] = True
+        self.num_cached += 1
         if h not in self.table:
             self.table[h] = b
         else:
