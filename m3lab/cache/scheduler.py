@@ -9,7 +9,7 @@ records, ``_advance`` and ``pick_victim``) through its hooks:
 - ``_schedule`` — vLLM's order (``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py:699-1050): running
   requests first, each taking its chunk and ``allocate_slots`` (with ``spec_tokens`` lookahead slots for
   decodes), preempting the most recently admitted request (``pick_victim``) until it fits; then, only in
-  a step without preemptions, waiting requests in order: a prefix lookup (the hit shortens the prefill),
+  a step without preemptions (or one left empty by them), waiting requests in order: a prefix lookup (the hit shortens the prefill),
   ``allocate_slots(full_sequence_must_fit=True)``, and the stats record, stopping at the first that does
   not fit;
 - ``_preempt`` / ``_advance`` — a preempted or finished request frees its blocks in the cache (a
@@ -162,8 +162,8 @@ class CachedScheduler(Scheduler):
             new[i] = n
             budget -= n
             i += 1
-        if not preempted:
-            self.admit_order(state)
+        if not preempted or not new.any():        # vLLM admits nothing in a step that preempted; a step that
+            self.admit_order(state)                 # ran nothing would be an empty one: admit in it at once
             added = []
             while state.waiting and len(state.running) + len(added) < cfg.max_num_seqs and budget > 0:
                 rid, _, gen = state.waiting[0]

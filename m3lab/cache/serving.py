@@ -133,6 +133,7 @@ def cached_serving(model="minimax-m3", hardware="mi355x", *, tp: int = 4, ep: in
         raise M3LabError(f"the trace is keyed in {trace.block_size}-token blocks but {m.name} uses {cap.block_size}",
                          field="block_size")
     cal = resolve_calibration(hw, calibration)
+    calibration_name = cal.name if cal is not None else None
     mode = "calibrated" if cal is not None else "ceiling"
     coster = StepCoster(m, plan, q, hw, cal, None, spec_tokens=spec_tokens)
     steps = spec_steps(trace.output, spec_tokens, accept_len)
@@ -168,10 +169,16 @@ def cached_serving(model="minimax-m3", hardware="mi355x", *, tp: int = 4, ep: in
         if makespan else None,
         "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90), "ttft_p99_s": _pct(ttft, 99),
         "tpot_p50_ms": _pct(tpot * 1e3, 50), "tpot_p90_ms": _pct(tpot * 1e3, 90), "tpot_p99_ms": _pct(tpot * 1e3, 99),
+        "ttft_s": _pct(ttft, 50), "ttft_mean_s": float(np.nanmean(ttft)) if np.isfinite(ttft).any() else None,
+        "tpot_ms": float(np.nanmean(tpot) * 1e3) if np.isfinite(tpot).any() else None,
+        "tpot_median_ms": _pct(tpot * 1e3, 50),
         "prefix_cache_hit_rate": st.hit_rate, "kv_cache_usage": float((usage * dt).sum() / dt.sum()) if dt.sum() else 0.0,
         "kv_cache_usage_peak": float(usage.max()) if len(usage) else 0.0,
         "preemptions": int(state.preemptions), "evicted_blocks": int(kv.evicted_blocks),
-        "makespan_s": float(makespan), "kv_capacity_tokens_per_gpu": cap.kv_capacity_tokens,
+        "makespan_s": float(makespan), "kv_capacity_tokens": cap.kv_capacity_tokens,
+        "kv_bytes_per_token_per_gpu": cap.kv_bytes_per_token_per_gpu,
+        "weight_gb_per_gpu": cap.weight_bytes_per_gpu / 1e9, "gpu_memory_utilization": gpu_memory_utilization,
+        "num_requests": n,
         "kv_blocks": cap.num_blocks, "block_size": cap.block_size, "policy": policy,
         "median_input_tokens": float(np.median(trace.prompt)), "median_output_tokens": float(np.median(trace.output)),
         "spec_tokens": spec_tokens, "accept_len": accept_len, "accept_len_source": accept_source if spec_tokens else None,
@@ -181,11 +188,37 @@ def cached_serving(model="minimax-m3", hardware="mi355x", *, tp: int = 4, ep: in
                              "output_tokens": trace.output, "hit_tokens": sched.hit_tokens, "arrival_s": sched.arrived,
                              "first_token_s": first, "finish_s": finish, "ttft_s": ttft, "tpot_ms": tpot * 1e3})
     config = {"model": m.name, "hardware": hw.name, "tp": tp, "ep": ep, "gpus": gpus, "quant": q.name,
-              "kv_dtype": q.kv_dtype, "concurrency": concurrency, "seed": seed, "trace": trace.source}
+              "kv_dtype": q.kv_dtype, "concurrency": concurrency, "seed": seed, "trace": trace.source,
+              "calibration": calibration_name}
     return CachedServing(config, summary, requests, tl, st.as_dict())
 
 
-def estimate_keys(run: CachedServing) -> dict:
-    """The keys ``m3lab estimate --workload agentx --json`` prints (see :func:`cached_serving`)."""
-    s = run.summary()
-    return {**{k: s[k] for k in s}, **run.config}
+WORKLOADS = ("fixed", "agentx")
+
+
+def estimate_workload(workload: str, model, hardware, **kwargs) -> dict:
+    """What ``m3lab estimate --workload agentx`` prints: :func:`cached_serving` on AgentX-like sessions
+    (``concurrency`` sessions at a time, as many sessions as slots unless ``sessions`` is given), its summary
+    with the run's configuration."""
+    if workload != "agentx":
+        raise M3LabError(f"unknown workload {workload!r} for the cached serving run", field="workload",
+                         hint=f"choose one of {', '.join(WORKLOADS)}")
+    run = cached_serving(model, hardware, **kwargs)
+    return {**run.summary(), **run.config}
+
+
+def print_estimate(summary: dict, as_json: bool) -> None:
+    """Print :func:`estimate_workload`'s result: one JSON object, or the headline figures."""
+    if as_json:
+        from m3lab.cli.output import echo_json
+        echo_json(summary)
+        return
+    s = summary
+    lines = [f"{s['model']} {s['quant']} TP{s['tp']} on {s['hardware']}: {s['sessions']} {s['workload']} sessions, "
+             f"{s['requests']} requests, concurrency {s['concurrency']} ({s['kind']})"]
+    for key in ("output_tokens_per_s_per_gpu", "ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "tpot_p99_ms",
+                "prefix_cache_hit_rate", "kv_cache_usage", "kv_cache_usage_peak", "preemptions", "evicted_blocks"):
+        v = s[key]
+        lines.append(f"  {key:30s} {v:.4g}" if isinstance(v, float) else f"  {key:30s} {v}")
+    lines.append(s["label"])
+    print("\n".join(lines))
