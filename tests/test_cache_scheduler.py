@@ -117,3 +117,15 @@ def test_cache_sim_cli(tmp_path):
     skip = CliRunner().invoke(app, ["cache-sim", "--trace", str(path), "--skip-invalid"])
     assert skip.exit_code == 0 and "skipped 1 malformed line" in skip.output
     assert CliRunner().invoke(app, ["cache-sim", "--trace", str(path), "--engine", "vllm"]).exit_code == 2
+
+
+def test_estimate_cli_agentx_workload():
+    out = CliRunner().invoke(app, ["estimate", "--model", "minimax-m3", "--hardware", "mi355x", "--tp", "4", "--quant",
+                                   "mxfp4", "--spec-tokens", "3", "--workload", "agentx", "--concurrency", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    s = json.loads(out.output)
+    for key in ("ttft_p50_s", "tpot_p50_ms", "prefix_cache_hit_rate", "kv_cache_usage", "output_tokens_per_s_per_gpu"):
+        assert isinstance(s[key], float) and s[key] >= 0, key
+    assert s["sessions"] == 2 and s["tp"] == 4 and s["quant"] == "mxfp4"
+    bad = CliRunner().invoke(app, ["estimate", "--model", "minimax-m3", "--hardware", "mi355x", "--concurrency", "2"])
+    assert bad.exit_code == 2 and "--isl and --osl" in bad.output

@@ -9,6 +9,7 @@
 - :mod:`m3lab.cache.capacity` — blocks per rank from memory, weights and KV bytes per token;
 - :mod:`m3lab.cache.scheduler` / :mod:`m3lab.cache.serving` — the engine-step scheduler with the cache,
   preemption and step times from the cost model: TTFT / TPOT distributions;
+- :mod:`m3lab.cache.analysis` / :mod:`m3lab.cache.plots` — tables and figures of notebook 06;
 - :mod:`m3lab.cache.bench` — speed against vLLM's classes (``python -m m3lab.cache.bench``).
 """
 from m3lab.cache.pool import PrefixCache, PrefixCacheStats

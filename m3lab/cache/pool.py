@@ -26,7 +26,9 @@ What it reproduces (vLLM 0.33.0, full attention, hash block = KV block; file:lin
 
 The free queue is kept in three parts whose concatenation is vLLM's single list: key-less freed blocks
 (a deque, head first), the never-used ids (a counter, ascending, as vLLM's initial queue), and the
-cached free blocks (the eviction policy; vLLM's LRU is an ordered dict). ``num_blocks=None`` is an
+cached free blocks (the eviction policy; vLLM's LRU is a stamped first-in first-out array).
+Reference counts live in a numpy array, so touching a whole hit prefix and freeing a whole request are
+array operations. ``num_blocks=None`` is an
 unlimited pool (never-used ids never run out, so nothing cached is ever evicted).
 """
 from __future__ import annotations

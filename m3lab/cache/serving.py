@@ -206,19 +206,3 @@ def estimate_workload(workload: str, model, hardware, **kwargs) -> dict:
     run = cached_serving(model, hardware, **kwargs)
     return {**run.summary(), **run.config}
 
-
-def print_estimate(summary: dict, as_json: bool) -> None:
-    """Print :func:`estimate_workload`'s result: one JSON object, or the headline figures."""
-    if as_json:
-        from m3lab.cli.output import echo_json
-        echo_json(summary)
-        return
-    s = summary
-    lines = [f"{s['model']} {s['quant']} TP{s['tp']} on {s['hardware']}: {s['sessions']} {s['workload']} sessions, "
-             f"{s['requests']} requests, concurrency {s['concurrency']} ({s['kind']})"]
-    for key in ("output_tokens_per_s_per_gpu", "ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "tpot_p99_ms",
-                "prefix_cache_hit_rate", "kv_cache_usage", "kv_cache_usage_peak", "preemptions", "evicted_blocks"):
-        v = s[key]
-        lines.append(f"  {key:30s} {v:.4g}" if isinstance(v, float) else f"  {key:30s} {v}")
-    lines.append(s["label"])
-    print("\n".join(lines))

@@ -40,7 +40,8 @@ def estimate_cmd(
 
     cal = None if (calibration or "").lower() == "none" else (calibration or "default")
     if workload != "fixed":
-        from m3lab.cache.serving import estimate_workload, print_estimate
+        from m3lab.cache.serving import estimate_workload
+        from m3lab.cli.cache import print_estimate
         print_estimate(estimate_workload(workload, model, hardware, tp=tp, ep=ep, quant=quant, concurrency=concurrency,
                                          calibration=cal, spec_tokens=spec_tokens, accept_len=accept_len,
                                          gpu_memory_utilization=gpu_memory_utilization), as_json)
