@@ -1,27 +1,26 @@
 """Trace readers, the AgentX-like generator and trace replay (hit rates against an independent count)."""
 from __future__ import annotations
 
+import gzip
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from m3lab.cache.agentic import AGENTX_MEDIAN_INPUT, AGENTX_MEDIAN_OUTPUT, generate, write_agentx
 from m3lab.cache.replay import blocks_for_tokens, replay
-from m3lab.cache.trace import fixed_length, read_agentx, read_mooncake, read_trace
+from m3lab.cache.trace import MOONCAKE_SYNTHETIC, fixed_length, read_agentx, read_mooncake, read_trace
 from m3lab.errors import M3LabError
 
-MOONCAKE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
-needs_mooncake = pytest.mark.skipif(not MOONCAKE.is_file(), reason="the Mooncake synthetic trace is not here")
+MOONCAKE = MOONCAKE_SYNTHETIC
 
 
 def _direct_prefix_reuse(path: Path) -> float:
     """Token-weighted share of prompt tokens whose 512-token prefix block was seen in an earlier request."""
     seen: set = set()
     hit = total = 0
-    for line in path.read_text().splitlines():
+    for line in gzip.open(path, "rt").read().splitlines():
         r = json.loads(line)
         k = 0
         for h in r["hash_ids"]:
@@ -34,14 +33,12 @@ def _direct_prefix_reuse(path: Path) -> float:
     return hit / total
 
 
-@needs_mooncake
 def test_mooncake_unlimited_hit_rate_matches_a_direct_count():
     res = replay(read_mooncake(MOONCAKE)).summary()
     assert res["requests"] == 3993 and res["evicted_blocks"] == 0 and res["peak_kv_usage"] is None
     assert abs(res["hit_rate_tokens"] - _direct_prefix_reuse(MOONCAKE)) < 0.01
 
 
-@needs_mooncake
 def test_mooncake_hit_rate_falls_with_capacity():
     trace = read_mooncake(MOONCAKE)
     rates = [replay(trace).summary()["hit_rate_tokens"]]
@@ -52,7 +49,6 @@ def test_mooncake_hit_rate_falls_with_capacity():
     assert all(a > b for a, b in zip(rates, rates[1:])), rates
 
 
-@needs_mooncake
 def test_vllm_engine_gives_the_same_replay():
     trace = read_mooncake(MOONCAKE, limit=150)
     nb = blocks_for_tokens(300_000, 128)

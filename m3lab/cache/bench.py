@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from m3lab.cache.replay import M3LabKVCache, blocks_for_tokens, replay
-from m3lab.cache.trace import Trace, read_mooncake
+from m3lab.cache.trace import MOONCAKE_SYNTHETIC, Trace, read_mooncake
 
-MOONCAKE = Path(os.environ.get("M3LAB_MOONCAKE_TRACE", "/work/shared/data/mooncake/synthetic_trace.jsonl"))
+MOONCAKE = MOONCAKE_SYNTHETIC
 CSV = Path(__file__).resolve().parents[2] / "traces" / "bench" / "cache_sim.csv"
 FIELDS = ("measurement", "engine", "trace", "requests", "blocks", "seconds", "rate", "unit", "speedup_vs_vllm",
           "device", "commit", "date")

@@ -6,7 +6,7 @@ end of block ``i``, as vLLM's ``request.block_hashes`` do). Requests that extend
 stream (turn k+1's prompt is turn k's prompt + output + new input), so a request's full blocks are
 ``stream[: (prompt + output) // block_size]`` and no per-request copy is kept.
 
-Readers (errors name the file and line; ``skip_invalid=True`` skips bad lines and counts them in
+Readers (plain or ``.gz`` files; errors name the file and line; ``skip_invalid=True`` skips bad lines and counts them in
 ``Trace.skipped`` instead):
 
 - :func:`read_mooncake` — Mooncake (FAST'25) JSONL: ``{"timestamp" (ms), "input_length",
@@ -24,6 +24,7 @@ Readers (errors name the file and line; ``skip_invalid=True`` skips bad lines an
 """
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ import numpy as np
 from m3lab.errors import M3LabError
 
 MOONCAKE_BLOCK = 512        # tokens per Mooncake hash id (formats.md; Mooncake FAST'25 release)
+MOONCAKE_SYNTHETIC = Path(__file__).parent / "data" / "mooncake_synthetic_trace.jsonl.gz"   # see data/SOURCE.md
 AGENTX_BLOCK = 64           # tokens per AgentX hash id (formats.md)
 FORMATS = ("mooncake", "agentx", "agentic")
 
@@ -130,7 +132,7 @@ def _lines(path):
     p = Path(path)
     if not p.is_file():
         raise M3LabError(f"trace file {path} not found", field="trace")
-    with p.open() as f:
+    with (gzip.open(p, "rt") if p.suffix == ".gz" else p.open()) as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 yield lineno, line
