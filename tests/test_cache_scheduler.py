@@ -129,3 +129,35 @@ def test_estimate_cli_agentx_workload():
     assert s["sessions"] == 2 and s["tp"] == 4 and s["quant"] == "mxfp4"
     bad = CliRunner().invoke(app, ["estimate", "--model", "minimax-m3", "--hardware", "mi355x", "--concurrency", "2"])
     assert bad.exit_code == 2 and "--isl and --osl" in bad.output
+
+
+def test_open_loop_uses_the_trace_arrival_times():
+    from m3lab.cache.trace import MOONCAKE_SYNTHETIC, read_mooncake
+    tr = read_mooncake(MOONCAKE_SYNTHETIC, limit=40)
+    kv = M3LabKVCache(blocks_for_tokens(4_000_000, 128), 128)
+    sched = CachedScheduler(tr, kv, step_time=lambda s: 0.02, open_loop=True)
+    for _ in sched.runs(sched.workload()):
+        pass
+    assert sched.last_state.finished == 40
+    assert np.allclose(sched.arrived, tr.arrival_s)                  # each joined the queue at its timestamp
+    assert sched.last_state.clock >= tr.arrival_s.max()
+
+
+def test_capacity_per_rank_comes_from_the_memory_model():
+    from m3lab.cache.capacity import cache_capacity
+    from m3lab.serving.capacity import RESERVE_BYTES
+    from m3lab.spec.hardware import load_hardware
+    from m3lab.spec.memory import kv_bytes, weight_bytes_per_gpu
+    from m3lab.spec.model import load_model
+    from m3lab.spec.plan import ParallelPlan
+    from m3lab.spec.quant import load_quant
+
+    m, hw, q = load_model("minimax-m3"), load_hardware("mi355x"), load_quant("mxfp4")
+    plan = ParallelPlan(tp=4).validate(m)
+    cap = cache_capacity(m, plan, q, hw, gpu_memory_utilization=0.9)
+    free = 0.9 * hw.hbm_bytes - weight_bytes_per_gpu(m, plan, q) - RESERVE_BYTES
+    per_token = kv_bytes(m, q.kv_dtype, q.index_dtype, plan).total
+    assert cap.block_size == 128 and cap.kv_bytes_per_token_per_gpu == per_token
+    assert 0 <= free - cap.num_blocks * 128 * per_token < 128 * per_token          # whole blocks of what is left
+    assert cache_capacity(m, plan, q, hw, gpu_memory_utilization=0.5).num_blocks < cap.num_blocks
+    assert cap.with_tokens(1_000_000).num_blocks == 1_000_000 // 128

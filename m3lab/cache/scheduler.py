@@ -7,8 +7,8 @@ records, ``_advance`` and ``pick_victim``) through its hooks:
   arrives ``think_s`` after the request it waits on (``Trace.after``) finished; when a session ends the next
   one starts. ``open_loop=True`` uses the trace's own arrival times instead;
 - ``_schedule`` — vLLM's order (``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py:699-1050): running
-  requests first, each taking its chunk and ``allocate_slots`` (with ``spec_tokens`` lookahead slots for
-  decodes), preempting the most recently admitted request (``pick_victim``) until it fits; then, only in
+  requests first, each taking its chunk and ``allocate_slots`` (with ``spec_tokens`` lookahead slots, as
+  vLLM's ``num_lookahead_tokens``), preempting the most recently admitted request (``pick_victim``) until it fits; then, only in
   a step without preemptions (or one left empty by them), waiting requests in order: a prefix lookup (the hit shortens the prefill),
   ``allocate_slots(full_sequence_must_fit=True)``, and the stats record, stopping at the first that does
   not fit;
@@ -144,10 +144,8 @@ class CachedScheduler(Scheduler):
             if not cfg.chunked_prefill and n < need:
                 i += 1
                 continue
-            decode = state.generated[i] >= 1 and need == 1
             ok = True
-            while not kv.allocate(rid, total, int(state.computed[i]), n, [],
-                                  lookahead=self.spec_tokens if decode else 0):
+            while not kv.allocate(rid, total, int(state.computed[i]), n, [], lookahead=self.spec_tokens):
                 victim = self.pick_victim(state)
                 self._preempt(state, victim)
                 new = np.delete(new, victim)
@@ -174,7 +172,7 @@ class CachedScheduler(Scheduler):
                     break
                 if not self.can_admit(state, rid, n, len(added)):
                     break
-                if not kv.allocate(rid, total, 0, n, hit, full_sequence_must_fit=True):
+                if not kv.allocate(rid, total, 0, n, hit, full_sequence_must_fit=True, lookahead=self.spec_tokens):
                     break
                 again = rid in self._preempted
                 kv.record(rid, total, len(hit), again)
