@@ -77,7 +77,8 @@ def cache_sim_cmd(
         return
     for key in ("requests", "hit_rate_tokens", "hit_rate_blocks", "evicted_blocks", "peak_kv_usage", "rejected"):
         v = s[key]
-        typer.echo(f"{key:16s} {v:.4f}" if isinstance(v, float) else f"{key:16s} {v}")
+        text = f"{v:.4f}" if isinstance(v, float) else ("null (unlimited cache)" if v is None else str(v))
+        typer.echo(f"{key:16s} {text}")
     if tr.skipped:
         typer.echo(f"skipped {tr.skipped} malformed line(s) of {tr.source}")
     cap = "unlimited" if s["capacity_tokens"] is None else f"{s['capacity_tokens']:,} tokens"
