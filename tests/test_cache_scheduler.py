@@ -161,3 +161,26 @@ def test_capacity_per_rank_comes_from_the_memory_model():
     assert 0 <= free - cap.num_blocks * 128 * per_token < 128 * per_token          # whole blocks of what is left
     assert cache_capacity(m, plan, q, hw, gpu_memory_utilization=0.5).num_blocks < cap.num_blocks
     assert cap.with_tokens(1_000_000).num_blocks == 1_000_000 // 128
+
+
+def test_coarse_step_times_stay_close_to_the_cost_model():
+    from m3lab.cache.serving import CoarseStepTime
+    from m3lab.serving.step_cost import StepCoster
+    from m3lab.spec.hardware import load_hardware
+    from m3lab.spec.model import load_model
+    from m3lab.spec.plan import ParallelPlan
+    from m3lab.spec.quant import load_quant
+    from m3lab.workload.step import EngineStep
+
+    m = load_model("minimax-m3")
+    coster = StepCoster(m, ParallelPlan(tp=4).validate(m), load_quant("mxfp4"), load_hardware("mi355x"), None, None,
+                        spec_tokens=3)
+    coarse = CoarseStepTime(coster, "ceiling")
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        nd = int(rng.integers(1, 28))
+        ctx = rng.integers(20_000, 600_000, nd)
+        step = EngineStep(np.r_[np.ones(nd, np.int64), [3000]], np.r_[ctx, [150_000]],
+                          decode_mask=np.r_[np.ones(nd, bool), [False]])
+        exact = coster.time_us(step, "ceiling") * 1e-6
+        assert abs(coarse(step) / exact - 1) < 0.15

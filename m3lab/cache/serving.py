@@ -30,7 +30,8 @@ from m3lab.workload.scheduler import SchedulerConfig
 EAGLE3_ACCEPT_LEN = 2.7     # assumed tokens per verification step for EAGLE3 with K = 3 (bonus token included)
 DEFAULT_SESSIONS_PER_SLOT = 1   # sessions simulated per concurrent session slot by default
 STEP_QUANTUM = 1.25         # steps are costed at contexts / chunks / decode counts (> 8) rounded to 25% apart:
-                            # a session run has tens of thousands of distinct steps, each new one costs an OpTable
+                            # a session run has tens of thousands of distinct steps, each new one costs an OpTable;
+                            # on 60 random M3 TP4 steps: median 4%, max 12% from the exact StepCoster time
 
 
 class CoarseStepTime:
