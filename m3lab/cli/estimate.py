@@ -21,8 +21,8 @@ def estimate_cmd(
         tp: int = typer.Option(1, "--tp", help="tensor-parallel GPUs per replica"),
         ep: int = typer.Option(1, "--ep", help="expert-parallel degree (1: TP-MoE)"),
         quant: str = typer.Option("bf16", "--quant", help="bf16, fp8, mxfp8 or mxfp4"),
-        isl: int = typer.Option(..., "--isl", help="input tokens per request"),
-        osl: int = typer.Option(..., "--osl", help="output tokens per request"),
+        isl: Optional[int] = typer.Option(None, "--isl", help="input tokens per request (--workload fixed)"),
+        osl: Optional[int] = typer.Option(None, "--osl", help="output tokens per request (--workload fixed)"),
         concurrency: int = typer.Option(..., "--concurrency", help="requests in flight (closed loop)"),
         calibration: Optional[str] = typer.Option(None, "--calibration",
                                                   help="shipped calibration name or measured CSV; default: the "
@@ -35,11 +35,24 @@ def estimate_cmd(
         pd: Optional[str] = typer.Option(None, "--pd", help="P:D disaggregated: P prefill and D decode instances "
                                                           "of --tp GPUs joined by the KV hand-off"),
         kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="with --pd: KV link GB/s per GPU"),
+        workload: str = typer.Option("fixed", "--workload", help="fixed (--isl/--osl) or agentx (AgentX-like "
+                                                                  "sessions, prefix caching: m3lab.cache)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Serving estimate: TTFT, TPOT, tokens/s/GPU (calibrated where a calibration exists, else the ceiling)."""
     from m3lab.serving.estimate import estimate
 
     cal = None if (calibration or "").lower() == "none" else (calibration or "default")
+    if workload != "fixed":
+        from m3lab.cache.serving import estimate_workload
+        from m3lab.cli.cache import print_estimate
+        print_estimate(estimate_workload(workload, model, hardware, tp=tp, ep=ep, quant=quant, concurrency=concurrency,
+                                         calibration=cal, spec_tokens=spec_tokens, accept_len=accept_len,
+                                         gpu_memory_utilization=gpu_memory_utilization), as_json)
+        return
+    if isl is None or osl is None:
+        from m3lab.errors import M3LabError
+        raise M3LabError("--isl and --osl are needed with --workload fixed", field="isl",
+                         hint="pass both, or --workload agentx")
     if pd is not None:
         from m3lab.cli.pd import print_pd_estimate
         from m3lab.serving.disagg import parse_ratio, pd_estimate

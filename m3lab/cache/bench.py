@@ -1,0 +1,170 @@
+"""Speed of m3lab's prefix cache next to vLLM's own classes, on the same trace (``python -m m3lab.cache.bench``).
+
+Three measurements, each printed side by side and appended to ``traces/bench/cache_sim.csv`` with the
+device (CPU model, cores), commit and date:
+
+1. **block lookups/s** — ``get_computed_blocks`` on full hits: the trace's prompts are admitted once into a
+   pool large enough to keep them, then every prompt is looked up again and the matched blocks are
+   counted (vLLM: ``KVCacheManager.get_computed_blocks(request)`` on the same requests);
+2. **replay** — the whole trace through each engine (:func:`m3lab.cache.replay.replay`, finite pool,
+   LRU): requests/s and prompt blocks/s, vLLM's time including its sha256 block hashing, which a
+   simulator of vLLM also needs;
+3. **AgentX-like sessions** — generating 1,000 sessions with the default distributions and replaying
+   them through m3lab's cache (unlimited and finite): seconds.
+
+Each figure is the best of ``repeats`` runs (the 2-core box is shared). Options: ``--requests N`` (trace
+prefix used, default 1,000 Mooncake requests), ``--repeats``, ``--no-vllm``, ``--no-append``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+from m3lab.cache.replay import M3LabKVCache, blocks_for_tokens, replay
+from m3lab.cache.trace import MOONCAKE_SYNTHETIC, Trace, read_mooncake
+
+MOONCAKE = MOONCAKE_SYNTHETIC
+CSV = Path(__file__).resolve().parents[2] / "traces" / "bench" / "cache_sim.csv"
+FIELDS = ("measurement", "engine", "trace", "requests", "blocks", "seconds", "rate", "unit", "speedup_vs_vllm",
+          "device", "commit", "date")
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def lookup_rate(trace: Trace, engine: str, repeats: int = 3) -> tuple[int, float]:
+    """(blocks matched, best seconds) for looking up every prompt of ``trace`` again after admitting it once."""
+    bs = trace.block_size
+    need = sum(-(-int(p) // bs) for p in trace.prompt) + 2
+    if engine == "m3lab":
+        kv = M3LabKVCache(need, bs)
+    else:
+        from m3lab.cache.vllm_ref import VllmKVCache
+        kv = VllmKVCache(need, bs)
+    for i in range(len(trace)):
+        p = int(trace.prompt[i])
+        kv.add(i, trace.keys(i), p, p)
+        hit = kv.lookup(i, p)
+        kv.allocate(i, p, 0, p - len(hit) * bs, hit)
+        kv.free(i)
+    if engine == "m3lab":
+        keys = [trace.keys(i) for i in range(len(trace))]
+        prompts = [int(p) for p in trace.prompt]
+        get = kv.get_computed_blocks
+        found = sum(len(get(k, p)) for k, p in zip(keys, prompts))
+        return found, _best(lambda: [get(k, p) for k, p in zip(keys, prompts)], repeats)
+    reqs = [kv.requests[i] for i in range(len(trace))]
+    get = kv.manager.get_computed_blocks
+    found = sum(n for _, n, _ in (get(r) for r in reqs)) // bs
+    return found, _best(lambda: [get(r) for r in reqs], repeats)
+
+
+def _device() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {model} ({os.cpu_count()} cores)"
+
+
+def _commit() -> str:
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run(requests: int = 1000, repeats: int = 3, with_vllm: bool = True) -> list[dict]:
+    """All measurements as rows (see module docstring)."""
+    from m3lab.cache.agentic import generate
+
+    trace = read_mooncake(MOONCAKE, limit=requests)
+    name = f"mooncake-synthetic[:{len(trace)}]"
+    rows = []
+    engines = ("m3lab", "vllm") if with_vllm else ("m3lab",)
+    look = {e: lookup_rate(trace, e, repeats) for e in engines}
+    for e, (blocks, sec) in look.items():
+        rows.append({"measurement": "get_computed_blocks (full hits)", "engine": e, "trace": name,
+                     "requests": len(trace), "blocks": blocks, "seconds": sec, "rate": blocks / sec,
+                     "unit": "block lookups/s"})
+    num_blocks = blocks_for_tokens(2_000_000, trace.block_size)
+    rep = {}
+    for e in engines:
+        best = None
+        for _ in range(repeats if e == "m3lab" else 1):
+            r = replay(trace, e, num_blocks=num_blocks)
+            best = r if best is None or r.seconds < best.seconds else best
+        rep[e] = best
+        blocks = int(best.stats["query_blocks"])
+        rows.append({"measurement": "replay, 2M-token LRU pool", "engine": e, "trace": name, "requests": len(trace),
+                     "blocks": blocks, "seconds": best.seconds, "rate": blocks / best.seconds,
+                     "unit": "prompt blocks/s"})
+    if with_vllm:
+        assert rep["m3lab"].summary()["hit_tokens"] == rep["vllm"].summary()["hit_tokens"], "engines disagree"
+        for row in rows:
+            ref = next(r for r in rows if r["measurement"] == row["measurement"] and r["engine"] == "vllm")
+            row["speedup_vs_vllm"] = row["rate"] / ref["rate"]
+    t0 = time.perf_counter()
+    sessions = generate()
+    t_gen = time.perf_counter() - t0
+    for cap, label in ((None, "unlimited"), (blocks_for_tokens(8_000_000, sessions.block_size), "8M-token")):
+        r = replay(sessions, num_blocks=cap)
+        rows.append({"measurement": f"1,000 AgentX-like sessions: generate + replay ({label} LRU)",
+                     "engine": "m3lab", "trace": sessions.source, "requests": len(sessions),
+                     "blocks": int(r.stats["query_blocks"]), "seconds": t_gen + r.seconds,
+                     "rate": r.stats["query_blocks"] / (t_gen + r.seconds), "unit": "prompt blocks/s"})
+    stamp = {"device": _device(), "commit": _commit(), "date": _dt.date.today().isoformat()}
+    return [{**{k: "" for k in FIELDS}, **row, **stamp} for row in rows]
+
+
+def append(rows: list[dict], path: Path = CSV) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            w.writeheader()
+        for row in rows:
+            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
+    return path
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-vllm", action="store_true")
+    ap.add_argument("--no-append", action="store_true")
+    a = ap.parse_args(argv)
+    rows = run(a.requests, a.repeats, not a.no_vllm)
+    print(f"{'measurement':58s} {'engine':6s} {'blocks':>9s} {'seconds':>8s} {'rate':>12s}  unit  (x vLLM)")
+    for r in rows:
+        sp = f"  x{r['speedup_vs_vllm']:.1f}" if r["speedup_vs_vllm"] != "" else ""
+        print(f"{r['measurement']:58s} {r['engine']:6s} {r['blocks']:9d} {r['seconds']:8.3f} {r['rate']:12,.0f}  "
+              f"{r['unit']}{sp}")
+    print(f"{rows[0]['device']}, commit {rows[0]['commit']}, {rows[0]['date']}")
+    if not a.no_append:
+        print(f"appended to {append(rows)}")
+
+
+if __name__ == "__main__":
+    main()
