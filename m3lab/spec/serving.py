@@ -256,7 +256,7 @@ def _json_arg(flag: str, text: str) -> dict:
 
 
 def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpec, hardware: str | Hardware,
-               quant: str | QuantScheme, fused_default: bool = False) -> Deployment:
+               quant: str | QuantScheme) -> Deployment:
     """A Deployment from vLLM's environment and ``vllm serve`` arguments (the inverse of ``to_vllm``).
 
     ``model``, ``hardware`` and ``quant`` name what the launch line does not carry (the checkpoint's
@@ -266,7 +266,7 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
     serving: dict[str, Any] = {f: env_bool(env.get(var), getattr(defaults, f)) for f, var in ENV_FLAGS.items()}
     if env.get(V2_RUNNER_ENV) is not None:
         serving["model_runner_v2"] = bool(int(env[V2_RUNNER_ENV]))
-    plan: dict[str, Any] = {"fused_shared_expert": env_bool(env.get(FSE_ENV), fused_default)}
+    plan: dict[str, Any] = {"fused_shared_expert": env_bool(env.get(FSE_ENV), False)}  # vLLM: off unless set
     kv_dtype, index_dtype, freq, offset, enable_ep = "bf16", "bf16", 1, 0, False
     role = "both"
     i = 0

@@ -361,9 +361,11 @@ def page_table(f: Facts, kind: str) -> Decision:
         return Decision("page_table", kind, "A1", "none", (), (Check("AITER sparse PA in use", 0, False, _c("pa_requested")),),
                         _c("pa_requested"), status="skipped", note="the Triton attend reads the top-k directly")
     base = (Check("AITER sparse PA in use", 1, True, _c("pa_requested")),)
-    if kind != "sparse_reuse" and f.emits_table:
-        return Decision("page_table", kind, "A2", "msa_topk_emits", ("(pa_sparse_block_topk)",), base, _c("msa_probe"),
-                        status="skipped", note="emitted by the MSA top-k launch: no separate kernel")
+    if f.emits_table:
+        note = ("reuse layer: the attend reads the page-table buffer the last computing layer's MSA top-k wrote"
+                if kind == "sparse_reuse" else "emitted by the MSA top-k launch: no separate kernel")
+        return Decision("page_table", kind, "A2" if kind != "sparse_reuse" else "A5", "msa_topk_emits",
+                        ("(pa_sparse_block_topk)",), base, _c("msa_probe"), status="skipped", note=note)
     if kind != "sparse_reuse" and f.decode:
         return Decision("page_table", kind, "A3", "fused_topk_emits", ("(_decode_topk_fused_kernel)",), base,
                         _c("emit_table"), status="skipped", note="emitted by the fused decode top-k: no separate kernel")
