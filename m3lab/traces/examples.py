@@ -68,7 +68,7 @@ def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32,
             if sparse:
                 attn_shapes["blocks"] = [kv_local, tokens, 16]
             why = ("sparse-attention layer (got dense layer)" if not sparse else None if kv_local == 1 else
-                   f"one KV head per rank (got {kv_local} KV heads per rank)")
+                   f"one KV head per rank (got {kv_local} KV heads per rank at tp={tp})")
             w.write("attention", layer=layer, shapes=attn_shapes, dtypes={"q": "bfloat16", "k_cache": "bfloat16"},
                     path=FALLBACK if why else SPARSE_PAGED,
                     kernels=["m3lab.model.attention.attention_varlen"] if why else ["pa_decode_gluon"],
