@@ -8,7 +8,7 @@ import pytest
 
 from m3lab.errors import M3LabError
 from m3lab.traces import load_trace, short_kernel_name, sniff_format, summarize
-from m3lab.traces.events import make_events
+from m3lab.traces.table import make_events
 from m3lab.traces.examples import write_synthetic_m3_trace
 
 

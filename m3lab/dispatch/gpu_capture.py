@@ -102,7 +102,7 @@ def capture(out_dir: str, *, model: str = "minimax-m3", plan: dict | None = None
     check = _check_vs_reference(m, steps[:2], kernels)  # also the warm-up: Triton compilation, allocator growth
     name = f"m3_tp{plan_dict(plan)['tp']}_L0-{layers - 1}_{_device_slug(device)}_{commit}"
     dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else device
-    header = dict(device=dev_name, commit=commit, model=m.cfg.name, plan=plan_dict(plan), layers=layers, steps=steps,
+    header = dict(device=dev_name, commit=commit, model=m.model.name, plan=plan_dict(plan), layers=layers, steps=steps,
                   torch=torch.__version__, kernels_attached=kernels, weights=f"random, {str(m.dtype).removeprefix('torch.')}, seed 0",
                   note="m3lab reference decoder, rank 0 of the plan, KV cache in vLLM's Triton layout; t_us per "
                        "dispatched call with a device sync")

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 from m3lab.dispatch.fastpath import CallContext, Condition, FastPath
 from m3lab.errors import M3LabError
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # = vLLM's MXFP8 _select_cfg decode bound (M <= 64)
 
 GPU_DEVICES = ("cuda", "hip")
-DECODE_M_MAX = 64  # vLLM's MXFP8 linear: the decode tiles cover M <= 64 (rocm_native.py _select_cfg)
 KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # MiniMaxM3SparseBackend.supported_kv_cache_dtypes
 NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
 ACT_OPS = ("act", "shared_act")  # dense MLP and unfused shared expert (N3); the MoE activation is inside the experts
