@@ -39,9 +39,9 @@ def _device_slug(device: str) -> str:
 def _attach(registry, model, device: str, with_kernels: bool, vllm_kernels: bool) -> dict[str, str]:
     status = attach_repo_kernels(registry) if with_kernels else {}
     if vllm_kernels and device.startswith("cuda"):
-        c = model.cfg
-        status.update(attach_vllm_kernels(registry, topk=c.topk_blocks, init_blocks=c.init_blocks,
-                                          local_blocks=c.local_blocks))
+        sp = model.model.sparse
+        status.update(attach_vllm_kernels(registry, topk=sp.topk_blocks, init_blocks=sp.init_blocks,
+                                          local_blocks=sp.local_blocks))
     return status
 
 
