@@ -18,6 +18,20 @@ from m3lab.vllm import reference_kernels as rk  # noqa: E402
 D, B = 128, 128  # vLLM's kernels are compiled for head_dim 128 and 128-token blocks
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_autotune_config():
+    """The interpreter has no device to benchmark on: keep the first config of vLLM's autotuned top-k kernels."""
+    from m3lab.vllm.imports import m3_module
+    ops = m3_module("common.ops.index_topk")
+    tuned = [getattr(ops, k).fn for k in ("_topk_index_kernel", "_topk_index_partial_kernel")]
+    saved = [t.configs for t in tuned]
+    for t in tuned:
+        t.configs = t.configs[:1]
+    yield
+    for t, c in zip(tuned, saved):
+        t.configs = c
+
+
 def _cache(hkv: int):
     return PagedKVCache(num_blocks=8, block_size=B, kv_heads=hkv, head_dim=D, index_dim=D, sparse=[True],
                         layout="triton", dtype=torch.float32, device="cpu")
