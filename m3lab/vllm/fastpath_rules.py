@@ -100,6 +100,8 @@ CITES = {
     "nv_swiglu": Cite(NV_MODEL, "MiniMaxM3MLP.__init__", "SiluAndMulWithClamp("),
     "ffn_reduce": Cite(AMD_MODEL, "MiniMaxM3MLP.__init__", "reduce_results=reduce_results,"),
     "nv_deferred_ar": Cite(NV_MODEL, "MiniMaxM3DecoderLayer.forward"),
+    "nv_dense_attn": Cite(NV_MODEL, "MiniMaxM3Attention.__init__", "self.attn = Attention("),
+    "moe_select": Cite("model_executor/layers/fused_moe/oracle/unquantized.py", "select_unquantized_moe_backend"),
     "mono": Cite(MONO_SPEC, "DecodeConfig.refusal_reasons", 'reasons.append("requires --moe-backend aiter")'),
     "mono_select": Cite(MONO_SPEC, "specialized_decode_config", "reasons = spec.refusal_reasons(config)"),
     "lm_head": Cite(GEMM_UTILS, "rocm_unquantized_gemm_impl", "return torch.nn.functional.linear(x, weight, bias)"),
@@ -405,7 +407,7 @@ def dense_attention(f: Facts) -> Decision:
     """A7: dense layers 0-2 run vLLM's generic Attention; the backend comes from the platform's priority list."""
     if not f.p.rocm:
         return Decision("attention", "dense", "A7", "cuda_default_backend", ("FlashAttention / FlashInfer (platform default)",),
-                        (Check("platform", "CUDA", True),), _c("cuda_gemm"),
+                        (Check("platform", "CUDA", True),), _c("nv_dense_attn"),
                         note="generic vLLM Attention; the CUDA backend choice is not resolved here")
     connector = f.plan.role != "both"
     order = ([] if connector else ["ROCM_ATTN"]) + (["ROCM_AITER_FA"] if f.aiter and f.s.aiter_mha else []) + \
@@ -437,8 +439,9 @@ def allreduce_norm(f: Facts, kind: str) -> Decision:
     if not f.p.rocm:
         return Decision("allreduce_norm", kind, "N2", "flashinfer_fused_ar_norm_or_nccl",
                         ("flashinfer trtllm fused allreduce+norm (when the workspace fits) or NCCL + gemma_fused_add_rmsnorm",),
-                        (Check("tp", f.tp, True),), _c("fused_ar_fi"),
-                        note="the NVIDIA model defers the FFN all-reduce into the next layer's norm")
+                        (Check("tp", f.tp, True, _c("fused_ar_fi")),
+                         Check("FFN all-reduce deferred into the next layer's norm (NVIDIA model only)", True, True,
+                               _c("nv_deferred_ar"))), _c("fused_ar_fi"))
     bytes_ = f.res.tokens * f.model.hidden * 2
     ok = f.aiter and f.s.aiter_custom_ar
     checks = (Check("VLLM_ROCM_USE_AITER ∧ VLLM_ROCM_USE_AITER_CUSTOM_AR", f"{int(f.aiter)}/{int(f.s.aiter_custom_ar)}",
@@ -542,7 +545,7 @@ def experts(f: Facts, kind: str) -> list[Decision]:
     s, p = f.s, f.p
     if not p.rocm:
         out.append(Decision("experts", kind, "M2", f"cuda_{fmt}_moe", (f"vLLM CUDA {fmt} fused MoE",),
-                            (Check("weights", fmt, True),), _c("bf16_moe"), note="CUDA MoE backend not resolved", shape=rows))
+                            (Check("weights", fmt, True),), _c("moe_select"), note="CUDA MoE backend not resolved", shape=rows))
     elif fmt == "mxfp8":
         aiter_ok = p.supports_mx and f.aiter and s.aiter_moe and f.plan.ep == 1
         native_ok = p.supports_mx
@@ -677,6 +680,15 @@ def all_decisions(res: Resolution) -> list[Decision]:
         out.append(mono)
     out.append(norms(f, "model"))
     out.append(graphs(f))
-    out.append(_gemm(f, "lm_head", "model", "bf16", t if not f.decode else f.requests * f.rows_per_req,
-                     -(-m.vocab // 64) * 64 // f.tp, m.hidden, note="lm_head is BF16 in every M3 checkpoint"))
-    return out
+    sampled = f.requests * (f.rows_per_req if f.decode else 1)  # logits only at the sampled positions
+    out.append(_gemm(f, "lm_head", "model", "bf16", sampled, -(-m.vocab // 64) * 64 // f.tp, m.hidden,
+                     note="lm_head is BF16 in every M3 checkpoint; logits only for the sampled rows"))
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for d in out:  # one refusal is one start-up error, whichever layer kinds share it
+        if d.status == "refused":
+            if (d.op, d.note) in seen:
+                continue
+            seen.add((d.op, d.note))
+        unique.append(d)
+    return unique
