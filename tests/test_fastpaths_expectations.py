@@ -7,7 +7,7 @@ import yaml
 from m3lab.errors import M3LabError
 from m3lab.traces import Expectations, verify
 from m3lab.traces.expectations import _shipped_dir
-from m3lab.vllm.fastpath_expectations import SHIPPED, expectations_for_preset, render_yaml
+from m3lab.vllm.fastpath_expectations import SHIPPED, expectations_for_preset, load_expectations, render_yaml
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -18,23 +18,23 @@ def test_shipped_expectations_are_the_generators_output(name):
 
 
 def test_generated_expectations_follow_the_resolver():
-    opt = {e.id: e for e in Expectations.load("preset:mxfp8-tp4-optimised").items}
+    opt = {e.id: e for e in load_expectations("preset:mxfp8-tp4-optimised").items}
     assert opt["attention_decode"].path[0].pattern == "attention.aiter_sparse_pa"
     assert opt["moe_expert_table"].require.text == "w[0] == 129 and ids[1] == 5"
     assert [p.pattern for p in opt["moe_expert_table"].absent_ops] == ["shared_gate_up", "shared_down"]
     # index sharing every 4th sparse layer: the indexer runs on the computing layers only
     assert opt["indexer_decode"].layers[2] == frozenset(range(3, 60, 4))
-    base = {e.id: e for e in Expectations.load("preset:mxfp8-tp4-baseline").items}
+    base = {e.id: e for e in load_expectations("preset:mxfp8-tp4-baseline").items}
     assert base["attention_decode"].path[0].pattern == "attention.triton_sparse_decode"
     assert "shared_expert_mlp" in base and base["moe_expert_table"].require.text == "w[0] == 128 and ids[1] == 4"
-    h200 = {e.id: e for e in Expectations.load("preset:h200-bf16-tp4").items}
+    h200 = {e.id: e for e in load_expectations("preset:h200-bf16-tp4").items}
     assert [k.pattern for k in h200["attention_decode"].kernels] == ["_gqa_sparse_decode_kernel",
                                                                      "_merge_topk_attn_out_kernel"]
 
 
 def test_a_refused_preset_has_no_expectations():
     with pytest.raises(M3LabError, match="unknown preset"):
-        Expectations.load("preset:nope")
+        load_expectations("preset:nope")
 
 
 def _committed():
