@@ -1,97 +1,192 @@
-"""The declared fast paths of MiniMax M3 (one registry; kernels plug in with :func:`register_impl`).
+"""The declared fast paths of MiniMax M3's reference model: vLLM 0.33.0's real paths (one registry).
 
-Each entry states the conditions from the serving write-up and the vLLM/AITER sources
-(reference §3–4): the paged sparse kernel needs one KV head per rank and 128-token blocks seen as
-8 × 16-token pages; the fused MoE runs the shared expert as expert 128 (129 experts, top-5); decode
-GEMMs (M <= 64) use the decode tile table.
+Path names are ``<op family>.<path>`` with the path names of the resolver (:mod:`m3lab.vllm.fastpaths`), so a
+dispatch trace can be checked against the resolver's expectations for a plan. Each path's conditions are
+vLLM's, restricted to what one reference call can see (the op's shapes, dtypes, device and plan); the
+deployment-wide switches (``VLLM_ROCM_USE_AITER``, the shuffled KV layout, the index-cache dtype) are the
+resolver's business. Implementations attach by name:
+
+- ``m3lab.vllm.reference_kernels.attach_vllm_kernels``: vLLM's own Triton kernels (sparse attention, indexer score + top-k, Gemma
+  RMSNorm, SwiGLU-OAI) and its CUDA unquantized GEMM, on a CUDA device (:mod:`m3lab.vllm.reference_kernels`);
+- :func:`attach_repo_kernels`: this repo's kernels (:data:`REPO_KERNELS`); :data:`KERNEL_SLOTS` names the
+  repo kernel family each not-yet-implemented path waits for. ``register_impl(name, fn)`` attaches one.
 """
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from m3lab.dispatch.fastpath import CallContext, Condition, FastPath
 from m3lab.errors import M3LabError
-from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # our launcher's decode/prefill boundary
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # = vLLM's MXFP8 _select_cfg decode bound (M <= 64)
 
 GPU_DEVICES = ("cuda", "hip")
-GEMM_DTYPES = ("bf16", "fp8", "mxfp8", "mxfp4")
+KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # MiniMaxM3SparseBackend.supported_kv_cache_dtypes
+NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
+ACT_OPS = ("act", "shared_act")  # dense MLP and unfused shared expert (N3); the MoE activation is inside the experts
+GEMM_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "shared_gate_up", "shared_down", "lm_head")
 
 
-def _on_gpu() -> Condition:
-    return Condition("runs on a GPU (cuda/hip)", lambda c: c.device in GPU_DEVICES, lambda c: c.device)
+@dataclass
+class IndexerHandoff:
+    """What the last indexer call of a fast path left for the layer's top-k op (the reference model splits
+    score and top-k into two ops; vLLM's decode indexer selects in the same call). Written by the indexer
+    implementation, read by the top-k paths' conditions and implementation."""
+
+    scores: Any = None                 # the scores tensor the indexer op returned
+    topk: Any = None                   # decode: the selection vLLM's call already made
+    prefill_args: tuple | None = None  # prefill: (cu_seqlens_q, prefix_lens, max_query_len) for the top-k
+
+    def matches(self, shape: list[int]) -> bool:
+        return self.scores is not None and list(self.scores.shape) == list(shape)
+
+
+INDEXER_HANDOFF = IndexerHandoff()
+
+
+def _path(name: str, ops: tuple[str, ...], description: str, conditions: tuple[Condition, ...],
+          kernels: tuple[str, ...]) -> FastPath:
+    return FastPath(name=name, ops=ops, conditions=conditions, kernels=kernels, description=description)
+
+
+def _on(*devices: str) -> Condition:
+    return Condition(f"runs on {'/'.join(devices)}", lambda c: c.device in devices, lambda c: c.device)
+
+
+def _cuda_not_sm100() -> Condition:
+    """vLLM selects its MSA kernels on the SM100 family (common/sparse_attention.py, common/indexer.py)."""
+    def check(c: CallContext) -> bool:
+        import torch
+        return c.device == "cuda" and torch.cuda.get_device_capability()[0] != 10
+    return Condition("CUDA, not the SM100 family (MSA there)", check, lambda c: c.device)
+
+
+def _sparse() -> Condition:
+    return Condition("sparse-attention layer", lambda c: bool(c.attrs["sparse"]), lambda c: "dense layer")
+
+
+def _uniform_decode(field_t: str, field_r: str, want: bool) -> Condition:
+    word = "decode (one row per request)" if want else "prefill or mixed step"
+    return Condition(word, lambda c: (c.attrs[field_t] == c.attrs[field_r]) is want,
+                     lambda c: f"{c.attrs.get(field_t)} rows for {c.attrs.get(field_r)} requests")
+
+
+def _requests_from_shapes(c: CallContext) -> int:
+    return c.shapes["cu_seqlens_q"][0] - 1
+
+
+def _attention_paths() -> list[FastPath]:
+    common = (_sparse(), Condition("KV block size 128", lambda c: c.attrs["block_size"] == 128,
+                                   lambda c: f"block size {c.attrs['block_size']}"),
+              Condition("head_dim 128", lambda c: c.attrs["head_dim"] == 128, lambda c: c.attrs.get("head_dim")),
+              Condition("KV cache bf16/fp16/fp8", lambda c: c.dtypes["k_cache"] in KV_DTYPES,
+                        lambda c: c.dtypes.get("k_cache")))
+    return [
+        _path("attention.aiter_sparse_pa", ("attention",),
+                 "AITER page-16 sparse paged attention (pa_decode_gluon), one KV head per rank unless the MSA "
+                 "indexer emits the page table (A1)",
+                 (*common, Condition("one KV head per rank", lambda c: c.attrs["heads_kv"] == 1,
+                                     lambda c: f"{c.attrs['heads_kv']} KV heads per rank at tp={c.plan.get('tp', 1)}"),
+                           _on("hip")),
+                 ("pa_decode_gluon",)),
+        _path("attention.triton_sparse_decode", ("attention",),
+                 "vLLM's Triton split-K block-sparse decode + LSE merge (common/ops/sparse_attn.py)",
+                 (*common, _uniform_decode("q_tokens", "requests", True), _cuda_not_sm100()),
+                 ("_gqa_sparse_decode_kernel", "_merge_topk_attn_out_kernel")),
+        _path("attention.triton_sparse_prefill", ("attention",),
+                 "vLLM's Triton block-sparse prefill (common/ops/sparse_attn.py)",
+                 (*common, _uniform_decode("q_tokens", "requests", False), _cuda_not_sm100()),
+                 ("_gqa_sparse_fwd_kernel",)),
+    ]
+
+
+def _indexer_paths() -> list[FastPath]:
+    def decode(want: bool) -> Condition:
+        word = "decode (one row per request)" if want else "prefill or mixed step"
+        return Condition(word, lambda c: (c.shapes["iq"][0] == _requests_from_shapes(c)) is want,
+                         lambda c: f"{c.shapes['iq'][0]} rows for {_requests_from_shapes(c)} requests")
+
+    def from_vllm_indexer() -> Condition:
+        def check(c: CallContext) -> bool:
+            return INDEXER_HANDOFF.matches(c.shapes["scores"])
+        return Condition("scores from vLLM's indexer call of this layer", check, lambda c: "reference scores")
+
+    def selected(want: bool) -> Condition:
+        def check(c: CallContext) -> bool:
+            return (INDEXER_HANDOFF.topk is not None) is want
+        word = "decode: vLLM's indexer call already selected" if want else "prefill: scores only, top-k to select"
+        return Condition(word, check, lambda c: "the other phase")
+
+    index_dim = Condition("index head_dim 128", lambda c: c.attrs["head_dim"] == 128, lambda c: c.attrs.get("head_dim"))
+    return [
+        _path("indexer.msa_fp8", ("indexer",), "AITER fp8 MFMA block score (MSA indexer, gfx950, fp8 index cache) (A2)",
+                 (index_dim, Condition("fp8 index cache", lambda c: c.dtypes["index_cache"].startswith("float8"),
+                                       lambda c: c.dtypes.get("index_cache")), _on("hip")),
+                 ("pa_sparse_block_score_decode", "pa_sparse_block_score_prefill")),
+        _path("indexer.triton_decode", ("indexer",), "vLLM's Triton decode index score + top-k (one call) (A3)",
+                 (index_dim, decode(True), _cuda_not_sm100()),
+                 ("_decode_index_score_kernel", "_topk_index_partial_kernel", "_topk_index_merge_kernel")),
+        _path("indexer.triton_prefill", ("indexer",), "vLLM's Triton prefill block-max index score (A3)",
+                 (index_dim, decode(False), _cuda_not_sm100()), ("_index_block_score_kernel",)),
+        _path("indexer.triton_amd_decode", ("indexer",), "vLLM's AMD Triton decode score (balanced or split-K) + "
+                 "fused last-arriver top-k, which can emit the page-16 table (A3)", (index_dim, decode(True), _on("hip")),
+                 ("_decode_index_score_kernel", "_decode_index_score_balanced_kernel", "_decode_topk_fused_kernel")),
+        _path("indexer.triton_amd_prefill", ("indexer",), "vLLM's AMD Triton prefill block score (A3)",
+                 (index_dim, decode(False), _on("hip")), ("_index_block_score_kernel",)),
+        _path("topk.triton_decode", ("topk",), "the top-k of vLLM's fused decode indexer call (no extra launch)",
+                 (from_vllm_indexer(), selected(True)), ("_topk_index_merge_kernel",)),
+        _path("topk.triton_prefill", ("topk",), "vLLM's Triton bitonic top-k with init/local forcing (A3)",
+                 (from_vllm_indexer(), selected(False)), ("_topk_index_kernel",)),
+    ]
+
+
+def _gemm_paths() -> list[FastPath]:
+    def fmt(*formats: str) -> Condition:
+        return Condition(f"weights {'/'.join(formats)}", lambda c: c.attrs["w_format"] in formats,
+                         lambda c: c.attrs.get("w_format"))
+    return [
+        _path("gemm.mxfp8_dot_scaled_decode", GEMM_OPS,
+                 "MXFP8 dot_scaled linear, decode tiles (narrow N, large K step) for M <= 64 (G2)",
+                 (fmt("mxfp8"), Condition(f"M <= {DECODE_M_MAX}", lambda c: c.attrs["m"] <= DECODE_M_MAX,
+                                          lambda c: f"M={c.attrs['m']}"), _on(*GPU_DEVICES)),
+                 ("_mxfp8_linear_kernel",)),
+        _path("gemm.mxfp8_dot_scaled_prefill", GEMM_OPS, "MXFP8 dot_scaled linear, M > 64 tiles (G2)",
+                 (fmt("mxfp8"), Condition(f"M > {DECODE_M_MAX}", lambda c: c.attrs["m"] > DECODE_M_MAX,
+                                          lambda c: f"M={c.attrs['m']}"), _on(*GPU_DEVICES)),
+                 ("_mxfp8_linear_kernel",)),
+        _path("gemm.unquantized", GEMM_OPS, "vLLM's CUDA unquantized GEMM: F.linear (cuBLAS) (G1 on CUDA)",
+                 (fmt("bf16"), _on("cuda")), ("cublas",)),
+    ]
+
+
+def _moe_paths() -> list[FastPath]:
+    def fmt(*formats: str) -> Condition:
+        return Condition(f"expert weights {'/'.join(formats)}", lambda c: c.attrs["w_format"] in formats,
+                         lambda c: c.attrs.get("w_format"))
+    return [
+        _path("moe.aiter_mxfp8_flydsl", ("moe_gate_up", "moe_down"), "AITER FlyDSL MXFP8 2-stage MoE (M2)",
+                 (fmt("mxfp8"), Condition("no expert parallelism", lambda c: c.plan.get("ep", 1) == 1,
+                                          lambda c: f"ep={c.plan.get('ep')}"), _on("hip")),
+                 ("fused_moe",)),
+        _path("moe.triton_mxfp8_native", ("moe_gate_up", "moe_down"),
+                 "Triton native MXFP8 grouped GEMM (GROUP_SIZE_M program swizzle) + fused SwiGLU-quant (M2)",
+                 (fmt("mxfp8"), _on(*GPU_DEVICES)), ("_mxfp8_grouped_gemm_kernel", "_swiglu_oai_quant_kernel")),
+        _path("moe.triton_fused_moe", ("moe_gate_up", "moe_down"), "Triton fused_moe_kernel for BF16 experts (M2)",
+                 (fmt("bf16"), _on(*GPU_DEVICES)), ("fused_moe_kernel",)),
+    ]
+
+
+def _elementwise_paths() -> list[FastPath]:
+    return [
+        _path("norm.triton_gemma_rmsnorm", NORM_OPS, "vLLM's fp32 Triton Gemma RMSNorm (N1; a peer of FlashInfer's "
+                 "on CUDA)", (Condition("2-D rows", lambda c: len(c.shapes["x"]) == 2, lambda c: c.shapes.get("x")),
+                              _on(*GPU_DEVICES)), ("_gemma_rmsnorm_kernel",)),
+        _path("activation.triton_swiglu_oai", ACT_OPS, "vLLM's fp32 Triton SwiGLU-OAI (N3; a peer of "
+                 "SiluAndMulWithClamp on CUDA)", (_on(*GPU_DEVICES),), ("_swiglu_oai_kernel",)),
+    ]
 
 
 def _m3_fast_paths() -> list[FastPath]:
-    """The M3 fast paths, in priority order."""
-    return [
-        FastPath(
-            name="sparse_attn.paged_page16",
-            ops=("attention",),
-            description="paged sparse attention: 128-token blocks as 8 x 16-token pages, one KV head per rank",
-            conditions=(
-                Condition("sparse-attention layer", lambda c: bool(c.attrs["sparse"]),
-                          lambda c: "dense layer"),
-                Condition("one KV head per rank (kv heads per rank == 1, i.e. TP4 or TP8)",
-                          lambda c: c.attrs["heads_kv"] == 1,
-                          lambda c: f"{c.attrs['heads_kv']} KV heads per rank at tp={c.plan.get('tp', 1)}"),
-                Condition("KV block size 128 (= 8 consecutive 16-token pages)",
-                          lambda c: c.attrs["block_size"] == 128, lambda c: f"block size {c.attrs['block_size']}"),
-                Condition("KV dtype bf16 or fp8", lambda c: c.dtypes["k_cache"] in ("bfloat16", "float8_e4m3fn", "float8_e5m2"),
-                          lambda c: c.dtypes.get("k_cache")),
-                _on_gpu(),
-            ),
-            kernels=("sparse_paged_attention_page16",),
-        ),
-        FastPath(
-            name="moe.fused_shared_grouped_gemm",
-            ops=("moe_gate_up", "moe_down"),
-            description="one grouped GEMM for 128 routed + 1 shared expert (top-4 + 1)",
-            conditions=(
-                Condition("shared expert fused (plan.fused_shared_expert)",
-                          lambda c: bool(c.plan.get("fused_shared_expert")),
-                          lambda c: f"fused_shared_expert={c.plan.get('fused_shared_expert')}"),
-                Condition("129 experts in the table (128 routed + shared as expert 128)",
-                          lambda c: c.attrs["experts"] == c.attrs["routed_experts"] + 1,
-                          lambda c: f"{c.attrs['experts']} experts"),
-                Condition("weights bf16, mxfp8 or mxfp4", lambda c: c.attrs["w_format"] in GEMM_DTYPES,
-                          lambda c: c.attrs.get("w_format")),
-                _on_gpu(),
-            ),
-            kernels=("fused_moe_kernel",),
-        ),
-        FastPath(
-            name="gemm.decode_tile_table",
-            ops=("gemm", "lm_head"),
-            description="shape-aware GEMM launcher, decode tiles (narrow N tile, larger K step) for M <= 64",
-            conditions=(
-                Condition(f"decode-sized M <= {DECODE_M_MAX}", lambda c: c.attrs["m"] <= DECODE_M_MAX,
-                          lambda c: f"M={c.attrs['m']}"),
-                Condition("weights bf16, fp8, mxfp8 or mxfp4", lambda c: c.attrs["w_format"] in GEMM_DTYPES,
-                          lambda c: c.attrs.get("w_format")),
-                _on_gpu(),
-            ),
-            # kernels/gemm decode regime: GEMV split-K for M <= 4, the tensor-core split-K kernel above
-            kernels=("gemv_splitk_kernel", "gemm_splitk_kernel"),
-        ),
-        FastPath(
-            name="gemm.prefill_tile_table",
-            ops=("gemm", "lm_head"),
-            description="shape-aware GEMM launcher, prefill tiles for M > 64",
-            conditions=(
-                Condition(f"prefill-sized M > {DECODE_M_MAX}", lambda c: c.attrs["m"] > DECODE_M_MAX,
-                          lambda c: f"M={c.attrs['m']}"),
-                Condition("weights bf16, fp8, mxfp8 or mxfp4", lambda c: c.attrs["w_format"] in GEMM_DTYPES,
-                          lambda c: c.attrs.get("w_format")),
-                _on_gpu(),
-            ),
-            kernels=("gemm_tiled_kernel",),  # kernels/gemm: prefill regime = tiled kernel
-        ),
-        FastPath(
-            name="indexer.index_topk",
-            ops=("indexer",),
-            description="fused block-max index scores + top-k blocks",
-            conditions=(_on_gpu(),),
-            kernels=("index_topk_kernel",),
-        ),
-    ]
+    """The M3 fast paths, in priority order within each op."""
+    return [*_attention_paths(), *_indexer_paths(), *_gemm_paths(), *_moe_paths(), *_elementwise_paths()]
 
 
 class FastPathRegistry:
@@ -124,22 +219,35 @@ class FastPathRegistry:
 
 
 REPO_KERNELS = {  # fast path -> (module under m3lab.kernels, function) taking the reference's kwargs
-    "gemm.decode_tile_table": ("m3lab.kernels.gemm.launcher", "linear"),
-    "gemm.prefill_tile_table": ("m3lab.kernels.gemm.launcher", "linear"),
+    "gemm.mxfp8_dot_scaled_decode": ("m3lab.kernels.gemm.launcher", "linear"),
+    "gemm.mxfp8_dot_scaled_prefill": ("m3lab.kernels.gemm.launcher", "linear"),
+}
+KERNEL_SLOTS = {  # declared path -> the repo kernel family that implements it (attached via register_impl)
+    "attention.aiter_sparse_pa": "m3lab.kernels.sparse_attn: paged page-16 sparse attention",
+    "indexer.msa_fp8": "m3lab.kernels.indexer: fp8 block score + top-k emitting the page table",
+    "moe.aiter_mxfp8_flydsl": "m3lab.kernels.moe: MXFP8 grouped MoE with the shared expert as row 128",
+    "moe.triton_mxfp8_native": "m3lab.kernels.moe: MXFP8 grouped GEMM with GROUP_SIZE_M program order",
+    "moe.triton_fused_moe": "m3lab.kernels.moe: BF16 grouped GEMM",
 }
 
 
-def attach_repo_kernels(registry: FastPathRegistry) -> dict[str, str]:
-    """Attach the kernels of this repo that implement declared paths; -> {path: "ok" | error text}."""
+def attach_impls(registry: FastPathRegistry, impls: dict[str, tuple[str, str] | Callable[..., Any]]) -> dict[str, str]:
+    """Attach implementations ({path: (module, function) or a callable}); -> {path: "ok" | error text}."""
     import importlib
     status = {}
-    for path, (module, fn) in REPO_KERNELS.items():
+    for path, target in impls.items():
         try:
-            registry.register_impl(path, getattr(importlib.import_module(module), fn))
+            fn = getattr(importlib.import_module(target[0]), target[1]) if isinstance(target, tuple) else target
+            registry.register_impl(path, fn)
             status[path] = "ok"
         except (ImportError, AttributeError) as err:  # a kernel module missing or broken stays unattached
             status[path] = f"{type(err).__name__}: {err}"
     return status
+
+
+def attach_repo_kernels(registry: FastPathRegistry) -> dict[str, str]:
+    """Attach the kernels of this repo that implement declared paths; -> {path: "ok" | error text}."""
+    return attach_impls(registry, REPO_KERNELS)
 
 
 def m3_registry(with_kernels: bool = False) -> FastPathRegistry:

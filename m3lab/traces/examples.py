@@ -1,12 +1,13 @@
 """Synthetic MiniMax M3 dispatch traces, for tests, docs and demos without running the model.
 
-:func:`write_synthetic_m3_trace` writes the calls of one decode step the way :mod:`m3lab.dispatch`
-records them (its path names, shape names and condition texts), with the fast-path conditions of
-the reference write-up: the paged sparse attention kernel needs exactly one KV head per rank (M3 has
-4 KV heads, so TP4 or TP8), the shared expert is fused into the grouped GEMM (129 experts) unless the
-plan says otherwise, and GEMMs with M <= 64 take the decode tile table. The header carries
-``"synthetic": true``; timings are random. Real traces come from
-``m3lab.dispatch.capture.capture_dispatch_trace``.
+:func:`write_synthetic_m3_trace` writes the calls of one decode step the way :mod:`m3lab.dispatch` records them
+(its op names, shape names and the registry's path names) for the optimised MXFP8 deployment on MI355X
+(``mxfp8-tp4-optimised``, whose generated expectations are ``minimax_m3_tp4``): AITER paged sparse attention
+needs one KV head per rank (M3 has 4 KV heads, so TP4 or TP8; at TP2 the call falls back with the failed
+condition), the indexer runs on the layers that compute their top-k (index sharing every 4th sparse layer),
+the shared expert is fused into the grouped GEMM (129 experts, top-5) unless told otherwise, decode GEMMs
+take the MXFP8 decode tiles. The header carries ``"synthetic": true``; timings are random. Real traces come
+from ``m3lab.dispatch.capture.capture_dispatch_trace``.
 """
 from __future__ import annotations
 
@@ -14,64 +15,80 @@ from pathlib import Path
 
 import numpy as np
 
-from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # the decode tile table's M
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # the MXFP8 decode tiles' M bound
 from m3lab.traces.dispatch import DispatchTraceWriter
 
 KV_HEADS, Q_HEADS, HEAD_DIM, HIDDEN, EXPERTS, EXPERT_INTER, DENSE_LAYERS = 4, 64, 128, 6144, 128, 3072, 3
+DENSE_INTER, INDEX_FREQ, TOPK = 12288, 4, 4
 FALLBACK = "torch"  # the dispatcher's name for the plain-torch path
 # path names of m3lab/dispatch/registry.py
-SPARSE_PAGED = "sparse_attn.paged_page16"
-FUSED_MOE = "moe.fused_shared_grouped_gemm"
-DECODE_GEMM = "gemm.decode_tile_table"
+SPARSE_PAGED = "attention.aiter_sparse_pa"
+INDEXER, TOPK_PATH = "indexer.triton_amd_decode", "topk.triton_decode"
+FUSED_MOE = "moe.aiter_mxfp8_flydsl"
+DECODE_GEMM = "gemm.mxfp8_dot_scaled_decode"
+NORM, ACT = "norm.triton_gemma_rmsnorm", "activation.triton_swiglu_oai"
 
 
 def _gemm(w: DispatchTraceWriter, rng: np.random.Generator, op: str, layer: int, m: int, n: int, k: int) -> None:
     decode = m <= DECODE_M_MAX
     w.write(op, layer=layer, shapes={"x": [m, k], "w": [n, k]}, dtypes={"x": "bfloat16", "w": "float8_e4m3fn"},
             path=DECODE_GEMM if decode else FALLBACK,
-            kernels=["gemm_a16w16_decode"] if decode else ["m3lab.kernels.gemm.reference.linear_ref"],
-            rejected=[] if decode else [(DECODE_GEMM, f"decode-sized M <= {DECODE_M_MAX} (got M={m})")],
+            kernels=["_mxfp8_linear_kernel"] if decode else ["m3lab.kernels.gemm.reference.linear_ref"],
+            rejected=[] if decode else [(DECODE_GEMM, f"M <= {DECODE_M_MAX} (got M={m})")],
             t_us=float(rng.uniform(2, 20)))
 
 
-def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32, layers: int = 6,
+def _simple(w, rng, op: str, layer: int, path: str, kernels: list[str], shapes: dict) -> None:
+    w.write(op, layer=layer, shapes=shapes, dtypes={k: "bfloat16" for k in shapes}, path=path, kernels=kernels,
+            rejected=[], t_us=float(rng.uniform(1, 5)))
+
+
+def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32, layers: int = 8,
                              fused_shared_expert: bool = True, seed: int | None = None) -> Path:
     """Write one synthetic M3 decode step (``tokens`` requests, first ``layers`` layers) at ``tp``."""
     rng = np.random.default_rng(seed)
     kv_local = max(KV_HEADS // tp, 1)
     q_local = Q_HEADS // tp
     path = Path(path)
-    with DispatchTraceWriter(path, device="cpu", model="minimax-m3", synthetic=True,
+    meta = {"cu_seqlens_q": [tokens + 1], "seq_lens": [tokens], "block_tables": [tokens, 64]}
+    with DispatchTraceWriter(path, device="hip", model="minimax-m3-mxfp8", synthetic=True,
                              plan={"tp": tp, "ep": 1, "fused_shared_expert": fused_shared_expert}) as w:
         for layer in range(layers):
-            width = (q_local + 2 * kv_local) * HEAD_DIM
-            _gemm(w, rng, "qkv_proj", layer, tokens, width, HIDDEN)
             sparse = layer >= DENSE_LAYERS
+            _simple(w, rng, "input_norm", layer, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, HIDDEN], "w": [HIDDEN]})
+            width = (q_local + 2 * kv_local) * HEAD_DIM + (kv_local * HEAD_DIM + HEAD_DIM if sparse else 0)
+            _gemm(w, rng, "qkv_proj", layer, tokens, width, HIDDEN)
+            computes = sparse and (layer - DENSE_LAYERS) % INDEX_FREQ == 0
+            if computes:
+                _simple(w, rng, "indexer", layer, INDEXER, ["_decode_index_score_kernel", "_decode_topk_fused_kernel"],
+                        {"iq": [tokens, kv_local, HEAD_DIM], "index_cache": [1024, 128, HEAD_DIM], **meta})
+                _simple(w, rng, "topk", layer, TOPK_PATH, [], {"scores": [kv_local, tokens, 64], "positions": [tokens]})
             attn_shapes = {"q": [tokens, q_local, HEAD_DIM], "k_cache": [1024, 128, kv_local, HEAD_DIM],
-                           "v_cache": [1024, 128, kv_local, HEAD_DIM]}
+                           "v_cache": [1024, 128, kv_local, HEAD_DIM], **meta}
             if sparse:
-                attn_shapes["blocks"] = [tokens, kv_local, 16]
+                attn_shapes["blocks"] = [kv_local, tokens, 16]
             why = ("sparse-attention layer (got dense layer)" if not sparse else None if kv_local == 1 else
-                   f"one KV head per rank (kv heads per rank == 1, i.e. TP4 or TP8) "
-                   f"(got {kv_local} KV heads per rank at tp={tp})")
+                   f"one KV head per rank (got {kv_local} KV heads per rank at tp={tp})")
             w.write("attention", layer=layer, shapes=attn_shapes, dtypes={"q": "bfloat16", "k_cache": "bfloat16"},
                     path=FALLBACK if why else SPARSE_PAGED,
-                    kernels=["m3lab.model.attention.attention_varlen"] if why else ["sparse_paged_attention_page16"],
+                    kernels=["m3lab.model.attention.attention_varlen"] if why else ["pa_decode_gluon"],
                     rejected=[(SPARSE_PAGED, why)] if why else [], t_us=float(rng.uniform(5, 40)))
             _gemm(w, rng, "o_proj", layer, tokens, HIDDEN, Q_HEADS * HEAD_DIM // tp)
+            _simple(w, rng, "post_attn_norm", layer, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, HIDDEN], "w": [HIDDEN]})
             if layer < DENSE_LAYERS:
-                _gemm(w, rng, "gate_up_proj", layer, tokens, 2 * 12288 // tp, HIDDEN)
-                _gemm(w, rng, "down_proj", layer, tokens, HIDDEN, 12288 // tp)
+                _gemm(w, rng, "gate_up_proj", layer, tokens, 2 * DENSE_INTER // tp, HIDDEN)
+                _simple(w, rng, "act", layer, ACT, ["_swiglu_oai_kernel"], {"h": [tokens, 2 * DENSE_INTER // tp]})
+                _gemm(w, rng, "down_proj", layer, tokens, HIDDEN, DENSE_INTER // tp)
                 continue
             experts = EXPERTS + 1 if fused_shared_expert else EXPERTS
-            why = None if fused_shared_expert else \
-                "shared expert fused (plan.fused_shared_expert) (got fused_shared_expert=False)"
-            w.write("moe_gate_up", layer=layer,
-                    shapes={"x": [tokens, HIDDEN], "w": [experts, 2 * EXPERT_INTER // tp, HIDDEN]},
-                    dtypes={"x": "bfloat16", "w": "float8_e4m3fn"}, path=FALLBACK if why else FUSED_MOE,
-                    kernels=["m3lab.kernels.moe.reference.grouped_gemm_ref"] if why else ["fused_moe_kernel"],
-                    rejected=[(FUSED_MOE, why)] if why else [], t_us=float(rng.uniform(20, 80)))
+            topk = TOPK + 1 if fused_shared_expert else TOPK
+            for op, n, k in (("moe_gate_up", 2 * EXPERT_INTER // tp, HIDDEN), ("moe_down", HIDDEN, EXPERT_INTER // tp)):
+                w.write(op, layer=layer, shapes={"x": [tokens, k], "w": [experts, n, k], "ids": [tokens, topk]},
+                        dtypes={"x": "bfloat16", "w": "float8_e4m3fn"}, path=FUSED_MOE, kernels=["fused_moe"],
+                        rejected=[], t_us=float(rng.uniform(20, 80)))
             if not fused_shared_expert:
                 _gemm(w, rng, "shared_gate_up", layer, tokens, 2 * EXPERT_INTER // tp, HIDDEN)
+                _simple(w, rng, "shared_act", layer, ACT, ["_swiglu_oai_kernel"], {"h": [tokens, 2 * EXPERT_INTER // tp]})
                 _gemm(w, rng, "shared_down", layer, tokens, HIDDEN, EXPERT_INTER // tp)
+        _simple(w, rng, "final_norm", -1, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, HIDDEN], "w": [HIDDEN]})
     return path

@@ -241,7 +241,8 @@ class Expectations:
 
     @classmethod
     def load(cls, path_or_name: str | Path) -> "Expectations":
-        """Load a YAML file, or a shipped set by name (``"minimax_m3_tp4"``; see :func:`list_shipped`).
+        """Load a YAML file or a shipped set by name (``"minimax_m3_tp4"``; see :func:`list_shipped`). The sets the
+        fast-path resolver generates for a serving preset: ``m3lab.vllm.fastpath_expectations.load_expectations``.
 
         >>> exp = Expectations.load("minimax_m3_tp4")
         >>> [e.id for e in exp.items]
@@ -251,7 +252,7 @@ class Expectations:
             shipped = _shipped_dir() / f"{path_or_name}.yaml"
             if not shipped.is_file():
                 raise M3LabError(f"expectations {path_or_name!r} not found", field="--expect",
-                                 hint="give a YAML path or one of: " + ", ".join(list_shipped()))
+                                 hint="give a YAML path, preset:<serving preset> (m3lab trace verify) or one of: " + ", ".join(list_shipped()))
             path = shipped
         try:
             doc = yaml.safe_load(path.read_text(encoding="utf-8"))

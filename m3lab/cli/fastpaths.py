@@ -1,0 +1,107 @@
+"""``m3lab fastpaths``: which code vLLM runs for each op of MiniMax M3, with every condition and its source line.
+
+    m3lab fastpaths --model minimax-m3-mxfp8 --hardware mi355x --tp 4 --quant mxfp8 --tokens 32
+    m3lab fastpaths --preset mxfp8-tp4-optimised [--set aiter=0 ...] [--json]
+
+Exit status 2 when vLLM refuses the deployment at start-up (the reason is vLLM's) or the input is bad.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from m3lab.cli.output import echo_json
+from m3lab.errors import M3LabError
+
+REFUSED_EXIT = 2
+
+
+def _settings(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise M3LabError(f"--set {item!r} is not KEY=VALUE", field="--set", hint="e.g. --set aiter=1")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_deployment(model: str | None, hardware: str | None, tp: int | None, ep: int | None, quant: str | None,
+                     preset: str | None, settings: dict[str, str]):
+    """The Deployment the flags describe: a preset (flags override it) or vLLM defaults for the given names."""
+    from m3lab.spec.serving import deployment, load_preset
+    if preset:
+        d = load_preset(preset)
+        over = {k: str(v) for k, v in (("tp", tp), ("ep", ep)) if v is not None}
+        if model or hardware or quant:
+            import dataclasses
+
+            from m3lab.spec import load_hardware, load_model, load_quant
+            d = dataclasses.replace(d, model=load_model(model) if model else d.model,
+                                    hardware=load_hardware(hardware) if hardware else d.hardware,
+                                    quant=load_quant(quant).with_cache(d.quant.kv_dtype, d.quant.index_dtype)
+                                    if quant else d.quant)
+        return d.with_settings({**over, **settings})
+    d = deployment(model or "minimax-m3", hardware or "mi355x", quant or "bf16", tp=tp or 1, ep=ep or 1,
+                   fused_shared_expert=False)  # vLLM's default: VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS unset
+    return d.with_settings(settings) if settings else d
+
+
+def fastpaths_cmd(model: Optional[str] = typer.Option(None, "--model", help="model name or config.json "
+                                                                             "(default minimax-m3)"),
+                  hardware: Optional[str] = typer.Option(None, "--hardware", help="mi355x, mi325x, mi300x, h200, b200"),
+                  tp: Optional[int] = typer.Option(None, "--tp", help="tensor-parallel size (default 1)"),
+                  ep: Optional[int] = typer.Option(None, "--ep", help="expert-parallel size (default 1)"),
+                  quant: Optional[str] = typer.Option(None, "--quant", help="bf16, mxfp8, mxfp4 (default bf16)"),
+                  preset: Optional[str] = typer.Option(None, "--preset", help="a named deployment "
+                                                                               "(m3lab.spec.serving.PRESETS)"),
+                  set_: List[str] = typer.Option([], "--set", help="KEY=VALUE: a ServingConfig or plan field, "
+                                                                   "kv_dtype, index_dtype, index_topk_freq"),
+                  tokens: int = typer.Option(32, "--tokens", help="tokens in the step (decode: rows)"),
+                  phase: Optional[str] = typer.Option(None, "--phase", help="decode or prefill (default: prefill "
+                                                                            "for a prefill worker, else decode)"),
+                  as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """For each op of a dense and a sparse layer: the path vLLM takes, its kernels, conditions and source."""
+    from m3lab.vllm.fastpaths import resolve
+
+    d = build_deployment(model, hardware, tp, ep, quant, preset, _settings(set_))
+    phase = phase or ("prefill" if d.plan.role == "prefill" else "decode")
+    res = resolve(d, tokens=tokens, phase=phase)
+    if as_json:
+        echo_json(res.to_dict())
+    else:
+        _print(res)
+    if not res.ok:
+        raise typer.Exit(REFUSED_EXIT)
+
+
+def _print(res) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    d = res.deployment
+    console.print(f"[bold]{d.name or 'deployment'}[/bold]: {d.model.name} on {d.hardware.name} "
+                  f"({res.platform.kind} {res.platform.arch}), tp={d.plan.tp} ep={d.plan.ep}, quant {d.quant.name}, "
+                  f"kv {d.quant.kv_dtype}, index {d.quant.index_dtype}; {res.phase} step of {res.tokens} tokens",
+                  highlight=False)
+    console.print(f"[dim]{d.command()}[/dim]", highlight=False)
+    table = Table(show_lines=True)
+    for col in ("op", "layers", "id", "path", "kernels", "conditions (value)", "decided by"):
+        table.add_column(col, overflow="fold")
+    colour = {"runs": "green", "off": "yellow", "refused": "red", "skipped": "dim"}
+    for x in res.decisions:
+        conds = "\n".join(f"{'✓' if c.holds else '✗'} {c.name}: {c.value}" for c in x.checks)
+        path = f"[{colour[x.status]}]{x.path}[/{colour[x.status]}]" + (f"\n{x.shape}" if x.shape else "")
+        table.add_row(x.op, x.layer_kind, x.decision, path, "\n".join(x.kernels), conds, str(x.decided_by))
+    console.print(table)
+    for x in res.turned_off:
+        console.print(f"[yellow]turned off[/yellow] {x.op}: {x.note}", highlight=False)
+    for x in res.refused:
+        console.print(f"[red]refused[/red] {x.op} ({x.decided_by}): {x.note}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``fastpaths`` command to the m3lab app."""
+    app.command("fastpaths")(fastpaths_cmd)
