@@ -125,6 +125,11 @@ def test_committed_gpu_gate_results(repo_dir):
     df = pd.read_csv(repo_dir / "traces" / "gates" / "gates_cuda_NVIDIA_H200.csv")
     after = df[df["phase"] == "after_tune"]
     assert len(after) >= 200 and after["passed"].all()
+    every = df[df["phase"] == "all_gates"]          # `m3lab gate --device cuda`: every gate, bf16 on the H200
+    assert len(every) >= 400 and every["passed"].all() and set(every["commit"]) and set(every["date"])
+    families = {g.split(".")[0] for g in every["gate"]}
+    assert {"gemm", "mx", "moe", "sparse", "vllm", "perf"} <= families
+    assert every["gate"].str.startswith("vllm.").sum() >= 6 and (every["dtype"] == "bfloat16").any()
     base = perf.load_baseline(repo_dir / "traces" / "gates" / "baseline_NVIDIA_H200.csv")
     assert set(base["provider"]) == {"triton"} and len(base) >= 50
 

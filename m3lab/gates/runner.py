@@ -90,8 +90,9 @@ def summary(df: pd.DataFrame) -> dict:
 
 
 def recorded_results(device_name: str = "NVIDIA_H200") -> pd.DataFrame:
-    """Gate results recorded on a GPU and committed (traces/gates/gates_cuda_<device>.csv; column
-    ``phase``: before_tune / after_tune / perf_recheck)."""
+    """Gate results recorded on a GPU and committed (traces/gates/gates_cuda_<device>.csv; column ``phase``:
+    before_tune / after_tune / perf_recheck of a GEMM tuning session, or all_gates for ``m3lab gate --device cuda``;
+    ``commit`` and ``date`` say what ran when)."""
     from .perf import BASELINE_DIR
     path = BASELINE_DIR / f"gates_cuda_{device_name}.csv"
     if not path.exists():
