@@ -30,7 +30,7 @@ def test_every_provider_computes_the_reference_moe(tiny):
         out = bm.provider_calls(name, ops)[1]()                # the second call: its own x, routing and copy
         w = ops.w(fmt, 1)
         wts, ids = ops.routes[1]
-        ref = fused_moe_ref(ops.xs[1], w["w13"], w["w2"], wts, ids, **bm.ACT, w13_scale=w.get("w13_scale"),
+        ref = fused_moe_ref(ops.xs[1], w["w13"], w["w2"], wts, ids, **bm.act(), w13_scale=w.get("w13_scale"),
                             w2_scale=w.get("w2_scale"), fmt=fmt)
         # vLLM's MXFP8 path quantises x and the activation to E4M3 as well (~3% rel-RMS each, plus the interpreter's
         # lost round-up carries): 10% still fails a wrong expert, weight or slot (errors of order 100%)

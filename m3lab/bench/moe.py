@@ -360,11 +360,14 @@ def main(out: str = "out", phases: str = "gates,tune,bench", deadline_s: float =
 
 
 def moe_table(path=None, latest: bool = True):
-    """The recorded benchmark table (traces/bench/moe.csv) with T and routing parsed; ``latest``: the last run only."""
+    """The recorded benchmark table (traces/bench/moe.csv) with T and routing parsed; ``latest``: for each
+    (provider, shape, dtype) only the most recent row (a later run may cover only some token counts)."""
     from .table import TRACES_BENCH, read_table
     df = read_table(path or TRACES_BENCH / "moe.csv")
     df["routing"] = df["shape"].str.extract(r"routing=(\w+)")[0]
-    return df[df["commit"] == df["commit"].iloc[-1]].reset_index(drop=True) if latest and len(df) else df
+    if latest and len(df):
+        df = df.drop_duplicates(["op", "provider", "shape", "dtype"], keep="last")
+    return df.reset_index(drop=True)
 
 
 if __name__ == "__main__":
