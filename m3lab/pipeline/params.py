@@ -10,12 +10,12 @@ checked before a step runs.
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-import nbformat
 import yaml
 
 from m3lab.errors import M3LabError
@@ -43,12 +43,18 @@ def notebook_parameters(path: str | Path) -> dict[str, Parameter]:
 
 @lru_cache(maxsize=128)
 def _parameters_cached(path: str, _mtime: int) -> tuple[tuple[str, Parameter], ...]:
-    nb = nbformat.read(path, as_version=4)
-    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    # plain JSON rather than nbformat: importing nbformat's schema validators takes seconds, and a bad value
+    # must be reported within a few seconds of typing it
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+        cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise M3LabError(f"notebook {path} is not a valid notebook (JSON with a list of cells)") from None
     if not cells:
         raise M3LabError(f"notebook {path} has no cell tagged 'parameters'",
                          hint="tag the cell of defaults 'parameters' (papermill's convention)")
-    source = cells[0].source
+    source = cells[0]["source"]
+    source = "".join(source) if isinstance(source, list) else source
     lines = source.splitlines()
     try:
         tree = ast.parse(source)

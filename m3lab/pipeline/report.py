@@ -13,8 +13,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import nbformat
-
 from m3lab.atomic import write_text
 from m3lab.pipeline.run_folder import REPORT, load_summary
 
@@ -43,6 +41,8 @@ div.out{overflow-x:auto}
 
 def build_report(run_dir: str | Path) -> Path:
     """(Re)build ``report.html`` of a run folder from its executed notebooks and summary."""
+    import nbformat
+
     run_dir = Path(run_dir)
     summary = load_summary(run_dir)
     sections, toc = [], []
