@@ -44,7 +44,7 @@ def estimate_cmd(
 
     from m3lab.serving.estimate import ShortRunWarning, estimate
 
-    cal = None if is_null(calibration) else (calibration or "default")
+    cal = "default" if calibration is None else (None if is_null(calibration) else calibration)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ShortRunWarning)
         est = estimate(model, hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=osl,
@@ -95,7 +95,7 @@ def kernel_time_cmd(
     """Predicted microseconds of one GEMM or MoE grouped GEMM, and the bound that limits it."""
     from m3lab.cost.kernel_time import kernel_time
 
-    cal = None if is_null(calibration) else (calibration or "default")
+    cal = "default" if calibration is None else (None if is_null(calibration) else calibration)
     shape = (dict(m=m, n=n, k=k) if op == "gemm" else
              dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, topk=topk, routing=routing))
     res = kernel_time(hardware, op, quant=quant, calibration=cal, **shape)
