@@ -75,7 +75,7 @@ def _screenshots(report: Path, steps: int, out: Path) -> list[Path]:
         page.write_text(html.replace("</head>", css, 1), encoding="utf-8")
         png = out / f"step-{i}.png"
         subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--hide-scrollbars", "--window-size=1400,9000", "--virtual-time-budget=20000",
+                        "--hide-scrollbars", "--window-size=1400,16000", "--virtual-time-budget=20000",
                         f"--screenshot={png}", page.as_uri()], capture_output=True, timeout=300)
         page.unlink()
         shots.append(png)

@@ -52,6 +52,23 @@ app = typer.Typer(cls=_Group, help="m3lab: the MiniMax M3 serving performance wo
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+        try:
+            version = metadata.version("m3lab")
+        except metadata.PackageNotFoundError:
+            version = "unknown (not installed; running from a source tree)"
+        typer.echo(f"m3lab {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print m3lab's version and exit.")) -> None:
+    """m3lab: the MiniMax M3 serving performance workbench."""
+
+
 def _register_all() -> None:
     # commands (one line per module; each module defines register(app))
     from m3lab.cli import estimate; estimate.register(app)  # noqa: E702

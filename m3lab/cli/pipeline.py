@@ -28,7 +28,7 @@ def run(
     resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR",
                                           help="Re-run the unfinished steps of this run folder, with its parameters "
                                                "(changed by any -p)."),
-    quiet: bool = typer.Option(False, "--quiet", help="No per-cell progress bars."),
+    progress: bool = typer.Option(False, "--progress/--quiet", help="Show papermill's per-cell progress bars."),
 ) -> None:
     """Run a pipeline of notebooks with papermill and print where the run folder is."""
     from m3lab.pipeline.runner import RunInterrupted, resume_run, run_pipeline
@@ -37,9 +37,9 @@ def run(
     try:
         if resume is not None:
             name = _pipeline_name(pipeline) if pipeline is not None else None
-            result = resume_run(resume, param, pipeline=name, progress=not quiet)
+            result = resume_run(resume, param, pipeline=name, progress=progress)
         else:
-            result = run_pipeline(pipeline or DEFAULT_PIPELINE, param, out, progress=not quiet)
+            result = run_pipeline(pipeline or DEFAULT_PIPELINE, param, out, progress=progress)
     except RunInterrupted as stop:
         typer.secho(f"interrupted: resume with: m3lab run --resume {stop.run_dir}", err=True, fg="yellow")
         raise typer.Exit(INTERRUPTED_EXIT) from None
@@ -68,7 +68,7 @@ def sweep(
     out: Path = typer.Option(Path("runs"), "--out", help="Folder in which the sweep folder is created."),
     ray_address: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS",
                                               help="Run the points as Ray tasks on this cluster ('auto' for the local one)."),
-    quiet: bool = typer.Option(False, "--quiet", help="No per-cell progress bars."),
+    progress: bool = typer.Option(False, "--progress/--quiet", help="Show papermill's per-cell progress bars."),
 ) -> None:
     """Run a pipeline once per point of a parameter grid; end with one comparison table across the points."""
     from m3lab.pipeline.runner import RunInterrupted
@@ -77,7 +77,7 @@ def sweep(
 
     try:
         record = run_sweep(pipeline or DEFAULT_PIPELINE, parse_axes(grid), param, out, ray_address=ray_address,
-                           progress=not quiet)
+                           progress=progress)
     except RunInterrupted as stop:
         typer.secho(f"interrupted: resume that point with: m3lab run --resume {stop.run_dir}", err=True, fg="yellow")
         raise typer.Exit(INTERRUPTED_EXIT) from None
