@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from m3lab.cli.output import echo_json
+from m3lab.errors import M3LabError
 from m3lab.pipeline.validate import is_null
 from m3lab.workload.scheduler import REQUESTS_PER_SLOT
 
@@ -96,8 +97,14 @@ def kernel_time_cmd(
     from m3lab.cost.kernel_time import kernel_time
 
     cal = "default" if calibration is None else (None if is_null(calibration) else calibration)
-    shape = (dict(m=m, n=n, k=k) if op == "gemm" else
-             dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, topk=topk, routing=routing))
+    gemm_opts = dict(m=m, n=n, k=k)
+    grouped_opts = dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, topk=topk)
+    other = grouped_opts if op == "gemm" else gemm_opts if op == "grouped_gemm" else {}
+    ignored = [f"--{name}" for name, value in other.items() if value is not None]
+    if ignored:
+        raise M3LabError(f"{', '.join(ignored)} do not apply to --op {op}", field=ignored[0].lstrip("-"),
+                         hint="gemm takes --m --n --k; grouped_gemm takes --tokens --hidden --inter --experts --topk")
+    shape = gemm_opts if op == "gemm" else dict(grouped_opts, routing=routing)
     res = kernel_time(hardware, op, quant=quant, calibration=cal, **shape)
     if as_json:
         echo_json(res)
