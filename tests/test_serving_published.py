@@ -90,3 +90,22 @@ def test_published_measurement_matches_every_deployment_field():
     assert published.measurement_for(cfg)["after"]["ttft_s"] == 0.67
     for key, other in (("hardware", "h200"), ("ep", 4), ("osl", 2048), ("spec_tokens", 3), ("kv_dtype", "fp8")):
         assert published.measurement_for({**cfg, key: other}) is None, key
+
+
+@pytest.mark.slow
+def test_pipeline_concurrency_128_and_64_give_different_ttft_in_the_summary_artifacts(tmp_path):
+    import json
+
+    from m3lab.pipeline.runner import run_pipeline
+    from m3lab.pipeline.spec import notebooks_dir
+
+    yaml = tmp_path / "serving.yaml"
+    yaml.write_text(f"name: serving\nsteps:\n  - notebook: {notebooks_dir() / '10_serving_estimates.ipynb'}\n")
+    ttft = {}
+    for c in (64, 128):
+        res = run_pipeline(yaml, [f"concurrency={c}"], tmp_path / "runs", progress=False, echo=lambda s: None)
+        assert res.ok, res.failed_step
+        art = json.loads((res.run_dir / "artifacts" / "serving_estimates" / "serving_estimate.json").read_text())
+        assert art["concurrency"] == c and art["num_requests"] == default_num_requests(c) and art["steady_state"]
+        ttft[c] = art["ttft_s"]
+    assert ttft[64] != ttft[128]
