@@ -50,23 +50,26 @@ def _handoff_bytes_per_rank(m, plan, quant, isl: int) -> float:
 
 def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int, concurrency: int,
                   ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3)), prefill_concurrency: int = 4,
-                  kv_link_bw: float = KV_LINK_BW, calibration="default") -> pd.DataFrame:
+                  kv_link_bw: float = KV_LINK_BW, calibration="default", kv_dtype: str | None = None) -> pd.DataFrame:
     """One row per (prefill:decode ratio, mode): request rates, TTFT (prefill + KV hand-off), TPOT and output
     tokens/s/GPU; ``limited_by`` says which side sets the rate."""
     from m3lab.serving.estimate import estimate
 
     if kv_link_bw <= 0:
         raise M3LabError(f"kv_link_bw={kv_link_bw} must be positive (B/s per GPU)", field="kv_link_bw")
-    pre = estimate(model, hardware, tp=tp, quant=quant, isl=isl, osl=1, concurrency=prefill_concurrency,
+    pre = estimate(model, hardware, tp=tp, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=1, concurrency=prefill_concurrency,
                    calibration=calibration)
-    dec = estimate(model, hardware, tp=tp, quant=quant, isl=isl, osl=2, concurrency=concurrency,
-                   num_requests=concurrency, calibration=calibration)  # checks the decode side's KV capacity
+    dec = estimate(model, hardware, tp=tp, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=2, concurrency=concurrency,
+                   calibration=calibration)  # checks the decode side's KV capacity
     from m3lab.spec.model import load_model
     from m3lab.spec.plan import ParallelPlan
 
     m = load_model(model)
     plan = ParallelPlan(tp=tp)
-    kv_bytes_rank = _handoff_bytes_per_rank(m, plan, quant, isl)
+    from m3lab.spec.quant import load_quant
+
+    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else quant
+    kv_bytes_rank = _handoff_bytes_per_rank(m, plan, q, isl)
     kv_s = kv_bytes_rank / kv_link_bw
     rows = []
     for mode, res in pre.results.items():
@@ -203,8 +206,9 @@ def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, deco
     from m3lab.cost.model import cost_label, resolve_calibration
     from m3lab.pd.geometry import pd_plan
     from m3lab.serving.capacity import capacity
-    from m3lab.serving.estimate import REQUESTS_PER_SLOT, _spec_steps
+    from m3lab.serving.estimate import spec_decode_steps
     from m3lab.serving.step_cost import StepCoster
+    from m3lab.workload.scheduler import default_num_requests
     from m3lab.spec.hardware import load_hardware
     from m3lab.spec.model import load_model
     from m3lab.spec.plan import ParallelPlan
@@ -224,13 +228,13 @@ def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, deco
     max_seqs = min(max_num_seqs, cap.max_concurrency)
     if max_seqs < 1:
         cap.check(1)
-    osl_steps = _spec_steps(osl, spec_tokens, accept_len)
+    osl_steps = spec_decode_steps(osl, spec_tokens, accept_len)
     handoff, _ = pd_plan(m, tp, decode_tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype,
                          prefill_layout=prefill_layout, decode_layout=decode_layout, bandwidth=kv_link_bw)
     cal = resolve_calibration(hw, calibration)
     pre = StepCoster(m, pplan, q, hw, cal)
     dec = StepCoster(m, dplan, q, hw, cal, spec_tokens=spec_tokens)
-    n_req = num_requests or REQUESTS_PER_SLOT * concurrency
+    n_req = default_num_requests(concurrency) if num_requests is None else num_requests
     gpus = prefill * tp + decode * decode_tp
     results = {}
     for mode in ("ceiling",) + (("calibrated",) if cal is not None else ()):
