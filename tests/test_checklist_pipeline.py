@@ -47,10 +47,19 @@ def _has_data(fig: dict) -> bool:
                 if vals.get("bdata"):
                     return True
                 continue
-            for v in vals or []:
+            for v in _flat(vals or []):
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v != 0:
                     return True
     return False
+
+
+def _flat(values):
+    """Values of a trace axis, nested lists (a heatmap's z rows) flattened."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(v)
+        else:
+            yield v
 
 
 def test_checklist_notebooks_share_one_workload():
