@@ -75,13 +75,15 @@ class M3Model:
                 why = f"routed and shared experts in different formats ({fmt[0]} / {fmt[1]}): vLLM keeps them apart"
         return f"separate MLP: {why or 'not fused by the weights'}"
 
-    def new_cache(self, num_blocks: int, layout: str = DEFAULT_LAYOUT, dtype: torch.dtype | None = None) -> PagedKVCache:
-        """A paged cache sized for this rank's layers (an index-key cache on every sparse layer)."""
+    def new_cache(self, num_blocks: int, layout: str = DEFAULT_LAYOUT, dtype: torch.dtype | None = None,
+                  index_dtype: torch.dtype | None = None) -> PagedKVCache:
+        """A paged cache sized for this rank's layers (an index-key cache on every sparse layer); K/V in ``dtype``
+        (default: the weights'), index keys in ``index_dtype`` (default: ``dtype``)."""
         m = self.model
         return PagedKVCache(num_blocks=num_blocks, block_size=m.sparse.block_size,
                             kv_heads=self.plan.heads_kv_local(m), head_dim=m.head_dim, index_dim=m.sparse.index_dim,
                             sparse=[a == ATTN_SPARSE for a in m.attn_types], layout=layout,
-                            dtype=dtype or self.dtype, device=self.device)
+                            dtype=dtype or self.dtype, index_dtype=index_dtype, device=self.device)
 
     # --- one engine step ------------------------------------------------------------------------
     def step(self, cache: PagedKVCache, requests: list[tuple[int, torch.Tensor]], all_logits: bool = False):
