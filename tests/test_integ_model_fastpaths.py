@@ -160,3 +160,16 @@ def test_routed_and_shared_experts_in_different_formats_stay_apart():
     why = {r["path"]: r["condition"] for r in moe["rejected"]}
     assert why["moe.triton_fused_moe"] == "expert weights bf16 (got mxfp8)"
     assert why["moe.triton_mxfp8_native"].startswith("runs on cuda/hip (got cpu)")
+
+
+def test_the_conditions_are_vllms_widths_and_kv_dtypes():
+    """The default mini model (KV block 16, head dim 32) and an fp32 KV cache are not vLLM's sparse kernels' cases:
+    attached and allowed on the CPU, the paths still do not run, and the record names the width or dtype."""
+    from m3lab.spec.model import ModelSpec
+    for spec, kv, want in ((ModelSpec.mini(), torch.float16, "KV block size 128 (got block size 16)"),
+                           (SPEC, torch.float32, "KV cache bf16/fp16/fp8 (got float32)")):
+        m = build_model(spec, {"tp": 1}, seed=0, dispatcher=_fast({"tp": 1}))
+        m.step(m.new_cache(4, dtype=kv), [(0, torch.arange(3))])
+        att = [r for r in m.dispatcher.records if r["op"] == "attention" and r["layer"] in spec.sparse_layers]
+        assert att and all(r["path"] == "torch" for r in att)
+        assert all(x["condition"] == want for r in att for x in r["rejected"] if x["path"].startswith("attention.triton"))
