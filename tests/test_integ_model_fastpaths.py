@@ -144,8 +144,9 @@ def test_under_expert_parallelism_the_shared_expert_stays_apart_and_the_record_s
 
 
 def test_routed_and_shared_experts_in_different_formats_stay_apart():
-    """MXFP8 routed experts and a BF16 shared expert (as the loader leaves such a checkpoint): not fused, and the
-    record says why; the MXFP8 experts are not the BF16 kernel's path."""
+    """MXFP8 routed experts and a BF16 shared expert (as the loader leaves such a checkpoint), fusion asked for:
+    not fused, and the record says why; the MXFP8 experts take the MXFP8 path (our kernel, dequantising in the
+    interpreter) and equal the reference."""
     m = build_model(SPEC, {"tp": 1, "fused_shared_expert": False}, seed=3)
     for i in SPEC.moe_layers:
         for name in ("w13", "w2"):
@@ -153,13 +154,21 @@ def test_routed_and_shared_experts_in_different_formats_stay_apart():
             m.weights[f"layers.{i}.{name}"], m.weights[f"layers.{i}.{name}.scale"] = q, s
             m.formats[f"layers.{i}.{name}"] = "mxfp8"
     m.plan = dataclasses.replace(m.plan, fused_shared_expert=True)   # fusion asked for
-    m.dispatcher = Dispatcher(plan=m.plan, registry=m3_registry(True))
-    m.step(m.new_cache(4), [(0, torch.arange(3))])
-    (moe,) = [r for r in m.dispatcher.records if r["op"] == "moe_experts"][:1]
+    toks = [(0, torch.arange(3)), (1, torch.arange(7, 9))]
+    m.dispatcher = Dispatcher(plan=m.plan)
+    ref = m.step(m.new_cache(4), toks, all_logits=True)
+    (moe, *_) = [r for r in m.dispatcher.records if r["op"] == "moe_experts"]
     assert "different formats (mxfp8 / bf16)" in moe["attrs"]["shared_expert"]
     why = {r["path"]: r["condition"] for r in moe["rejected"]}
     assert why["moe.triton_fused_moe"] == "expert weights bf16 (got mxfp8)"
     assert why["moe.triton_mxfp8_native"].startswith("runs on cuda/hip (got cpu)")
+    m.dispatcher = _fast(m.plan)
+    got = m.step(m.new_cache(4), toks, all_logits=True)
+    torch.testing.assert_close(got, ref, atol=2e-4, rtol=0)
+    moe = [r for r in m.dispatcher.records if r["op"] == "moe_experts"]
+    assert len(moe) == len(SPEC.moe_layers) and all(
+        r["path"] == "moe.triton_mxfp8_native" and r["kernels"] == ["align_kernel", "gate_up_kernel", "down_kernel"]
+        and r["shapes"]["w13"][0] == SPEC.experts for r in moe)
 
 
 def test_the_conditions_are_vllms_widths_and_kv_dtypes():
