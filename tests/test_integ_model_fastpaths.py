@@ -62,7 +62,7 @@ def _kernels(records, op, path_prefix):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_mini_model_on_the_repo_fast_paths_matches_dense_mask(fused):
+def test_mini_model_on_the_repo_fast_paths_matches_the_references(fused):
     cfg = SPEC.with_index_sharing(2)   # sparse layers 1 and 3 compute the top-k, 2 reuses it
     bs, k = cfg.sparse.block_size, cfg.sparse.topk_blocks
     plan = {"tp": 1, "fused_shared_expert": fused}
@@ -125,8 +125,8 @@ def test_without_the_cpu_flag_the_fast_paths_stay_off():
 
 
 def test_under_expert_parallelism_the_shared_expert_stays_apart_and_the_record_says_why():
-    """TP 2, EP 2 with fusion asked for (rank 0): vLLM turns fusion off (amd/model.py:404-424); the routed experts still run on
-    the grouped kernel (vLLM's fused MoE takes an expert map), ids of the other rank's experts are -1."""
+    """TP 2, EP 2 with fusion asked for (rank 0): vLLM turns fusion off (amd/model.py:404-424); the routed experts
+    still run on the grouped kernel (vLLM's fused MoE takes an expert map), ids of the other rank's experts are -1."""
     plan = {"tp": 2, "ep": 2, "fused_shared_expert": True}
     m = build_model(SPEC, plan, seed=1)
     ref_m = build_model(SPEC, plan, seed=1)
@@ -181,4 +181,5 @@ def test_the_conditions_are_vllms_widths_and_kv_dtypes():
         m.step(m.new_cache(4, dtype=kv), [(0, torch.arange(3))])
         att = [r for r in m.dispatcher.records if r["op"] == "attention" and r["layer"] in spec.sparse_layers]
         assert att and all(r["path"] == "torch" for r in att)
-        assert all(x["condition"] == want for r in att for x in r["rejected"] if x["path"].startswith("attention.triton"))
+        assert all(x["condition"] == want for r in att for x in r["rejected"]
+                   if x["path"].startswith("attention.triton"))

@@ -31,7 +31,8 @@ def _rows(rec: dict) -> list[dict]:
         t, topk = s["ids"]
         common = dict(layer=rec["layer"], kind="grouped_gemm", m=t * topk, experts=e, topk=topk, routed_tokens=t * topk,
                       hidden=h, inter=two_i // 2)
-        return [{**common, "op": "moe_gate_up", "n": two_i, "k": h}, {**common, "op": "moe_down", "n": h, "k": s["w2"][2]}]
+        return [{**common, "op": "moe_gate_up", "n": two_i, "k": h},
+                {**common, "op": "moe_down", "n": h, "k": s["w2"][2]}]
     elif kind == "attention":
         t, hq, d = s["q"]
         out.update(q_tokens=t, heads_q=hq, head_dim=d, heads_kv=s["k_cache"][2], ctx_tokens=a["ctx_tokens"])

@@ -28,7 +28,7 @@ KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # MiniMaxM3
 NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
 ACT_OPS = ("act", "shared_act")  # dense MLP and unfused shared expert (N3); the MoE activation is inside the experts
 GEMM_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "shared_gate_up", "shared_down", "lm_head")
-MOE_OPS = ("moe_experts",)  # routed experts (+ the fused shared expert): alignment, gate_up + SwiGLU-OAI, down + combine
+MOE_OPS = ("moe_experts",)  # routed (+ fused shared) experts: align, gate_up + SwiGLU-OAI, down + combine
 
 
 @dataclass
