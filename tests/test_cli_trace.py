@@ -16,7 +16,7 @@ def test_summarize_json_dispatch(tmp_path):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["totals"]["format"] == "m3lab.dispatch" and out["totals"]["rows"] > 0
-    assert {r["op"] for r in out["rows"]} >= {"attention", "moe_gate_up"}
+    assert {r["op"] for r in out["rows"]} >= {"attention", "moe_experts"}
 
 
 def test_summarize_kineto_sample_json(shared_dir):

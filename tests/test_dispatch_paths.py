@@ -54,13 +54,13 @@ def test_tp4_passes_the_plan_conditions_and_fails_only_on_the_device(traces):
 
 def test_fused_moe_has_129_experts_and_no_shared_mlp(traces):
     df = read_dispatch_trace(traces["tp4"])
-    moe = df[df.op == "moe_gate_up"]
-    assert len(moe) == 4 and all(s["w"][0] == 129 and s["ids"][1] == 5 for s in moe.shapes)
+    moe = df[df.op == "moe_experts"]
+    assert len(moe) == 4 and all(s["w13"][0] == s["w2"][0] == 129 and s["ids"][1] == 5 for s in moe.shapes)
     assert all(_rejected(r, "moe.triton_fused_moe")[0].startswith("runs on cuda/hip") for _, r in moe.iterrows())
     assert not df.op.isin(["shared_gate_up", "shared_down"]).any()
     unfused = read_dispatch_trace(traces["tp4_unfused"])
-    moe = unfused[unfused.op == "moe_gate_up"]
-    assert all(s["w"][0] == 128 for s in moe.shapes)
+    moe = unfused[unfused.op == "moe_experts"]
+    assert all(s["w13"][0] == 128 for s in moe.shapes)
     assert (unfused.op == "shared_gate_up").sum() == 4
 
 
@@ -100,9 +100,9 @@ def test_a_registered_fast_path_runs_when_its_conditions_hold():
 
 def test_unimplemented_path_and_registry_errors():
     reg = m3_registry()
-    ctx = CallContext("moe_gate_up", 3, "grouped_gemm", {}, {}, "cuda", {"fused_shared_expert": True},
+    ctx = CallContext("moe_experts", 3, "moe", {}, {}, "hip", {"fused_shared_expert": True},
                       {"experts": 129, "routed_experts": 128, "w_format": "mxfp8"})
-    assert "not implemented yet" in reg.paths["moe.triton_mxfp8_native"].first_failure(ctx)
+    assert "not implemented yet" in reg.paths["moe.aiter_mxfp8_flydsl"].first_failure(ctx)
     with pytest.raises(M3LabError, match="unknown fast path"):
         reg.register_impl("nope", lambda: None)
     with pytest.raises(M3LabError, match="already declared"):
@@ -130,5 +130,5 @@ def test_mini_model_records_every_op_on_cpu():
     run_steps(m, [[40], [1]])
     ops = {r["op"] for r in m.dispatcher.records}
     assert {"embedding", "qkv_proj", "qk_norm", "rope", "cache_write", "indexer", "topk", "attention", "o_proj",
-            "router", "moe_gate_up", "moe_act", "moe_down", "final_norm", "lm_head"} <= ops
+            "router", "moe_experts", "final_norm", "lm_head"} <= ops
     assert all(r["device"] == "cpu" and r["path"] == "torch" for r in m.dispatcher.records)

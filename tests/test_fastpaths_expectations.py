@@ -20,13 +20,18 @@ def test_shipped_expectations_are_the_generators_output(name):
 def test_generated_expectations_follow_the_resolver():
     opt = {e.id: e for e in load_expectations("preset:mxfp8-tp4-optimised").items}
     assert opt["attention_decode"].path[0].pattern == "attention.aiter_sparse_pa"
-    assert opt["moe_expert_table"].require.text == "w[0] == 129 and ids[1] == 5"
+    req = opt["moe_expert_table"].require   # the experts op (w13, w2), or its two grouped GEMMs recorded apart (w)
+    one_op = {"w13": [129, 768 * 2 // 4, 6144], "w2": [129, 6144, 192], "ids": [8, 5]}
+    assert req({**one_op, "shapes": one_op}) and not req({**one_op, "ids": [8, 4], "shapes": one_op})
+    apart = {"w": [129, 384, 6144], "ids": [8, 5]}
+    assert req({**apart, "shapes": apart}) and not req({**apart, "w": [128, 384, 6144], "shapes": apart})
     assert [p.pattern for p in opt["moe_expert_table"].absent_ops] == ["shared_gate_up", "shared_down"]
     # index sharing every 4th sparse layer: the indexer runs on the computing layers only
     assert opt["indexer_decode"].layers[2] == frozenset(range(3, 60, 4))
     base = {e.id: e for e in load_expectations("preset:mxfp8-tp4-baseline").items}
     assert base["attention_decode"].path[0].pattern == "attention.triton_sparse_decode"
-    assert "shared_expert_mlp" in base and base["moe_expert_table"].require.text == "w[0] == 128 and ids[1] == 4"
+    table = {"w13": [128, 384, 6144], "w2": [128, 6144, 192], "ids": [8, 4]}
+    assert "shared_expert_mlp" in base and base["moe_expert_table"].require({**table, "shapes": table})
     h200 = {e.id: e for e in load_expectations("preset:h200-bf16-tp4").items}
     assert [k.pattern for k in h200["attention_decode"].kernels] == ["_gqa_sparse_decode_kernel",
                                                                      "_merge_topk_attn_out_kernel"]

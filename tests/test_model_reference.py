@@ -72,8 +72,9 @@ def test_mini_logits_match_dense_mask(freq, layout):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_fused_shared_expert_matches_dense_mask(layout):
     m = _check(MINI, fused=True, layout=layout)
-    moe = [r for r in m.dispatcher.records if r["op"] == "moe_gate_up"]
-    assert moe and all(r["shapes"]["w"][0] == MINI.experts + 1 for r in moe)
+    moe = [r for r in m.dispatcher.records if r["op"] == "moe_experts"]
+    assert moe and all(r["shapes"]["w13"][0] == MINI.experts + 1 for r in moe)
+    assert all(r["attrs"]["shared_expert"] == "fused" for r in moe)
     assert not any(r["op"].startswith("shared_") for r in m.dispatcher.records)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..launches import launch
 from .triton_indexer import index_score_kernel, select_kernel
 
 PAGE = 16            # AITER page (vLLM ASM_PAGE_SIZE)
@@ -64,7 +65,7 @@ def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_tables: torc
     if n_split is None:
         target = SCORE_PROGRAMS_PER_SM * _num_sms(iq.device) if iq.is_cuda else 2
         n_split = max(1, min(n_blocks, target // max(1, r * q_tiles)))
-    index_score_kernel[(q_tiles, r, n_split)](
+    launch(index_score_kernel, (q_tiles, r, n_split),
         iq, index_cache, out, block_tables, cu_seqlens_q, seq_lens,
         iq.stride(0), iq.stride(1), iq.stride(2), index_cache.stride(0), index_cache.stride(1),
         index_cache.stride(2), out.stride(0), out.stride(1), out.stride(2), block_tables.stride(0),
@@ -108,7 +109,7 @@ def select_topk(scores: torch.Tensor, block_tables: torch.Tensor, seq_lens: torc
     block_t = max(16, triton.next_power_of_2(topk))
     n_blocks = triton.cdiv(max_seq_len, block_size)
     block_n = max(block_t, min(SELECT_MAX_CHUNK, triton.next_power_of_2(n_blocks)))
-    select_kernel[(max_q_len, block_tables.shape[0], hi)](
+    launch(select_kernel, (max_q_len, block_tables.shape[0], hi),
         scores, out.topk, cu_seqlens_q, seq_lens, block_tables, table, ctx,
         scores.stride(0), scores.stride(1), scores.stride(2),
         out.topk.stride(0), out.topk.stride(1), out.topk.stride(2), block_tables.stride(0),

@@ -8,6 +8,7 @@ to pin the grid.
 import torch
 import triton
 
+from ..launches import launch
 from .triton_sparse import merge_kernel, page16_attn_kernel, sparse_attn_kernel
 
 PAGE = 16
@@ -45,7 +46,7 @@ def _partials(split, rows, hq, d, device):
 
 def _merge(po, pl, out, kv_heads, group, split):
     if split > 1:
-        merge_kernel[(out.shape[0], kv_heads)](
+        launch(merge_kernel, (out.shape[0], kv_heads),
             po, pl, out, group, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
             out.stride(0), out.stride(1), HEAD_DIM=out.shape[-1], BLOCK_H=max(16, triton.next_power_of_2(group)),
             SPLIT=split, num_warps=4)
@@ -72,7 +73,7 @@ def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Te
     split = _split(t, hkv, topk.shape[-1], q.device, split)
     po, pl = _partials(split, t, hq, d, q.device)
     ks, vs, has_scale = _scales(k_blocks.dtype, k_scale, v_scale, out)
-    sparse_attn_kernel[(max_q_len, block_tables.shape[0], hkv * split)](
+    launch(sparse_attn_kernel, (max_q_len, block_tables.shape[0], hkv * split),
         q, k_blocks, v_blocks, topk, block_tables, cu_seqlens_q, seq_lens, out, po, pl, ks, vs, scale,
         q.stride(0), q.stride(1), *k_blocks.stride(), *v_blocks.stride(), *topk.stride(), block_tables.stride(0),
         out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
@@ -110,7 +111,7 @@ def page16_attention(q: torch.Tensor, k_view: torch.Tensor, v_view: torch.Tensor
     split = _split(t, hkv, n_chunks, q.device, split)
     po, pl = _partials(split, t, hq, d, q.device)
     ks, vs, has_scale = _scales(k_view.dtype, k_scale, v_scale, out)
-    page16_attn_kernel[(t, hkv * split)](
+    launch(page16_attn_kernel, (t, hkv * split),
         q, k_view, v_view, table, ctx, out, po, pl, ks, vs, scale,
         q.stride(0), q.stride(1), k_view.stride(0), k_view.stride(1), v_view.stride(0), v_view.stride(1),
         table.stride(0), table.stride(1), ctx.stride(0),

@@ -1,6 +1,7 @@
 """Dispatcher with declared fast paths (checklist step 4).
 
 Submodules: ``fastpath`` (declarations), ``registry`` (the M3 fast paths, kernel attachment),
+``repo_kernels`` (the indexer and top-k fast paths on this repo's kernels),
 ``dispatcher`` (choosing and recording), ``capture`` (dispatch traces of reference-model steps),
 ``gpu_capture`` (timed dispatch + profiler traces on a GPU), ``crosscheck`` (traced shapes vs OpTable).
 

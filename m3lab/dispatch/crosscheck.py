@@ -2,7 +2,9 @@
 
 :func:`traced_shapes` turns dispatch records into OpTable-like rows, reading the dims from the
 tensors that actually ran (``shapes``) and only the context length from the op attributes (on the
-meta device the varlen tensors have no values). :func:`compare_with_optable` lists every
+meta device the varlen tensors have no values); the MoE experts, one dispatched op (``moe_experts``: w13
+[E, 2I, H], w2 [E, H, I], ids [T, k]), are the OpTable's two grouped GEMMs ``moe_gate_up`` and ``moe_down``.
+:func:`compare_with_optable` lists every
 difference: rows present on one side only, and columns that disagree. Per-expert token counts and
 selected blocks depend on values and are not compared.
 """
@@ -19,19 +21,18 @@ COMPARED = {  # kind -> OpTable columns compared
 }
 
 
-def _row(rec: dict) -> dict | None:
+def _rows(rec: dict) -> list[dict]:
     kind, s, a = rec["kind"], rec["shapes"], rec.get("attrs", {})
     out = {"layer": rec["layer"], "op": rec["op"], "kind": kind}
     if kind in GEMM_KINDS:
         out.update(m=s["x"][0], k=s["x"][-1], n=s["w"][0])
-    elif kind == "grouped_gemm":
-        e, n, _ = s["w"]
+    elif kind == "moe":
+        e, two_i, h = s["w13"]
         t, topk = s["ids"]
-        x = s["x"] if "x" in s else s["a"]
-        k = x[-1]
-        gate_up = "x" in s
-        out.update(m=t * topk, n=n, k=k, experts=e, topk=topk, routed_tokens=t * topk,
-                   hidden=k if gate_up else n, inter=n // 2 if gate_up else k)
+        common = dict(layer=rec["layer"], kind="grouped_gemm", m=t * topk, experts=e, topk=topk, routed_tokens=t * topk,
+                      hidden=h, inter=two_i // 2)
+        return [{**common, "op": "moe_gate_up", "n": two_i, "k": h},
+                {**common, "op": "moe_down", "n": h, "k": s["w2"][2]}]
     elif kind == "attention":
         t, hq, d = s["q"]
         out.update(q_tokens=t, heads_q=hq, head_dim=d, heads_kv=s["k_cache"][2], ctx_tokens=a["ctx_tokens"])
@@ -39,13 +40,13 @@ def _row(rec: dict) -> dict | None:
         t, hi, d = s["iq"]
         out.update(q_tokens=t, heads_q=hi, head_dim=d, heads_kv=1, ctx_tokens=a["ctx_tokens"])
     else:
-        return None
-    return out
+        return []
+    return [out]
 
 
 def traced_shapes(records: list[dict]) -> pd.DataFrame:
     """Dispatcher records (``Dispatcher.records``) -> one row per GEMM / grouped GEMM / attention / indexer call."""
-    rows = [r for r in (_row(rec) for rec in records) if r is not None]
+    rows = [r for rec in records for r in _rows(rec)]
     return pd.DataFrame(rows)
 
 

@@ -4,8 +4,9 @@ For a call it builds a :class:`CallContext`, tries the declared fast paths in or
 whose conditions hold (else the plain-torch reference), and records one dispatch-trace record
 (format in ``m3lab.traces.dispatch``): op, layer, shapes, dtypes, path, kernels, and for every path
 not chosen the condition that failed. ``kernels`` names what ran: the kernels the path's implementation
-reported launching (``m3lab.kernels.launches``; the GEMM launcher picks its kernel from the tuned table),
-else the path's declared kernels, else the reference function.
+reported launching (``m3lab.kernels.launches``; the GEMM launcher picks its kernel from the tuned table;
+none when an implementation that reports its launches launched nothing), else the path's declared kernels,
+else the reference function.
 """
 import time
 from dataclasses import asdict, dataclass, is_dataclass
@@ -72,10 +73,11 @@ class Dispatcher:
                           dtypes={k: dtype_name(v.dtype) for k, v in present.items()},
                           device=device, plan=self._plan_fields, attrs=attrs)
         chosen, fn, kernels, rejected = FALLBACK, ref, [f"{ref.__module__}.{ref.__qualname__}"], []
+        reports = False
         for path in self.registry.candidates(op, kind):
             why = path.first_failure(ctx)
             if why is None and chosen == FALLBACK:
-                chosen, fn, kernels = path.name, path.impl, list(path.kernels)
+                chosen, fn, kernels, reports = path.name, path.impl, list(path.kernels), path.reports_launches
             elif why is not None:  # a later path that would also run is not listed as rejected
                 rejected.append({"path": path.name, "condition": why})
         if self.timed and device == "cuda":
@@ -83,7 +85,7 @@ class Dispatcher:
         t0 = time.perf_counter() if self.timed else 0.0
         with torch.profiler.record_function(f"m3lab::{op}[L{layer}]"), recording() as launched:
             out = fn(**tensors, **params)
-        if launched and chosen != FALLBACK:
+        if chosen != FALLBACK and (launched or reports):
             kernels = list(dict.fromkeys(launched))
         record = {"op": op, "layer": layer, "shapes": ctx.shapes, "dtypes": ctx.dtypes,
                   "path": chosen, "kernels": kernels, "rejected": rejected, "device": device}

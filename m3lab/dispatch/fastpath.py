@@ -21,6 +21,7 @@ OP_ATTRS = (
     "experts", "routed_experts", "topk", "hidden", "inter", "routed_tokens",   # MoE grouped GEMMs
     "sparse", "q_tokens", "ctx_tokens", "requests", "heads_q", "heads_kv", "head_dim", "block_size",
     "topk_blocks",                                                    # attention, indexer, top-k
+    "shared_expert",          # MoE: "fused" or why the shared expert runs as its own MLP (ParallelPlan's rule)
 )
 
 
@@ -134,6 +135,7 @@ class FastPath:
     kernels: tuple[str, ...]
     description: str = ""
     impl: Callable[..., Any] | None = field(default=None, repr=False)
+    reports_launches: bool = False  # impl reports each launch (m3lab.kernels.launches), none included
 
     def applies_to(self, op: str, kind: str) -> bool:
         """Whether this path is a candidate for the op (by op name or op kind)."""

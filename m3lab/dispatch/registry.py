@@ -8,8 +8,13 @@ resolver's business. Implementations attach by name:
 
 - ``m3lab.vllm.reference_kernels.attach_vllm_kernels``: vLLM's own Triton kernels (sparse attention, indexer score + top-k, Gemma
   RMSNorm, SwiGLU-OAI) and its CUDA unquantized GEMM, on a CUDA device (:mod:`m3lab.vllm.reference_kernels`);
-- :func:`attach_repo_kernels`: this repo's kernels (:data:`REPO_KERNELS`); :data:`KERNEL_SLOTS` names the
-  repo kernel family each not-yet-implemented path waits for. ``register_impl(name, fn)`` attaches one.
+- :func:`attach_repo_kernels`: this repo's kernels (:data:`REPO_KERNELS`: the GEMM launcher, the grouped MoE,
+  the indexer score + top-k and the block-sparse attention, :mod:`m3lab.dispatch.repo_kernels`); they report
+  their launches (``m3lab.kernels.launches``), so a dispatch record names the kernels that ran. :data:`KERNEL_SLOTS`
+  names the repo kernel family each not-yet-implemented path waits for. ``register_impl(name, fn)`` attaches one.
+
+Device conditions require a GPU; ``m3_registry(also_on=("cpu",))`` lets them accept another device type as well
+(the Triton interpreter in tests), every other condition unchanged.
 """
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,6 +28,7 @@ KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # MiniMaxM3
 NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
 ACT_OPS = ("act", "shared_act")  # dense MLP and unfused shared expert (N3); the MoE activation is inside the experts
 GEMM_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "shared_gate_up", "shared_down", "lm_head")
+MOE_OPS = ("moe_experts",)  # routed (+ fused shared) experts: align, gate_up + SwiGLU-OAI, down + combine
 
 
 @dataclass
@@ -47,8 +53,13 @@ def _path(name: str, ops: tuple[str, ...], description: str, conditions: tuple[C
     return FastPath(name=name, ops=ops, conditions=conditions, kernels=kernels, description=description)
 
 
+@dataclass(frozen=True)
+class DeviceCondition(Condition):
+    """A condition on the device type (what :func:`m3_registry`'s ``also_on`` widens)."""
+
+
 def _on(*devices: str) -> Condition:
-    return Condition(f"runs on {'/'.join(devices)}", lambda c: c.device in devices, lambda c: c.device)
+    return DeviceCondition(f"runs on {'/'.join(devices)}", lambda c: c.device in devices, lambda c: c.device)
 
 
 def _cuda_not_sm100() -> Condition:
@@ -56,7 +67,14 @@ def _cuda_not_sm100() -> Condition:
     def check(c: CallContext) -> bool:
         import torch
         return c.device == "cuda" and torch.cuda.get_device_capability()[0] != 10
-    return Condition("CUDA, not the SM100 family (MSA there)", check, lambda c: c.device)
+    return DeviceCondition("CUDA, not the SM100 family (MSA there)", check, lambda c: c.device)
+
+
+def _also_on(cond: Condition, devices: tuple[str, ...]) -> Condition:
+    if not isinstance(cond, DeviceCondition) or not devices:
+        return cond
+    return DeviceCondition(f"{cond.description} (or {'/'.join(devices)})",
+                           lambda c: c.device in devices or cond.check(c), cond.seen)
 
 
 def _sparse() -> Condition:
@@ -162,14 +180,14 @@ def _moe_paths() -> list[FastPath]:
         return Condition(f"expert weights {'/'.join(formats)}", lambda c: c.attrs["w_format"] in formats,
                          lambda c: c.attrs.get("w_format"))
     return [
-        _path("moe.aiter_mxfp8_flydsl", ("moe_gate_up", "moe_down"), "AITER FlyDSL MXFP8 2-stage MoE (M2)",
+        _path("moe.aiter_mxfp8_flydsl", MOE_OPS, "AITER FlyDSL MXFP8 2-stage MoE (M2)",
                  (fmt("mxfp8"), Condition("no expert parallelism", lambda c: c.plan.get("ep", 1) == 1,
                                           lambda c: f"ep={c.plan.get('ep')}"), _on("hip")),
                  ("fused_moe",)),
-        _path("moe.triton_mxfp8_native", ("moe_gate_up", "moe_down"),
+        _path("moe.triton_mxfp8_native", MOE_OPS,
                  "Triton native MXFP8 grouped GEMM (GROUP_SIZE_M program swizzle) + fused SwiGLU-quant (M2)",
                  (fmt("mxfp8"), _on(*GPU_DEVICES)), ("_mxfp8_grouped_gemm_kernel", "_swiglu_oai_quant_kernel")),
-        _path("moe.triton_fused_moe", ("moe_gate_up", "moe_down"), "Triton fused_moe_kernel for BF16 experts (M2)",
+        _path("moe.triton_fused_moe", MOE_OPS, "Triton fused_moe_kernel for BF16 experts (M2)",
                  (fmt("bf16"), _on(*GPU_DEVICES)), ("fused_moe_kernel",)),
     ]
 
@@ -205,11 +223,16 @@ class FastPathRegistry:
             raise M3LabError(f"fast path {path.name!r} is already declared", field="name")
         self.paths[path.name] = path
 
-    def register_impl(self, name: str, fn: Callable[..., Any]) -> None:
-        """Attach the kernel implementation of a declared path (called with the reference's kwargs)."""
+    def register_impl(self, name: str, fn: Callable[..., Any], *, reports_launches: bool = False) -> None:
+        """Attach the kernel implementation of a declared path (called with the reference's kwargs).
+
+        ``reports_launches``: ``fn`` reports every kernel it launches (``m3lab.kernels.launches``), so a call that
+        launched none (a top-k the indexer call already made) is recorded with no kernels, not the declared ones.
+        """
         if name not in self.paths:
             raise M3LabError(f"unknown fast path {name!r}; declared: {sorted(self.paths)}", field="name")
         self.paths[name].impl = fn
+        self.paths[name].reports_launches = reports_launches
 
     def table(self) -> list[dict[str, Any]]:
         """One row per path: name, ops, kernels, conditions (descriptions), implemented."""
@@ -218,27 +241,35 @@ class FastPathRegistry:
                  "description": p.description} for p in self.paths.values()]
 
 
-REPO_KERNELS = {  # fast path -> (module under m3lab.kernels, function) taking the reference's kwargs
+_MOE = ("m3lab.kernels.moe.launcher", "fused_moe")
+_ATTN = ("m3lab.kernels.sparse_attn.launcher", "attention_varlen")
+_INDEXER = ("m3lab.dispatch.repo_kernels", "indexer")
+_TOPK = ("m3lab.dispatch.repo_kernels", "topk_blocks")
+REPO_KERNELS = {  # fast path -> (module, function) taking the reference's kwargs; each launch is reported
     "gemm.mxfp8_dot_scaled_decode": ("m3lab.kernels.gemm.launcher", "linear"),
     "gemm.mxfp8_dot_scaled_prefill": ("m3lab.kernels.gemm.launcher", "linear"),
+    "moe.triton_fused_moe": _MOE, "moe.triton_mxfp8_native": _MOE,
+    "attention.triton_sparse_decode": _ATTN, "attention.triton_sparse_prefill": _ATTN,
+    "indexer.triton_decode": _INDEXER, "indexer.triton_prefill": _INDEXER,
+    "indexer.triton_amd_decode": _INDEXER, "indexer.triton_amd_prefill": _INDEXER,
+    "topk.triton_decode": _TOPK, "topk.triton_prefill": _TOPK,
 }
 KERNEL_SLOTS = {  # declared path -> the repo kernel family that implements it (attached via register_impl)
     "attention.aiter_sparse_pa": "m3lab.kernels.sparse_attn: paged page-16 sparse attention",
     "indexer.msa_fp8": "m3lab.kernels.indexer: fp8 block score + top-k emitting the page table",
     "moe.aiter_mxfp8_flydsl": "m3lab.kernels.moe: MXFP8 grouped MoE with the shared expert as row 128",
-    "moe.triton_mxfp8_native": "m3lab.kernels.moe: MXFP8 grouped GEMM with GROUP_SIZE_M program order",
-    "moe.triton_fused_moe": "m3lab.kernels.moe: BF16 grouped GEMM",
 }
 
 
-def attach_impls(registry: FastPathRegistry, impls: dict[str, tuple[str, str] | Callable[..., Any]]) -> dict[str, str]:
+def attach_impls(registry: FastPathRegistry, impls: dict[str, tuple[str, str] | Callable[..., Any]], *,
+                 reports_launches: bool = False) -> dict[str, str]:
     """Attach implementations ({path: (module, function) or a callable}); -> {path: "ok" | error text}."""
     import importlib
     status = {}
     for path, target in impls.items():
         try:
             fn = getattr(importlib.import_module(target[0]), target[1]) if isinstance(target, tuple) else target
-            registry.register_impl(path, fn)
+            registry.register_impl(path, fn, reports_launches=reports_launches)
             status[path] = "ok"
         except (ImportError, AttributeError) as err:  # a kernel module missing or broken stays unattached
             status[path] = f"{type(err).__name__}: {err}"
@@ -247,12 +278,17 @@ def attach_impls(registry: FastPathRegistry, impls: dict[str, tuple[str, str] | 
 
 def attach_repo_kernels(registry: FastPathRegistry) -> dict[str, str]:
     """Attach the kernels of this repo that implement declared paths; -> {path: "ok" | error text}."""
-    return attach_impls(registry, REPO_KERNELS)
+    return attach_impls(registry, REPO_KERNELS, reports_launches=True)
 
 
-def m3_registry(with_kernels: bool = False) -> FastPathRegistry:
-    """A fresh registry with the M3 fast paths declared; ``with_kernels`` attaches this repo's kernels."""
-    reg = FastPathRegistry(_m3_fast_paths())
+def m3_registry(with_kernels: bool = False, *, also_on: tuple[str, ...] = ()) -> FastPathRegistry:
+    """A fresh registry with the M3 fast paths declared; ``with_kernels`` attaches this repo's kernels;
+    ``also_on``: device types the device conditions accept besides their GPUs (``("cpu",)``: the Triton
+    interpreter, with ``TRITON_INTERPRET=1`` set before triton is imported)."""
+    paths = _m3_fast_paths()
+    for p in paths:
+        p.conditions = tuple(_also_on(c, tuple(also_on)) for c in p.conditions)
+    reg = FastPathRegistry(paths)
     if with_kernels:
         attach_repo_kernels(reg)
     return reg

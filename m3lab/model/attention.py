@@ -39,8 +39,12 @@ def attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def indexer_varlen(iq: torch.Tensor, index_cache: torch.Tensor, block_tables: torch.Tensor,
                    seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, *, tables: list[list[int]],
-                   starts: list[int], counts: list[int], block_size: int) -> torch.Tensor:
-    """Block-max index scores: iq [T, Hi, Di], index_cache [NB, block, Di] -> fp32 [Hi, T, NBmax] (-inf padded)."""
+                   starts: list[int], counts: list[int], block_size: int, topk: int | None = None,
+                   init_blocks: int = 0, local_blocks: int = 1) -> torch.Tensor:
+    """Block-max index scores: iq [T, Hi, Di], index_cache [NB, block, Di] -> fp32 [Hi, T, NBmax] (-inf padded).
+
+    topk / init_blocks / local_blocks: the layer's top-k settings, for fast paths that select in the same call
+    (vLLM's decode indexer); the reference scores only (``topk_blocks`` selects)."""
     width = max(len(t) for t in tables)
     outs, off = [], 0
     for table, start, n in zip(tables, starts, counts):

@@ -14,6 +14,12 @@ Gemma RMSNorm after the first layer), attention, o_proj, the post-attention all-
 post-attention norm (``fused_allreduce_gemma_rms_norm``), FFN, the FFN all-reduce (explicit: FusedMoE and the
 dense down_proj reduce their results), then the next layer's fused add + norm. Index-sharing reuse layers skip
 the index norm, index RoPE and index-cache write but still compute the index columns of the fused GEMM.
+
+The MoE experts are one op, ``moe_experts`` (alignment, gate_up + SwiGLU-OAI, down + routing weights + combine: what
+vLLM's fused-MoE call runs), with the shared expert as the last row of a top-(k+1) table when it is fused
+(``ParallelPlan.shared_fusion_reason``: asked for, no EP, routed and shared experts in one format), else routed
+only and the shared expert as its own MLP; the record's ``shared_expert`` attribute says which and why. The
+OpTable splits the op into its two grouped GEMMs (``moe_gate_up``, ``moe_down``; ``m3lab.dispatch.crosscheck``).
 """
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +27,9 @@ from typing import Any
 import torch
 
 from m3lab.dispatch import Dispatcher
-from m3lab.kernels.moe.reference import append_shared_expert, grouped_gemm_ref, swiglu_oai
+from m3lab.kernels.moe.reference import append_shared_expert, fused_moe_ref, swiglu_oai
 from m3lab.model.attention import attention_varlen, indexer_varlen, topk_blocks
-from m3lab.model.ffn import embedding, moe_down_combine, route
+from m3lab.model.ffn import embedding, route
 from m3lab.model.kv_cache import DEFAULT_LAYOUT, PagedKVCache
 from m3lab.model.layers import gemma_rms_norm, head_norms, identity_allreduce, linear, rope
 from m3lab.model.step import StepMeta, plan_step
@@ -56,13 +62,28 @@ class M3Model:
         moe = self.model.moe_layers
         return bool(moe) and self.model.n_shared > 0 and f"layers.{moe[0]}.shared_gate_up" not in self.weights
 
-    def new_cache(self, num_blocks: int, layout: str = DEFAULT_LAYOUT, dtype: torch.dtype | None = None) -> PagedKVCache:
-        """A paged cache sized for this rank's layers (an index-key cache on every sparse layer)."""
+    @property
+    def shared_expert(self) -> str:
+        """"fused" (the last row of the expert table), else why the shared expert runs as its own MLP."""
+        if self.fused_shared:
+            return "fused"
+        why = self.plan.shared_fusion_reason(self.model)
+        moe = self.model.moe_layers
+        if why is None and moe:
+            fmt = [self.formats.get(f"layers.{moe[0]}.{n}", "bf16") for n in ("w13", "shared_gate_up")]
+            if fmt[0] != fmt[1]:
+                why = f"routed and shared experts in different formats ({fmt[0]} / {fmt[1]}): vLLM keeps them apart"
+        return f"separate MLP: {why or 'not fused by the weights'}"
+
+    def new_cache(self, num_blocks: int, layout: str = DEFAULT_LAYOUT, dtype: torch.dtype | None = None,
+                  index_dtype: torch.dtype | None = None) -> PagedKVCache:
+        """A paged cache sized for this rank's layers (an index-key cache on every sparse layer); K/V in ``dtype``
+        (default: the weights'), index keys in ``index_dtype`` (default: ``dtype``)."""
         m = self.model
         return PagedKVCache(num_blocks=num_blocks, block_size=m.sparse.block_size,
                             kv_heads=self.plan.heads_kv_local(m), head_dim=m.head_dim, index_dim=m.sparse.index_dim,
                             sparse=[a == ATTN_SPARSE for a in m.attn_types], layout=layout,
-                            dtype=dtype or self.dtype, device=self.device)
+                            dtype=dtype or self.dtype, index_dtype=index_dtype, device=self.device)
 
     # --- one engine step ------------------------------------------------------------------------
     def step(self, cache: PagedKVCache, requests: list[tuple[int, torch.Tensor]], all_logits: bool = False):
@@ -123,7 +144,9 @@ class M3Model:
             scores = self._call("indexer", i, "indexer", indexer_varlen,
                                 {"iq": roped[2], "index_cache": cache.index[i], **varlen},
                                 {"q_tokens": t, "ctx_tokens": sum(meta.ctx), "heads_q": pl.index_heads_local(m),
-                                 "heads_kv": 1, "head_dim": sp.index_dim}, {**lists, "block_size": sp.block_size})
+                                 "heads_kv": 1, "head_dim": sp.index_dim},
+                                {**lists, "block_size": sp.block_size, "topk": sp.topk_blocks,
+                                 "init_blocks": sp.init_blocks, "local_blocks": sp.local_blocks})
             blocks = self._call("topk", i, "topk", topk_blocks, {"scores": scores, "positions": meta.positions},
                                 {"q_tokens": t, "heads_kv": hkv, "topk_blocks": sp.topk_blocks},
                                 {"block_size": sp.block_size, "topk": sp.topk_blocks, "local_blocks": sp.local_blocks,
@@ -162,12 +185,11 @@ class M3Model:
         fmt = self.formats.get(p + "w13", "bf16")
         attrs = {"experts": w[p + "w13"].shape[0], "routed_experts": local, "topk": ids.shape[1], "hidden": m.hidden,
                  "inter": pl.expert_inter_local(m), "routed_tokens": t * ids.shape[1], "m": t * ids.shape[1],
-                 "w_format": fmt}
-        h = self._call("moe_gate_up", i, "grouped_gemm", grouped_gemm_ref,
-                       {"x": b, "w": w[p + "w13"], "ids": ids, "scale": w.get(p + "w13.scale")}, attrs, {"fmt": fmt})
-        y = self._call("moe_down", i, "grouped_gemm", moe_down_combine,
-                       {"a": self._act("moe_act", i, h), "w": w[p + "w2"], "ids": ids, "weights": weights,
-                        "scale": w.get(p + "w2.scale")}, attrs, {"fmt": self.formats.get(p + "w2", "bf16")})
+                 "w_format": fmt, "shared_expert": self.shared_expert}
+        y = self._call("moe_experts", i, "moe", fused_moe_ref,
+                       {"x": b, "w13": w[p + "w13"], "w2": w[p + "w2"], "weights": weights, "ids": ids,
+                        "w13_scale": w.get(p + "w13.scale"), "w2_scale": w.get(p + "w2.scale")}, attrs,
+                       {"alpha": m.swiglu_alpha, "limit": m.swiglu_limit, "beta": m.swiglu_beta, "fmt": fmt})
         if not fused and m.n_shared:
             s = self._gemm("shared_gate_up", i, b, p + "shared_gate_up")
             y = y + self._gemm("shared_down", i, self._act("shared_act", i, s), p + "shared_down")

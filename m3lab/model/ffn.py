@@ -1,8 +1,8 @@
-"""FFN pieces the decoder dispatches: embedding, router, MoE down + combine."""
+"""FFN pieces the decoder dispatches: embedding, router (the experts: ``kernels/moe/reference.fused_moe_ref``)."""
 import torch
 import torch.nn.functional as F
 
-from m3lab.kernels.moe.reference import combine_ref, grouped_gemm_ref, route_sigmoid_bias
+from m3lab.kernels.moe.reference import route_sigmoid_bias
 from m3lab.model.layers import router_logits
 
 
@@ -25,8 +25,3 @@ def route(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, *, topk: int, ro
         ids = ids.masked_fill((ids < 0) | (ids >= local_experts), -1)
     return weights, ids
 
-
-def moe_down_combine(a: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                     scale: torch.Tensor | None = None, *, fmt: str = "bf16") -> torch.Tensor:
-    """Down grouped GEMM and weighted sum: a [T, k, I], w [E, H, I], ids/weights [T, k] -> [T, H]."""
-    return combine_ref(grouped_gemm_ref(a, w, ids, scale=scale, fmt=fmt), weights)

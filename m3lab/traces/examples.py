@@ -82,10 +82,11 @@ def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32,
                 continue
             experts = EXPERTS + 1 if fused_shared_expert else EXPERTS
             topk = TOPK + 1 if fused_shared_expert else TOPK
-            for op, n, k in (("moe_gate_up", 2 * EXPERT_INTER // tp, HIDDEN), ("moe_down", HIDDEN, EXPERT_INTER // tp)):
-                w.write(op, layer=layer, shapes={"x": [tokens, k], "w": [experts, n, k], "ids": [tokens, topk]},
-                        dtypes={"x": "bfloat16", "w": "float8_e4m3fn"}, path=FUSED_MOE, kernels=["fused_moe"],
-                        rejected=[], t_us=float(rng.uniform(20, 80)))
+            inter = EXPERT_INTER // tp
+            w.write("moe_experts", layer=layer, shapes={"x": [tokens, HIDDEN], "w13": [experts, 2 * inter, HIDDEN],
+                                                        "w2": [experts, HIDDEN, inter], "ids": [tokens, topk]},
+                    dtypes={"x": "bfloat16", "w13": "float8_e4m3fn", "w2": "float8_e4m3fn"}, path=FUSED_MOE,
+                    kernels=["fused_moe"], rejected=[], t_us=float(rng.uniform(40, 160)))
             if not fused_shared_expert:
                 _gemm(w, rng, "shared_gate_up", layer, tokens, 2 * EXPERT_INTER // tp, HIDDEN)
                 _simple(w, rng, "shared_act", layer, ACT, ["_swiglu_oai_kernel"], {"h": [tokens, 2 * EXPERT_INTER // tp]})

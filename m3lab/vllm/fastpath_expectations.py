@@ -120,7 +120,7 @@ def expectations_for(dep: Deployment, name: str | None = None) -> dict[str, Any]
             elif d.op == "lm_head":
                 item.update(op="lm_head")
             elif d.op == "experts":
-                item.update(op="moe_gate_up|moe_down")
+                item.update(op=MOE_OPS)
             elif d.op == "norm":
                 item.update(op="input_norm|post_attn_norm|final_norm")
             elif d.op == "activation":
@@ -160,16 +160,22 @@ def _range(layers: list[int]) -> Any:
     return layers
 
 
+# The reference model's MoE experts op (w13, w2, ids); traces that record the two grouped GEMMs apart name them
+# moe_gate_up / moe_down (weight w).
+MOE_OPS = "moe_experts|moe_gate_up|moe_down"
+
+
 def _moe_structure(dep: Deployment) -> list[dict[str, Any]]:
     """What the plan's shared-expert fusion (as vLLM resolves it) means for the reference model's MoE calls."""
     res = resolve(dep, tokens=PHASE_TOKENS["decode"])
     e = res.decision("experts", "sparse")
     experts, topk = (int(x) for x in re.findall(r"\d+", e.shape))
     fused = topk == dep.model.topk + 1
-    item: dict[str, Any] = {"id": "moe_expert_table", "op": "moe_gate_up|moe_down",
+    item: dict[str, Any] = {"id": "moe_expert_table", "op": MOE_OPS,
                             "description": f"{e.shape} per rank ({'shared expert fused' if fused else 'separate shared MLP'}"
                                            f"; {res.decision('routing', 'sparse').decided_by})",
-                            "require": f"w[0] == {experts} and ids[1] == {topk}"}
+                            "require": f"ids[1] == {topk} and ('w13' in shapes and w13[0] == {experts} "
+                                       f"or 'w' in shapes and w[0] == {experts})"}
     if fused:
         item["absent_ops"] = ["shared_gate_up", "shared_down"]
         return [item]

@@ -70,7 +70,8 @@ def sparse_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
 def make_indexer(topk: int, init_blocks: int, local_blocks: int):
     """The ``indexer`` op on vLLM's kernels, for a model with these top-k settings (M3: 16, 0, 1)."""
 
-    def indexer(iq, index_cache, block_tables, seq_lens, cu_seqlens_q, *, tables, starts, counts, block_size):
+    def indexer(iq, index_cache, block_tables, seq_lens, cu_seqlens_q, *, tables, starts, counts, block_size,
+                **layer_topk):  # the op's topk / init_blocks / local_blocks: the same model facts as the closure's
         ops = _ops("common.ops.index_topk")
         heads = iq.shape[1]
         bt, sl = block_tables.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous()
