@@ -83,6 +83,11 @@ class MLAConfig:
     v_head_dim: int
 
 
+def _layers(types: tuple[str, ...], kind: str, keep: bool = True) -> tuple[int, ...]:
+    """Indices of the layers whose type is ``kind`` (``keep=False``: whose type is not)."""
+    return tuple(i for i, t in enumerate(types) if (t == kind) == keep)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer (the text backbone) as plain numbers.
@@ -130,31 +135,14 @@ class ModelSpec:
     source: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
-    # ---- layer sets -------------------------------------------------------------------------------
-    @property
-    def sparse_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.attn_types) if t == ATTN_SPARSE)
-
-    @property
-    def dense_attn_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.attn_types) if t == ATTN_DENSE)
-
-    @property
-    def linear_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.attn_types) if t == ATTN_LINEAR)
-
-    @property
-    def kv_layers(self) -> tuple[int, ...]:
-        """Layers with a per-token KV cache (all but linear-attention layers)."""
-        return tuple(i for i, t in enumerate(self.attn_types) if t != ATTN_LINEAR)
-
-    @property
-    def moe_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.mlp_types) if t == MLP_MOE)
-
-    @property
-    def dense_mlp_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, t in enumerate(self.mlp_types) if t == MLP_DENSE)
+    # ---- layer sets (indices of the layers of one kind) ------------------------------------------------
+    sparse_layers = property(lambda self: _layers(self.attn_types, ATTN_SPARSE))
+    dense_attn_layers = property(lambda self: _layers(self.attn_types, ATTN_DENSE))
+    linear_layers = property(lambda self: _layers(self.attn_types, ATTN_LINEAR))
+    kv_layers = property(lambda self: _layers(self.attn_types, ATTN_LINEAR, keep=False),
+                         doc="Layers with a per-token KV cache (all but linear-attention layers).")
+    moe_layers = property(lambda self: _layers(self.mlp_types, MLP_MOE))
+    dense_mlp_layers = property(lambda self: _layers(self.mlp_types, MLP_DENSE))
 
     @property
     def rope_scaling_dict(self) -> dict | None:
