@@ -37,17 +37,35 @@ def artifacts_dir(run: str | os.PathLike | None = None) -> Path:
     return Path(run) / "artifacts" if run is not None else run_dir() / "artifacts"
 
 
-def save(name: str, obj: Any, *, step: str | None = None) -> Path:
-    """Save a DataFrame (parquet) or a dict/list (JSON) under the current step; returns its path."""
+class Saved(os.PathLike):
+    """Where :func:`save` wrote an artifact: a path (``os.fspath`` works) shown relative to the run folder,
+    so a notebook's output never leaks the absolute path of the machine it ran on."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        try:
+            shown = self.path.relative_to(run_dir()).as_posix()
+        except ValueError:
+            shown = self.path.name
+        return f"saved {shown}"
+
+
+def save(name: str, obj: Any, *, step: str | None = None) -> Saved:
+    """Save a DataFrame (parquet) or a dict/list (JSON) under the current step; returns where (:class:`Saved`)."""
     _check_name(name)
     folder = artifacts_dir() / (step or current_step())
     if _is_dataframe(obj):
         target = folder / f"{name}.parquet"
         with atomic_path(target) as tmp:
             obj.to_parquet(tmp, index=not _has_default_index(obj))
-        return target
+        return Saved(target)
     if isinstance(obj, (dict, list)):
-        return write_json(folder / f"{name}.json", obj)
+        return Saved(write_json(folder / f"{name}.json", obj))
     raise M3LabError(f"artifact {name!r}: cannot save a {type(obj).__name__}",
                      hint="save a pandas DataFrame (parquet) or a dict/list (JSON)")
 

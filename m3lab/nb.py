@@ -4,25 +4,98 @@
     nb.setup()
 
 Makes plotly figures render as the plotly MIME bundle (interactive in JupyterLab, and embedded
-interactively by ``m3lab report``) and sets readable pandas display options.
+interactively by ``m3lab report``) with a palette of distinct colours, and shows DataFrames as tables
+that teach: no truncated cells, byte counts in GB / MB / kB, long lists summarised with the full list
+one click away (:func:`frame_html`).
 """
 from __future__ import annotations
 
+import html
+import math
+from typing import Any
+
+#: Distinct colours for up to 24 series (plotly's Dark24 + Light24 would repeat hues; Alphabet does not).
+PALETTE_NAME = "Alphabet"
+#: A list cell with more items than this is shown as "N values: first … last" with the list folded.
+LIST_ITEMS_SHOWN = 12
+
 
 def setup(renderer: str = "plotly_mimetype") -> None:
-    """Configure plotly's renderer and pandas' display options for this kernel."""
+    """Configure plotly's renderer and template, and pandas' display, for this kernel."""
     import pandas as pd
+    import plotly.graph_objects as go
     import plotly.io as pio
+    from plotly.colors import qualitative
 
     pio.renderers.default = renderer
+    template = go.layout.Template(pio.templates["plotly"])
+    template.layout.colorway = getattr(qualitative, PALETTE_NAME)
+    template.layout.title.font.size = 15
+    pio.templates["m3lab"] = template
+    pio.templates.default = "m3lab"
     pd.set_option("display.max_columns", 40)
+    pd.set_option("display.max_colwidth", None)
     pd.set_option("display.width", 160)
-    pd.set_option("display.float_format", lambda v: f"{v:,.4g}")
+    pd.set_option("display.float_format", format_number)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
 
 
-def in_pipeline() -> bool:
-    """True when the notebook is executed by ``m3lab run`` (papermill)."""
-    import os
+def format_number(v: float) -> str:
+    """Four significant digits with thousands separators (``1,234``, ``0.01234``, ``1.2e+09``)."""
+    return f"{v:,.4g}"
 
-    from m3lab.artifacts import RUN_DIR_ENV
-    return bool(os.environ.get(RUN_DIR_ENV))
+
+def format_bytes(v: Any) -> str:
+    """``70_600_000_000`` -> ``70.6 GB`` (decimal units, as hardware datasheets count)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:,.3g} {unit}" if abs(v) / scale < 1000 else f"{v / scale:,.0f} {unit}"
+    return f"{v:,.0f} B"
+
+
+def is_bytes_column(name: Any) -> bool:
+    """Columns that hold byte counts: ``bytes``, ``bytes_per_gpu``, ``kv_bytes_per_token`` … (not ``gb``/ratios)."""
+    text = str(name).lower()
+    return ("bytes" in text.split("_") or text.startswith("bytes") or text.endswith("_bytes")) and \
+        "share" not in text and "ratio" not in text and "over" not in text
+
+
+def _cell(v: Any, bytes_col: bool) -> str:
+    if isinstance(v, (list, tuple)) or type(v).__name__ == "ndarray":
+        items = list(v)
+        if len(items) > LIST_ITEMS_SHOWN:
+            full = html.escape(", ".join(map(str, items)))
+            return (f"<details><summary>{len(items)} values: {html.escape(str(items[0]))} … "
+                    f"{html.escape(str(items[-1]))}</summary>{full}</details>")
+        return html.escape(", ".join(map(str, items)))
+    if isinstance(v, bool) or v is None:
+        return html.escape(str(v))
+    if isinstance(v, (int, float)) or type(v).__module__ == "numpy":
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            return html.escape(str(v))
+        if bytes_col:
+            return format_bytes(f)
+        if math.isnan(f):
+            return ""
+        return f"{int(f):,}" if f.is_integer() and abs(f) < 1e15 else format_number(f)
+    return html.escape(str(v))
+
+
+def frame_html(df) -> str:
+    """A DataFrame as an HTML table: every cell whole, byte columns in GB / MB, long lists folded."""
+    shown = df.astype(object).copy()
+    for j, col in enumerate(df.columns):
+        shown.iloc[:, j] = [_cell(v, is_bytes_column(col)) for v in df.iloc[:, j]]
+    import pandas as pd
+    with pd.option_context("display.max_colwidth", None):
+        return shown.to_html(escape=False, notebook=True, max_rows=200)

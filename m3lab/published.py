@@ -1,17 +1,21 @@
 """Published results used for teaching and sanity checks (each with its source).
 
 Source: vLLM team, "Following the Bottleneck: Optimizing MiniMax M3 on AMD Instinct MI355X"
-(2026-09), as summarised in the project's MISSION.md. Measured on MI355X by the authors, not by m3lab.
+(2026-09). Measured on MI355X by the authors, not by m3lab.
+
+A published number is shown beside an estimate only for exactly the deployment it was measured on
+(:func:`measurement_for`): model, weights, KV dtype, hardware, TP/EP, lengths, concurrency, speculation.
 """
 from __future__ import annotations
 
 SOURCE = ('vLLM team, "Following the Bottleneck: Optimizing MiniMax M3 on AMD Instinct MI355X", 2026-09 '
           "(measured on MI355X by the authors)")
 
-#: MXFP8, TP4, fixed 8K input / 1K output, concurrency 32: before and after the optimisations.
+#: MXFP8, TP4, fixed 8K input / 1K output, concurrency 32: before and after the optimisations. The KV cache is
+#: vLLM's default (the model dtype, bf16); no speculative decoding; TP-MoE (EP 1).
 HEADLINE_MXFP8_TP4_C32 = {
-    "model": "minimax-m3", "quant": "mxfp8", "tp": 4, "isl": 8192, "osl": 1024, "concurrency": 32,
-    "hardware": "mi355x", "source": SOURCE,
+    "model": "minimax-m3", "quant": "mxfp8", "kv_dtype": "bf16", "tp": 4, "ep": 1, "isl": 8192, "osl": 1024,
+    "concurrency": 32, "spec_tokens": 0, "hardware": "mi355x", "source": SOURCE,
     "metrics": [
         # (metric, unit, before, after, higher_is_better)
         ("output tokens/s/GPU", "tok/s/GPU", 109.1, 342.4, True),
@@ -31,6 +35,29 @@ OPTIMISATIONS = [
     ("prefill/decode disaggregation", "exact per-layer KV transfer geometry; worker-ratio tuning", "", "03_byte_planes"),
     ("agentic workloads", "bottleneck moves to prefix alignment and eviction policy", "", "06 (iterative profiling)"),
 ]
+
+
+#: The fields that define a deployment: a measurement applies to an estimate only when all of them agree.
+DEPLOYMENT_FIELDS = ("model", "quant", "kv_dtype", "hardware", "tp", "ep", "isl", "osl", "concurrency", "spec_tokens")
+_KEYS = {"output tokens/s/GPU": "output_tokens_per_s_per_gpu", "median TTFT": "ttft_s", "mean TPOT": "tpot_ms"}
+
+
+def measurement_for(config: dict) -> dict | None:
+    """The published measurement of exactly the deployment ``config`` describes (the keys of
+    :data:`DEPLOYMENT_FIELDS`, as in ``ServingEstimate.config``), or None.
+
+    Returns ``{"hardware", "source", "before": {metric key: value}, "after": {...}}`` with the keys
+    ``output_tokens_per_s_per_gpu``, ``ttft_s``, ``tpot_ms``.
+    """
+    pub = HEADLINE_MXFP8_TP4_C32
+    defaults = {"ep": 1, "spec_tokens": 0, "kv_dtype": "bf16"}
+    for key in DEPLOYMENT_FIELDS:
+        have = config.get(key, defaults.get(key))
+        if str(have).strip().lower() != str(pub[key]).lower():
+            return None
+    return {"hardware": pub["hardware"], "source": pub["source"],
+            "before": {_KEYS[m]: before for m, _, before, _, _ in pub["metrics"]},
+            "after": {_KEYS[m]: after for m, _, _, after, _ in pub["metrics"]}}
 
 
 def headline_table():

@@ -39,7 +39,7 @@ def test_unknown_pipeline_and_resume_with_params(tmp_path):
     res = runner.invoke(app, ["run", "nope"])
     assert res.exit_code == 2 and "unknown pipeline 'nope'" in res.output and "checklist" in res.output
     res = runner.invoke(app, ["run", "--resume", str(tmp_path), "-p", "x=1"])
-    assert res.exit_code == 2 and "--resume" in res.output
+    assert res.exit_code == 2 and "not a run folder" in res.output
 
 
 def test_list_shows_pipelines_notebooks_and_parameters():

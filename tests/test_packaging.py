@@ -9,10 +9,14 @@ DATA = (".yaml", ".yml", ".json", ".csv", ".toml")
 
 
 @pytest.mark.slow
-def test_wheel_holds_all_modules_and_data(repo_dir, tmp_path):
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+def test_wheel_holds_all_modules_and_data_and_builds_without_warnings(repo_dir, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
                           "-w", str(tmp_path), str(repo_dir)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
+    # the first set-up must not print pages of packaging warnings (license table, data folders "ignored")
+    warnings = [line for line in (res.stdout + res.stderr).splitlines() if "BuildBackendWarning" in line
+                or "SetuptoolsDeprecationWarning" in line]
+    assert not warnings, warnings[:5]
     wheel = next(tmp_path.glob("m3lab-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = set()

@@ -10,7 +10,7 @@ def test_sample_estimate_runs_and_ceiling_holds(name):
     d = sample_deployment(name)
     assert d["model"] in ("qwen3.5-397b-a17b", "glm-5.2") and d["hardware"] == "mi355x" and d["tp"] == 4
     assert 1 < d["accept_len"] <= SPEC_TOKENS + 1                            # ITL / TPOT of the MTP run
-    est = estimate_sample(name, requests_per_slot=1)
+    est = estimate_sample(name, num_requests=2 * d["concurrency"])
     measured = d["measured"].per_gpu(d["gpus"])["output_tokens_per_s_per_gpu"]
     ceiling = est.results["ceiling"]["output_tokens_per_s_per_gpu"]
     assert est.kind == "calibrated"

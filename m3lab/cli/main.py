@@ -1,8 +1,8 @@
 """The ``m3lab`` command: one typer app; each command group lives in its own module.
 
 Command modules import heavy libraries (torch, pandas, plotly) inside their command functions,
-so that ``m3lab --help`` stays instant. Bad input (:class:`~m3lab.errors.M3LabError`) anywhere
-below a command prints one line, ``Error: <message>``, and exits with status 2 — no traceback.
+so that ``m3lab --help`` stays instant. Bad input (:class:`~m3lab.errors.M3LabError`) and operating-system
+errors anywhere below a command print one line, ``Error: <message>``, and exit with status 2 — no traceback.
 """
 import typer
 from typer.core import TyperGroup
@@ -12,8 +12,12 @@ from m3lab.errors import M3LabError
 USER_ERROR_EXIT = 2
 
 
+INTERRUPTED_EXIT = 130
+
+
 class _Group(TyperGroup):
-    """The top-level group: turns an :class:`M3LabError` from any command into one line and exit 2."""
+    """The top-level group: bad input (:class:`M3LabError`) and operating-system errors (a read-only or full
+    disk, a path that is a file) from any command become one line and exit 2; Ctrl-C exits 130."""
 
     def invoke(self, ctx):
         try:
@@ -21,6 +25,27 @@ class _Group(TyperGroup):
         except M3LabError as err:
             typer.secho(f"Error: {err}", err=True, fg="red")
             raise typer.Exit(USER_ERROR_EXIT) from None
+        except OSError as err:
+            typer.secho(f"Error: {os_error_line(err)}", err=True, fg="red")
+            raise typer.Exit(USER_ERROR_EXIT) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted", err=True, fg="yellow")
+            raise typer.Exit(INTERRUPTED_EXIT) from None
+
+
+def os_error_line(err: OSError) -> str:
+    """``[Errno 30] Read-only file system: 'x/.summary.json.abc.partial.json'`` -> one readable line."""
+    import errno
+    import re
+
+    name = err.filename or ""
+    name = re.sub(r"(^|/)\.([^/]+)\.[^./]+\.partial(\.[^/]*)?$", r"\1\2", str(name))  # atomic temp -> target
+    hints = {errno.ENOSPC: "free some space, then resume or re-run", errno.EROFS: "choose a writable folder",
+             errno.EACCES: "choose a folder you can write to", errno.ENOTDIR: "a path component is a file, not a folder",
+             errno.EISDIR: "give a file, not a folder", errno.ENOENT: "check the path"}
+    text = f"{err.strerror or type(err).__name__}" + (f": {name}" if name else "")
+    hint = hints.get(err.errno)
+    return f"{text} ({hint})" if hint else text
 
 
 app = typer.Typer(cls=_Group, help="m3lab: the MiniMax M3 serving performance workbench.",

@@ -17,13 +17,18 @@ from . import checks
 RESULT_COLUMNS = ("gate", "case", "kind", "device", "dtype", "metric", "value", "limit", "passed", "detail")
 
 
-def _prepare(device: str) -> torch.device:
-    """cpu: the Triton interpreter (must be on before the kernels are imported); cuda: a GPU."""
+def check_device(device: str) -> None:
+    """Raise M3LabError unless ``device`` is 'cpu', or 'cuda' with a GPU visible."""
     if device not in ("cpu", "cuda"):
         raise M3LabError(f"device: {device!r} is not 'cpu' or 'cuda'", field="device")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise M3LabError("device: cuda requested but no GPU is visible (use the cpu device)", field="device")
+
+
+def _prepare(device: str) -> torch.device:
+    """cpu: the Triton interpreter (must be on before the kernels are imported); cuda: a GPU."""
+    check_device(device)
     if device == "cuda":
-        if not torch.cuda.is_available():
-            raise M3LabError("device: cuda requested but no GPU is visible (use --device cpu)", field="device")
         if os.environ.get("TRITON_INTERPRET") == "1":
             raise M3LabError("device: cuda with TRITON_INTERPRET=1 set (unset it)", field="device")
         return torch.device("cuda")

@@ -3,20 +3,23 @@
 An override is ``KEY=VALUE`` (every step whose parameters cell declares KEY) or
 ``STEP.KEY=VALUE`` (one step). VALUE is parsed as YAML (``32``, ``0.9``, ``true``, ``bf16``,
 ``[1, 8, 32]``) and must have the type of the notebook's default (an int is accepted where the
-default is a float; any value where the default is None). Everything is checked before a step runs.
+default is a float; any value where the default is None); ``None``, ``none`` and ``null`` all mean null.
+Values are then checked by the library's own validators (:mod:`m3lab.pipeline.validate`). Everything is
+checked before a step runs.
 """
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-import nbformat
 import yaml
 
 from m3lab.errors import M3LabError
+from m3lab.pipeline.validate import is_null, validate_step
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,18 @@ def notebook_parameters(path: str | Path) -> dict[str, Parameter]:
 
 @lru_cache(maxsize=128)
 def _parameters_cached(path: str, _mtime: int) -> tuple[tuple[str, Parameter], ...]:
-    nb = nbformat.read(path, as_version=4)
-    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    # plain JSON rather than nbformat: importing nbformat's schema validators takes seconds, and a bad value
+    # must be reported within a few seconds of typing it
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+        cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise M3LabError(f"notebook {path} is not a valid notebook (JSON with a list of cells)") from None
     if not cells:
         raise M3LabError(f"notebook {path} has no cell tagged 'parameters'",
                          hint="tag the cell of defaults 'parameters' (papermill's convention)")
-    source = cells[0].source
+    source = cells[0]["source"]
+    source = "".join(source) if isinstance(source, list) else source
     lines = source.splitlines()
     try:
         tree = ast.parse(source)
@@ -81,11 +90,12 @@ def parse_overrides(items: Iterable[str]) -> list[tuple[str | None, str, Any]]:
     return out
 
 
-def resolve_parameters(pipeline, overrides: Iterable[str]) -> dict[str, dict[str, Any]]:
+def resolve_parameters(pipeline, overrides: Iterable[str], *, check_values: bool = True) -> dict[str, dict[str, Any]]:
     """Per-step parameters (pipeline file values, then ``-p`` overrides), all validated.
 
-    Returns ``{step name: {param: value}}`` holding only the values that differ from the
-    notebooks' defaults (what papermill injects).
+    Returns ``{step name: {param: value}}`` holding the values set by the pipeline file or ``-p``
+    (what papermill injects). Names and types are always checked; values too unless ``check_values``
+    is False.
     """
     declared = {s.name: notebook_parameters(s.notebook) for s in pipeline.steps}
     resolved: dict[str, dict[str, Any]] = {s.name: {} for s in pipeline.steps}
@@ -106,6 +116,10 @@ def resolve_parameters(pipeline, overrides: Iterable[str]) -> dict[str, dict[str
                              hint=f"valid keys: {', '.join(valid)}")
         for name in targets:
             _assign(resolved, declared, name, key, value, f"-p {key}")
+    if check_values:
+        for name, params in declared.items():
+            values = {k: p.default for k, p in params.items()} | resolved[name]
+            validate_step(name, values, set(resolved[name]))
     return resolved
 
 
@@ -120,7 +134,9 @@ def _assign(resolved, declared, step: str, key: str, value: Any, where: str) -> 
 def coerce(param: Parameter, value: Any, where: str) -> Any:
     """Check ``value`` against the parameter's default type; ints widen to float."""
     default = param.default
-    if default is None or value is None:
+    if is_null(value):
+        return None
+    if default is None:
         return value
     if isinstance(default, bool):
         ok = isinstance(value, bool)

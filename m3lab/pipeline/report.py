@@ -13,9 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import nbformat
-
 from m3lab.atomic import write_text
+from m3lab.pipeline.run_folder import REPORT, load_summary
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -31,16 +30,18 @@ section.nb{border-top:3px solid #345;margin-top:2rem;padding-top:.5rem}
 pre{background:#f6f8fa;padding:.6rem;overflow-x:auto;font-size:12.5px;border-radius:4px}
 pre.out{background:#fff;border-left:3px solid #ccd}
 pre.err{background:#fff0f0;border-left:3px solid #c33}
-table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #dde;padding:2px 6px;text-align:left}
-.dataframe td{text-align:right}
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #dde;padding:2px 6px;text-align:left;
+    vertical-align:top}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+div.out{overflow-x:auto}
 .status-ok{color:#1a7f37;font-weight:600}.status-failed{color:#c33;font-weight:600}
-.status-pending,.status-running{color:#888}
+.status-pending,.status-running{color:#888}.status-interrupted,.status-missing,.status-unreadable{color:#b7950b;font-weight:600}
 """
 
 
 def build_report(run_dir: str | Path) -> Path:
     """(Re)build ``report.html`` of a run folder from its executed notebooks and summary."""
-    from m3lab.pipeline.runner import REPORT, load_summary
+    import nbformat
 
     run_dir = Path(run_dir)
     summary = load_summary(run_dir)
@@ -48,17 +49,31 @@ def build_report(run_dir: str | Path) -> Path:
     for i, step in enumerate(summary["steps"]):
         path = run_dir / step["output"]
         anchor = f"step-{i}"
-        toc.append(f'<a href="#{anchor}">{i:02d} {html.escape(step["name"])} '
-                   f'<span class="status-{step["status"]}">[{step["status"]}]</span></a>')
+        number = _number(step["output"], i)
+        status = step["status"]
+        problem = None
         if not path.is_file():
-            sections.append(f'<section class="nb" id="{anchor}"><h1>{html.escape(step["name"])}</h1>'
-                            f'<p class="status-{step["status"]}">not executed ({step["status"]})</p></section>')
+            problem = ("its executed notebook is missing from the run folder" if status == "ok"
+                       else f"not executed ({status})")
+            status = "missing" if status == "ok" else status
+        else:
+            try:
+                nb = nbformat.read(path, as_version=4)
+            except Exception as err:  # truncated or damaged JSON: show the rest of the run
+                problem = f"its executed notebook {step['output']} cannot be read ({type(err).__name__}); " \
+                          f"re-run the step with: m3lab run --resume {run_dir}"
+                status = "unreadable"
+        toc.append(f'<a href="#{anchor}">{number} {html.escape(step["name"])} '
+                   f'<span class="status-{status}">[{status}]</span></a>')
+        if problem:
+            sections.append(f'<section class="nb" id="{anchor}"><h1>{number} · {html.escape(step["name"])}</h1>'
+                            f'<p class="status-{status}">{html.escape(problem)}</p></section>')
             continue
-        body, headings = render_notebook(nbformat.read(path, as_version=4), anchor)
+        body, headings = render_notebook(nb, anchor)
         toc.extend(f'<a class="sub" href="#{a}">{html.escape(t)}</a>' for a, t in headings)
-        sections.append(f'<section class="nb" id="{anchor}"><p><small>step {i:02d} · '
-                        f'{html.escape(step["output"])} · <span class="status-{step["status"]}">'
-                        f'{step["status"]}</span></small></p>{body}</section>')
+        sections.append(f'<section class="nb" id="{anchor}"><p><small>step {number} · '
+                        f'{html.escape(step["output"])} · <span class="status-{status}">'
+                        f'{status}</span></small></p>{body}</section>')
     page = _page(summary, "\n".join(toc), "\n".join(sections))
     return write_text(run_dir / REPORT, page)
 
@@ -93,11 +108,11 @@ def _render_output(out: Any, div_id: str) -> str:
         return f'<pre class="err">{html.escape(tb)}</pre>'
     data = out.get("data", {})
     if PLOTLY_MIME in data:
-        fig = json.dumps(data[PLOTLY_MIME]).replace("</", "<\\/")
+        fig = json.dumps(wrap_title(data[PLOTLY_MIME])).replace("</", "<\\/")
         return (f'<div id="{div_id}" class="plotly-graph-div"></div><script>(function(){{var f={fig};'
                 f'Plotly.newPlot("{div_id}",f.data,f.layout||{{}},{{responsive:true}});}})();</script>')
     if "text/html" in data:
-        return f'<div class="out">{"".join(data["text/html"])}</div>'
+        return f'<div class="out">{align_numbers("".join(data["text/html"]))}</div>'
     for mime in ("image/png", "image/jpeg"):
         if mime in data:
             return f'<img src="data:{mime};base64,{"".join(data[mime]).strip()}"/>'
@@ -109,6 +124,50 @@ def _render_output(out: Any, div_id: str) -> str:
     if "text/plain" in data:
         return f'<pre class="out">{html.escape("".join(data["text/plain"]))}</pre>'
     return ""
+
+
+_NUMBER = re.compile(r"^\s*[-+]?(?:[\d,]*\.?\d+(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf)\s*(?:%|[kMGT]?B|×|x)?\s*$")
+_TD = re.compile(r"<td([^>]*)>(.*?)</td>", re.S)
+
+
+def align_numbers(table_html: str) -> str:
+    """Mark the cells of an HTML table that hold a number ``class="num"`` (right-aligned); text stays left."""
+    def mark(m: re.Match) -> str:
+        attrs, text = m.group(1), m.group(2)
+        if "class=" in attrs or not _NUMBER.match(html.unescape(re.sub(r"<[^>]+>", "", text))):
+            return m.group(0)
+        return f'<td class="num"{attrs}>{text}</td>'
+    return _TD.sub(mark, table_html)
+
+
+def wrap_title(fig: dict, width: int = 95) -> dict:
+    """Break a plotly figure title longer than ``width`` characters into lines (plotly clips long titles at the
+    figure's edge), and make room for the extra lines above the plot."""
+    layout = fig.get("layout", {})
+    title = layout.get("title")
+    text = title.get("text") if isinstance(title, dict) else title
+    if not isinstance(text, str) or len(re.sub(r"<[^>]+>", "", text)) <= width:
+        return fig
+    head, sep, sub = text.partition("<br>")
+    lines, line = [], ""
+    for word in re.split(r"(?<=[ —;,:])", head):
+        if len(line) + len(word) > width and line:
+            lines.append(line.rstrip())
+            line = ""
+        line += word
+    lines.append(line.rstrip())
+    new = "<br>".join(lines) + (sep + sub if sep else "")
+    extra = 22 * (len(lines) - 1)
+    margin = dict(layout.get("margin") or {})
+    margin["t"] = max(margin.get("t", 80), 80) + extra
+    layout = {**layout, "title": {**(title if isinstance(title, dict) else {}), "text": new}, "margin": margin}
+    return {**fig, "layout": layout}
+
+
+def _number(output: str, position: int) -> str:
+    """A step's number: its notebook's (``04_fast_paths.ipynb`` -> 04), else its position in the pipeline."""
+    m = re.match(r"(\d+)_", output)
+    return m.group(1) if m else f"{position:02d}"
 
 
 def _highlight(source: str) -> str:

@@ -1,18 +1,19 @@
-"""Execute a pipeline with papermill into a run folder, and resume a failed run.
+"""Execute a pipeline with papermill into a run folder, and resume a failed or changed run.
 
-Run folder ``runs/<pipeline>-<YYYYmmdd-HHMMSS>/``:
+Run folder ``runs/<pipeline>-<YYYYmmdd-HHMMSS>/`` (files: :mod:`m3lab.pipeline.run_folder`):
 
 - ``NN_<notebook>.ipynb``: each executed notebook (a failed one keeps its traceback cell);
 - ``artifacts/<step>/<name>.parquet|json``: what steps saved through :mod:`m3lab.artifacts`;
 - ``summary.json``: parameters, environment (versions, git commit, device), each step's status,
-  duration and artifacts, and the run's status (``running``, ``ok`` or ``failed``);
+  duration and artifacts, and the run's status (``running``, ``ok``, ``failed`` or ``interrupted``);
 - ``report.html``: every executed notebook in one self-contained page (:mod:`m3lab.pipeline.report`).
 
-Every file is written atomically; ``summary.json`` is rewritten after each step.
+Every file is written atomically (an executed notebook replaces its old copy only once it is complete and
+readable), ``summary.json`` is rewritten after each step, and a lock keeps a second run or resume out of a
+folder in use. Paths in ``summary.json`` are relative, so a run folder can be resumed from another checkout.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -25,11 +26,14 @@ from m3lab.atomic import atomic_path, write_json
 from m3lab.errors import M3LabError
 from m3lab.pipeline import environment
 from m3lab.pipeline.params import resolve_parameters
-from m3lab.pipeline.spec import Pipeline, Step, load_pipeline
+from m3lab.pipeline.report import build_report
+from m3lab.pipeline.run_folder import SUMMARY, RunLock, load_summary, new_run_dir, relative
+from m3lab.pipeline.spec import DEFAULT_PIPELINE, Pipeline, Step, load_pipeline, notebooks_dir
 
-SUMMARY = "summary.json"
-REPORT = "report.html"
 KERNEL = "python3"
+# The kernel's own log (not the notebook's output) at ERROR: ipykernel warns on every start that its local
+# TCP sockets are unencrypted, which is noise for a kernel bound to localhost by papermill.
+KERNEL_ARGS = ["--Application.log_level=ERROR"]
 
 
 @dataclass
@@ -48,21 +52,34 @@ class RunResult:
         return next((s for s in self.summary["steps"] if s["status"] == "failed"), None)
 
 
-def run_pipeline(pipeline: str | os.PathLike | Pipeline = "checklist", overrides: Iterable[str] = (),
-                 out_dir: str | os.PathLike = "runs", *, progress: bool = True,
-                 echo: Callable[[str], None] = print) -> RunResult:
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: the summary says ``interrupted`` and names the step; ``run_dir`` can be resumed."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(str(run_dir))
+        self.run_dir = run_dir
+
+
+class _Incomplete(Exception):
+    """The executed notebook papermill left behind is not a whole notebook (e.g. the disk filled up)."""
+
+
+def run_pipeline(pipeline: str | os.PathLike | Pipeline = DEFAULT_PIPELINE, overrides: Iterable[str] = (),
+                 out_dir: str | os.PathLike = "runs", *, progress: bool = True, echo: Callable[[str], None] = print,
+                 folder_name: str | None = None) -> RunResult:
     """Validate every parameter, create a run folder and execute the steps in order.
 
-    Raises :class:`M3LabError` before anything runs when a parameter is unknown or mistyped.
-    A step that raises stops the run; the summary marks it failed (see :func:`resume_run`).
+    Raises :class:`M3LabError` before anything runs when a parameter is unknown, mistyped or has a value
+    the library rejects. A step that raises stops the run; the summary marks it failed (see
+    :func:`resume_run`). ``folder_name``: the run folder's name (default ``<pipeline>-<timestamp>``).
     """
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     overrides = list(overrides)
     params = resolve_parameters(pipe, overrides)
-    run_dir = _new_run_dir(Path(out_dir), pipe.name)
+    run_dir = new_run_dir(Path(out_dir), folder_name or pipe.name, stamp=folder_name is None)
     summary = {
         "pipeline": pipe.name,
-        "pipeline_file": str(pipe.source),
+        "pipeline_file": relative(pipe.source, run_dir),
         "run_id": run_dir.name,
         "created": _now(),
         "finished": None,
@@ -72,42 +89,75 @@ def run_pipeline(pipeline: str | os.PathLike | Pipeline = "checklist", overrides
         "environment": environment.describe(),
         "steps": [_step_entry(i, s) for i, s in enumerate(pipe.steps)],
     }
-    write_json(run_dir / SUMMARY, summary)
-    return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
+    with RunLock(run_dir):
+        write_json(run_dir / SUMMARY, summary)
+        return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
 
 
-def resume_run(run_dir: str | os.PathLike, *, progress: bool = True,
-               echo: Callable[[str], None] = print) -> RunResult:
-    """Re-run the steps of ``run_dir`` that did not finish, with the parameters it was started with."""
+def resume_run(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, pipeline: str | None = None,
+               progress: bool = True, echo: Callable[[str], None] = print) -> RunResult:
+    """Re-run the steps of ``run_dir`` that did not finish, with the parameters it was started with.
+
+    ``overrides`` (``-p`` as for a new run) change those parameters: every step from the first one whose
+    parameters change is run again. ``pipeline``, when given, must be the run's pipeline name.
+    """
     run_dir = Path(run_dir)
-    summary = load_summary(run_dir)
-    pipe = load_pipeline(summary["pipeline_file"])
-    names = [s["name"] for s in summary["steps"]]
-    if names != [s.name for s in pipe.steps]:
-        raise M3LabError(f"cannot resume {run_dir}: pipeline {summary['pipeline_file']} now has other steps "
-                         f"({', '.join(s.name for s in pipe.steps)}; the run had {', '.join(names)})",
-                         hint="start a new run")
-    # The notebooks may have been fixed since: check the stored parameters against them again.
-    resolve_parameters(Pipeline(pipe.name, pipe.description,
-                                tuple(Step(s.name, s.notebook, summary["parameters"].get(s.name, {}))
-                                      for s in pipe.steps), pipe.source), [])
-    summary["status"] = "running"
-    summary["resumed"] = summary.get("resumed", []) + [_now()]
-    summary["environment"] = environment.describe()
-    write_json(run_dir / SUMMARY, summary)
-    return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
+    load_summary(run_dir)  # a clear error for a folder that is not a run folder, before taking the lock
+    with RunLock(run_dir):
+        summary = load_summary(run_dir)
+        if pipeline is not None and pipeline not in (summary["pipeline"], summary.get("pipeline_file")):
+            raise M3LabError(f"--resume {run_dir}: that run is of pipeline {summary['pipeline']!r}, not {pipeline!r}",
+                             field="pipeline", hint=f"drop the pipeline argument, or start a new {pipeline} run")
+        pipe = _run_pipeline_of(summary, run_dir)
+        names = [s["name"] for s in summary["steps"]]
+        if names != [s.name for s in pipe.steps]:
+            raise M3LabError(f"cannot resume {run_dir}: pipeline {pipe.name!r} now has other steps "
+                             f"({', '.join(s.name for s in pipe.steps)}; the run had {', '.join(names)})",
+                             field="pipeline", hint="start a new run")
+        stored = Pipeline(pipe.name, pipe.description,
+                          tuple(Step(s.name, s.notebook, summary["parameters"].get(s.name, {})) for s in pipe.steps),
+                          pipe.source)
+        overrides = list(overrides)
+        # The notebooks may have been fixed since: check the stored parameters (and any new ones) against them.
+        params = resolve_parameters(stored, overrides)
+        changed = next((i for i, s in enumerate(pipe.steps)
+                        if params[s.name] != summary["parameters"].get(s.name, {})), None)
+        if changed is not None:
+            for entry in summary["steps"][changed:]:
+                entry.update(status="pending", started=None, duration_s=None, artifacts=[], error=None)
+                _clear_artifacts(run_dir, entry["name"])
+            echo(f"parameters changed from step {summary['steps'][changed]['name']!r} on: re-running it and the "
+                 f"steps after it")
+        summary["parameters"] = params
+        summary["overrides"] = summary.get("overrides", []) + overrides
+        summary["pipeline_file"] = relative(pipe.source, run_dir)
+        summary["status"] = "running"
+        summary["finished"] = None
+        summary["resumed"] = summary.get("resumed", []) + [_now()]
+        summary["environment"] = environment.describe()
+        write_json(run_dir / SUMMARY, summary)
+        return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
 
 
-def load_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """Read a run folder's summary.json (clear error if it is not a run folder)."""
-    path = Path(run_dir) / SUMMARY
-    if not path.is_file():
-        raise M3LabError(f"{run_dir} is not a run folder: it has no {SUMMARY}",
-                         hint="pass a folder made by 'm3lab run', e.g. runs/checklist-20261129-120000")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise M3LabError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+def _run_pipeline_of(summary: dict, run_dir: Path) -> Pipeline:
+    """The run's pipeline: its file (stored relative to the run folder), else the built-in of that name."""
+    from m3lab.pipeline.spec import list_pipelines
+
+    ref = summary.get("pipeline_file")
+    if ref:
+        path = Path(ref) if Path(ref).is_absolute() else run_dir / ref
+        if path.is_file():
+            return load_pipeline(path)
+    if summary.get("pipeline") in list_pipelines():
+        return load_pipeline(summary["pipeline"])
+    raise M3LabError(f"cannot resume {run_dir}: its pipeline file {ref!r} is not found from here and "
+                     f"{summary.get('pipeline')!r} is not a built-in pipeline", field="pipeline",
+                     hint="copy the pipeline file beside the run folder as it was, or start a new run")
+
+
+def _clear_artifacts(run_dir: Path, step: str) -> None:
+    import shutil
+    shutil.rmtree(artifacts.artifacts_dir(run_dir) / step, ignore_errors=True)
 
 
 def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, echo) -> RunResult:
@@ -125,15 +175,32 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         write_json(run_dir / SUMMARY, summary)
         t0 = time.perf_counter()
         error = None
-        with _step_env(run_dir, step.name), atomic_path(run_dir / entry["output"]) as tmp:
-            try:
-                pm.execute_notebook(str(step.notebook), str(tmp), parameters=summary["parameters"][step.name],
-                                    kernel_name=KERNEL, progress_bar=progress, cwd=str(run_dir),
-                                    language="python")
-            except PapermillExecutionError as err:
-                error = f"{err.ename}: {err.evalue}"
-            except Exception as err:  # the kernel died, the notebook could not be read, ...
-                error = f"{type(err).__name__}: {err}"
+        try:
+            with _step_env(run_dir, step.name), atomic_path(run_dir / entry["output"]) as tmp:
+                try:
+                    pm.execute_notebook(str(step.notebook), str(tmp), parameters=summary["parameters"][step.name],
+                                        kernel_name=KERNEL, progress_bar=progress, cwd=str(run_dir),
+                                        language="python", log_output=False, extra_arguments=KERNEL_ARGS)
+                except PapermillExecutionError as err:
+                    if err.ename == "KeyboardInterrupt":
+                        raise KeyboardInterrupt from None
+                    error = f"{err.ename}: {err.evalue}"
+                except KeyboardInterrupt:
+                    raise
+                except Exception as err:  # the kernel died, the notebook could not be written, ...
+                    error = f"{type(err).__name__}: {err}"
+                _check_complete(tmp)  # a half-written notebook never replaces the last good one
+        except KeyboardInterrupt:
+            entry.update(status="interrupted", error="interrupted (Ctrl-C)",
+                         duration_s=round(time.perf_counter() - t0, 3))
+            summary.update(status="interrupted", finished=_now())
+            _write_quietly(run_dir, summary, echo)
+            _report_quietly(run_dir, echo)
+            raise RunInterrupted(run_dir) from None
+        except (_Incomplete, OSError) as err:
+            error = error or f"{type(err).__name__}: {err}"
+            if isinstance(err, _Incomplete):
+                error += " (the executed notebook could not be written completely; nothing of it was kept)"
         entry["duration_s"] = round(time.perf_counter() - t0, 3)
         entry["artifacts"] = artifacts.list_artifacts(run_dir).get(step.name, [])
         entry["status"] = "failed" if error else "ok"
@@ -141,7 +208,7 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         if error:
             summary["status"] = "failed"
             summary["finished"] = _now()
-            write_json(run_dir / SUMMARY, summary)
+            _write_quietly(run_dir, summary, echo)
             echo(f"  step {step.name!r} failed: {error}")
             break
         echo(f"  ok in {entry['duration_s']:.1f} s, artifacts: {', '.join(entry['artifacts']) or 'none'}")
@@ -150,9 +217,32 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         summary["status"] = "ok"
         summary["finished"] = _now()
         write_json(run_dir / SUMMARY, summary)
-    from m3lab.pipeline.report import build_report
-    build_report(run_dir)
+    _report_quietly(run_dir, echo)
     return RunResult(run_dir, summary)
+
+
+def _check_complete(path: Path) -> None:
+    import nbformat
+    try:
+        nbformat.read(path, as_version=4)
+    except Exception as err:  # truncated JSON, a missing file, an unreadable disk
+        raise _Incomplete(f"{path.name}: {type(err).__name__}") from None
+
+
+def _write_quietly(run_dir: Path, summary: dict, echo) -> None:
+    """Write the summary after a failure or Ctrl-C; a full disk must not hide the first error."""
+    try:
+        write_json(run_dir / SUMMARY, summary)
+    except OSError as err:
+        echo(f"  could not update {SUMMARY}: {err.strerror or err}")
+
+
+def _report_quietly(run_dir: Path, echo) -> None:
+    """Build report.html; on an OS error (a full disk, a read-only folder) say so instead of failing the run."""
+    try:
+        build_report(run_dir)
+    except OSError as err:
+        echo(f"report not written: {err.strerror or err} (rebuild it later with: m3lab report {run_dir})")
 
 
 class _step_env:
@@ -174,21 +264,12 @@ class _step_env:
 
 
 def _step_entry(i: int, step: Step) -> dict[str, Any]:
-    return {"name": step.name, "notebook": str(step.notebook), "output": f"{i:02d}_{step.notebook.name}"
+    nb_dir = notebooks_dir().resolve()
+    notebook = (step.notebook.relative_to(nb_dir).as_posix() if step.notebook.is_relative_to(nb_dir)
+                else step.notebook.name)
+    return {"name": step.name, "notebook": notebook, "output": f"{i:02d}_{step.notebook.name}"
             if not step.notebook.name[:2].isdigit() else step.notebook.name,
             "status": "pending", "started": None, "duration_s": None, "artifacts": [], "error": None}
-
-
-def _new_run_dir(out_dir: Path, name: str) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    for k in range(1, 1000):
-        cand = out_dir / (f"{name}-{stamp}" if k == 1 else f"{name}-{stamp}-{k}")
-        try:
-            cand.mkdir(parents=True)
-            return cand
-        except FileExistsError:
-            continue
-    raise M3LabError(f"could not create a run folder under {out_dir}")
 
 
 def _now() -> str:

@@ -21,11 +21,18 @@ def _label(meta: dict) -> str:
 def gemm_m_figure(gemm_m: pd.DataFrame, meta: dict) -> go.Figure:
     """Kernel calls (steps x layers) per M for each dense GEMM (N x K); log axes. From ``ShapeReport.gemm_m``."""
     fig = go.Figure()
+    # GEMMs that see exactly the same (M, calls) series are drawn once, named together (they would overplot)
+    series: dict[tuple, list] = {}
     for (op, n, k), g in gemm_m.groupby(["op", "n", "k"], sort=False):
+        key = (tuple(g.m), tuple(g.calls))
+        series.setdefault(key, []).append((f"{op} N={n} K={k} ({g.dtype.iloc[0]}, {g.layers.iloc[0]} layers)", g))
+    for members in series.values():
+        names = [name for name, _ in members]
+        g = members[0][1]
+        label = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more with the same M"
         fig.add_trace(go.Scatter(x=g.m, y=g.calls, customdata=g.steps, mode="markers+lines", line_shape="hv",
-                                 name=f"{op} N={n} K={k} ({g.dtype.iloc[0]}, {g.layers.iloc[0]} layers)",
-                                 hovertemplate="M=%{x} rows: %{y} calls (%{customdata} steps)<extra>" + op
-                                               + "</extra>"))
+                                 name=label, hovertemplate="M=%{x} rows: %{y} calls (%{customdata} steps)<extra>"
+                                 + "<br>".join(names) + "</extra>"))
     fig.update_xaxes(type="log", title_text="M = rows of the GEMM (tokens in the step; requests for the LM head)")
     fig.update_yaxes(type="log", title_text="kernel calls = steps x layers (count)")
     fig.update_layout(title=f"M seen by each dense GEMM — {PROJECTED}<br><sup>{_label(meta)}</sup>",
@@ -81,11 +88,12 @@ def sharding_figure(table: pd.DataFrame, model: str) -> go.Figure:
         if col in table:
             fig.add_trace(go.Bar(x=x, y=table[col], name=col, marker_color=color, text=table[col],
                                  textposition="outside"), row=1, col=1)
-    for col, color in (("kv_replication", "#b05a2f"), ("index_key_replication", "#7f7f7f")):
+    for col, color in (("kv_replication", "#8e44ad"), ("index_key_replication", "#7f7f7f")):
         if col in table:
             fig.add_trace(go.Bar(x=x, y=table[col], name=col, marker_color=color, text=table[col],
                                  textposition="outside"), row=1, col=2)
-    fig.update_yaxes(type="log", row=1, col=1)
+    # linear axes from zero: the counts are small integers, and a log axis crowds its minor tick labels
+    fig.update_yaxes(rangemode="tozero")
     fig.update_layout(title=f"{model}: head sharding and replication by TP degree — {PROJECTED} (from the config)",
                       barmode="group", height=420)
     return fig

@@ -64,13 +64,18 @@ def verification_bar(results: pd.DataFrame, *, title: str | None = None) -> go.F
     coloured by status, with the failed condition in the hover; ``results`` from ``verify(...).results``."""
     rows = results.iloc[::-1]
     label = rows["id"] + " (" + rows["source"] + ")"
+    timed = rows["share"].notna().any()
     fig = go.Figure(go.Bar(
-        x=rows["share"].fillna(0) * 100, y=label, orientation="h",
+        # without timings (a dispatch record, a trace of names only) every bar has unit length: status only
+        x=rows["share"].fillna(0) * 100 if timed else [1] * len(rows), y=label, orientation="h",
         marker_color=[_STATUS_COLOURS.get(s, "#999999") for s in rows["status"]],
-        text=rows["status"], textposition="outside",
+        text=rows["status"], textposition="outside" if timed else "inside",
         customdata=list(zip(rows["expected"], rows["ran"], rows["why"])),
         hovertemplate="%{y}<br>expected: %{customdata[0]}<br>ran: %{customdata[1]}"
                       "<br>why: %{customdata[2]}<extra></extra>"))
-    fig.update_layout(title=title or "Fast-path expectations — status and share of measured time",
-                      xaxis_title="share of recorded time (%)", height=max(260, 40 * len(rows) + 120))
+    fig.update_layout(title=title or ("Fast-path expectations — status and share of measured time" if timed else
+                                      "Fast-path expectations — status (the record has no timings)"),
+                      xaxis_title="share of recorded time (%)" if timed else "", height=max(260, 40 * len(rows) + 120))
+    if not timed:
+        fig.update_xaxes(visible=False, range=[0, 1])
     return fig

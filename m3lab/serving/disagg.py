@@ -30,7 +30,7 @@ def _decode_step_s(coster, concurrency: int, isl: int, osl: int, mode: str) -> f
 
 def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int, concurrency: int,
                   ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3)), prefill_concurrency: int = 4,
-                  kv_link_bw: float = KV_LINK_BW, calibration="default") -> pd.DataFrame:
+                  kv_link_bw: float = KV_LINK_BW, calibration="default", kv_dtype: str | None = None) -> pd.DataFrame:
     """One row per (prefill:decode ratio, mode): request rates, TTFT (prefill + KV hand-off), TPOT and output
     tokens/s/GPU; ``limited_by`` says which side sets the rate."""
     from m3lab.analysis.byte_planes import kv_per_layer
@@ -38,10 +38,10 @@ def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int,
 
     if kv_link_bw <= 0:
         raise M3LabError(f"kv_link_bw={kv_link_bw} must be positive (B/s per GPU)", field="kv_link_bw")
-    pre = estimate(model, hardware, tp=tp, quant=quant, isl=isl, osl=1, concurrency=prefill_concurrency,
+    pre = estimate(model, hardware, tp=tp, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=1, concurrency=prefill_concurrency,
                    calibration=calibration)
-    dec = estimate(model, hardware, tp=tp, quant=quant, isl=isl, osl=2, concurrency=concurrency,
-                   num_requests=concurrency, calibration=calibration)  # checks the decode side's KV capacity
+    dec = estimate(model, hardware, tp=tp, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=2, concurrency=concurrency,
+                   calibration=calibration)  # checks the decode side's KV capacity
     from m3lab.spec.model import load_model
     from m3lab.spec.plan import ParallelPlan
 
@@ -49,7 +49,10 @@ def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int,
 
     m = load_model(model)
     plan = ParallelPlan(tp=tp)
-    kv_bytes_rank = (kv_per_layer(m, plan, quant)["bytes_per_token_per_rank"].sum() * isl
+    from m3lab.spec.quant import load_quant
+
+    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else quant
+    kv_bytes_rank = (kv_per_layer(m, plan, q)["bytes_per_token_per_rank"].sum() * isl
                      + state_bytes_per_request(m, plan))
     kv_s = kv_bytes_rank / kv_link_bw
     rows = []

@@ -23,6 +23,7 @@ draft token.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,9 +32,16 @@ import pandas as pd
 from m3lab.errors import M3LabError
 from m3lab.serving.capacity import GPU_MEMORY_UTILIZATION, Capacity, block_size_of, capacity
 from m3lab.serving.step_cost import DRAFT_COST, StepCoster
-from m3lab.workload.scheduler import Scheduler, SchedulerConfig, Workload
+from m3lab.workload.scheduler import (MIN_REQUESTS_PER_SLOT, Scheduler, SchedulerConfig, Workload,
+                                      default_num_requests)
 
-REQUESTS_PER_SLOT = 4   # default num_requests = 4 x concurrency (InferenceX uses 10 x; 4 keeps runs short)
+
+METRICS = (("output tokens/s/GPU", "tok/s/GPU", "output_tokens_per_s_per_gpu"), ("median TTFT", "s", "ttft_s"),
+           ("mean TPOT", "ms", "tpot_ms"))
+
+
+class ShortRunWarning(UserWarning):
+    """The simulated run is too short to leave its start-up burst: its TTFT and throughput are not steady state."""
 
 
 class ArrivalRecordingScheduler(Scheduler):
@@ -157,27 +165,34 @@ def _figures(req: dict, mode: str, n: int, isl: int, osl: int, gpus: int, label:
             "makespan_s": span}
 
 
-def _spec_steps(osl: int, spec_tokens: int, accept_len: float | None) -> int:
-    """Decode steps a request needs (after its first token) with speculative decoding."""
+def spec_decode_steps(osl: int, spec_tokens: int, accept_len: float | None) -> int:
+    """Output steps a request needs with speculative decoding (``osl`` without); checks both settings."""
     if not spec_tokens:
         if accept_len not in (None, 1, 1.0):
             raise M3LabError("accept_len needs spec_tokens > 0", field="accept_len", hint="pass --spec-tokens K")
         return osl
     if not isinstance(spec_tokens, int) or spec_tokens < 0:
         raise M3LabError(f"spec_tokens={spec_tokens!r} must be a non-negative integer", field="spec_tokens")
-    if accept_len is None or not 1 <= accept_len <= spec_tokens + 1:
+    if accept_len is None:
+        raise M3LabError(f"spec_tokens={spec_tokens} needs accept_len, the mean tokens accepted per step",
+                         field="accept_len", hint=f"set accept_len in [1, {spec_tokens + 1}], e.g. 2.7 for EAGLE3 "
+                                                  "with 3 draft tokens (estimate: --accept-len 2.7)")
+    if not isinstance(accept_len, (int, float)) or not 1 <= accept_len <= spec_tokens + 1:
         raise M3LabError(f"accept_len={accept_len!r} must lie in [1, spec_tokens + 1 = {spec_tokens + 1}]",
                          field="accept_len", hint="vLLM's mean acceptance length counts the bonus token")
     return 1 + math.ceil((osl - 1) / accept_len)
 
 
-def estimate(model, hardware, *, tp: int = 1, ep: int = 1, quant="bf16", isl: int, osl: int, concurrency: int,
-             num_requests: int | None = None, calibration="default", spec_tokens: int = 0,
+def estimate(model, hardware, *, tp: int = 1, ep: int = 1, quant="bf16", kv_dtype: str | None = None, isl: int,
+             osl: int, concurrency: int, num_requests: int | None = None, calibration="default", spec_tokens: int = 0,
              accept_len: float | None = None, draft_cost: float = DRAFT_COST, routing=None,
              gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, max_num_seqs: int = 256,
              max_num_batched_tokens: int = 8192) -> ServingEstimate:
     """Estimate serving a model on ``hardware`` (see module docstring). ``calibration``: "default" (the
-    hardware's shipped one, if any), None (ceiling only), a shipped name, a CSV path or a Calibration."""
+    hardware's shipped one, if any), None (ceiling only), a shipped name, a CSV path or a Calibration.
+    ``kv_dtype``: the KV cache dtype (bf16 or fp8; default the scheme's). ``num_requests``: requests simulated
+    (default :func:`~m3lab.workload.scheduler.default_num_requests`); fewer than ``MIN_REQUESTS_PER_SLOT`` x
+    concurrency warns (:class:`ShortRunWarning`): the run would not reach steady state."""
     from m3lab.cost.model import cost_label, resolve_calibration
     from m3lab.spec.hardware import load_hardware
     from m3lab.spec.model import load_model
@@ -187,16 +202,22 @@ def estimate(model, hardware, *, tp: int = 1, ep: int = 1, quant="bf16", isl: in
     m = load_model(model)
     hw = load_hardware(hardware)
     plan = ParallelPlan(tp=tp, ep=ep).validate(m)
-    q = load_quant(quant)
+    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else load_quant(quant)
     cal = resolve_calibration(hw, calibration)
     cap = capacity(m, plan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=gpu_memory_utilization,
                    spec_tokens=spec_tokens if isinstance(spec_tokens, int) else 0)
     if not isinstance(concurrency, int) or concurrency < 1:
         raise M3LabError(f"concurrency={concurrency!r} must be a positive integer", field="concurrency")
     cap.check(concurrency)
-    osl_steps = _spec_steps(osl, spec_tokens, accept_len)
-    n_req = num_requests or REQUESTS_PER_SLOT * concurrency
+    osl_steps = spec_decode_steps(osl, spec_tokens, accept_len)
+    n_req = default_num_requests(concurrency) if num_requests is None else num_requests
     workload = Workload(isl=isl, osl=osl_steps, concurrency=concurrency, num_requests=n_req)
+    steady = n_req >= MIN_REQUESTS_PER_SLOT * concurrency
+    if not steady:
+        warnings.warn(ShortRunWarning(
+            f"num_requests {n_req} < {MIN_REQUESTS_PER_SLOT} x concurrency {concurrency}: the run does not reach "
+            f"steady state, so TTFT and throughput are start-up figures (leave num_requests unset for "
+            f"{default_num_requests(concurrency)})"), stacklevel=2)
     sched = ArrivalRecordingScheduler(SchedulerConfig(max_num_seqs=max_num_seqs,
                                                       max_num_batched_tokens=max_num_batched_tokens,
                                                       block_size=block_size_of(m)))
@@ -213,42 +234,75 @@ def estimate(model, hardware, *, tp: int = 1, ep: int = 1, quant="bf16", isl: in
     requests["tpot_ms"] = (requests["finish_s"] - requests["first_token_s"]) / max(osl - 1, 1) * 1e3
     config = {"model": m.name, "hardware": hw.name, "tp": tp, "ep": ep, "gpus": gpus, "quant": q.name,
               "kv_dtype": q.kv_dtype, "isl": isl, "osl": osl, "concurrency": concurrency, "num_requests": n_req,
-              "spec_tokens": spec_tokens, "accept_len": accept_len,
+              "steady_state": steady, "spec_tokens": spec_tokens, "accept_len": accept_len,
               "calibration": cal.name if cal is not None else None,
               "routing": "balanced" if routing is None else str(routing)}
     return ServingEstimate(config=config, capacity=cap, results=results, steps=runs, requests=requests, coster=coster)
 
 
-def compare_with_measured(est: ServingEstimate, measured: dict) -> pd.DataFrame:
-    """Measured vs estimate side by side. ``measured`` has any of ``output_tokens_per_s_per_gpu``, ``ttft_s``
-    (median), ``tpot_ms`` (mean). Adds ``measured_over_ceiling`` (the efficiency of the measurement)."""
-    spec = [("output tokens/s/GPU", "tok/s/GPU", "output_tokens_per_s_per_gpu"), ("median TTFT", "s", "ttft_s"),
-            ("mean TPOT", "ms", "tpot_ms")]
+def compare_with_measured(est: ServingEstimate, measured: dict | None) -> pd.DataFrame:
+    """The estimate per metric (``ceiling``, ``calibrated``), with ``measured`` beside it when given.
+
+    ``measured`` has any of ``output_tokens_per_s_per_gpu``, ``ttft_s`` (median), ``tpot_ms`` (mean); it must be a
+    measurement of the same deployment (see :func:`compare_with_published`). ``measured_over_ceiling`` is the
+    throughput's efficiency against the roofline (below 1); latency rows have none (lower is better there)."""
     rows = []
-    for metric, unit, key in spec:
-        if key not in measured:
+    for metric, unit, key in METRICS:
+        if measured is not None and key not in measured:
             continue
-        row = {"metric": metric, "unit": unit, "measured": float(measured[key])}
+        row = {"metric": metric, "unit": unit}
+        if measured is not None:
+            row["measured"] = float(measured[key])
         for mode, res in est.results.items():
             row[mode] = res[key]
+        if measured is not None:
+            row["measured_over_ceiling"] = (row["measured"] / row["ceiling"] if key == "output_tokens_per_s_per_gpu"
+                                            else float("nan"))
         rows.append(row)
-    out = pd.DataFrame(rows)
-    out["measured_over_ceiling"] = out["measured"] / out["ceiling"]
-    return out
+    return pd.DataFrame(rows)
 
 
-def sweep(model, hardware, concurrencies, *, requests_per_slot: int = 2, **kwargs) -> pd.DataFrame:
+def compare_with_published(est: ServingEstimate) -> pd.DataFrame:
+    """:func:`compare_with_measured` against the published measurement of exactly this deployment (model, quant,
+    KV dtype, hardware, TP/EP, ISL/OSL, concurrency, speculative config), or the estimate alone when none exists."""
+    from m3lab.published import measurement_for
+
+    found = measurement_for(est.config)
+    return compare_with_measured(est, found["after"] if found else None)
+
+
+def comparison_title(est: ServingEstimate) -> str:
+    """The title of the :func:`compare_with_published` figure: says "measured" only when a measurement exists."""
+    from m3lab.published import measurement_for
+
+    c = est.config
+    case = f"{c['model']} {c['quant']} TP{c['tp']} c={c['concurrency']}, {c['isl']} in / {c['osl']} out"
+    found = measurement_for(c)
+    if found:
+        return f"{case}: measured on {found['hardware'].upper()} (published) vs projected for {c['hardware']}"
+    return f"{case}: projected for {c['hardware']} (ceiling, calibrated); no measurement of this deployment exists"
+
+
+def sweep(model, hardware, concurrencies, **kwargs) -> pd.DataFrame:
     """Estimates over concurrencies: one row per (concurrency, mode) with ``source`` = the mode's name
-    (for ``m3lab.plots.serving``); ``kwargs`` as for :func:`estimate`."""
+    (for ``m3lab.plots.serving``); ``kwargs`` as for :func:`estimate` (``num_requests`` is per point's default)."""
     rows = []
     for c in concurrencies:
-        est = estimate(model, hardware, concurrency=int(c), num_requests=requests_per_slot * int(c), **kwargs)
+        est = estimate(model, hardware, concurrency=int(c), **kwargs)
         for mode, res in est.results.items():
             rows.append({"source": mode, "concurrency": int(c), **{k: v for k, v in res.items() if k != "kind"}})
     return pd.DataFrame(rows)
 
 
-def add_measured(table: pd.DataFrame, concurrency: int, measured: dict, source: str) -> pd.DataFrame:
-    """``table`` (from :func:`sweep`) plus one measured row named ``source`` (say where it was measured)."""
-    return pd.concat([table, pd.DataFrame([{"source": source, "concurrency": concurrency, **measured}])],
-                     ignore_index=True)
+def add_published(table: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """``table`` (from :func:`sweep` of the deployment ``config``) plus a row for every concurrency of it that has
+    a published measurement of exactly that deployment (source names who measured it, on what)."""
+    from m3lab.published import measurement_for
+
+    rows = []
+    for c in sorted(set(table["concurrency"])):
+        found = measurement_for({**config, "concurrency": int(c)})
+        if found:
+            rows.append({"source": f"measured ({found['hardware'].upper()}, published)", "concurrency": int(c),
+                         **found["after"]})
+    return pd.concat([table, pd.DataFrame(rows)], ignore_index=True) if rows else table

@@ -24,7 +24,6 @@ from m3lab.errors import M3LabError
 from m3lab.serving.vllm_bench import DATA_DIR, SHIPPED_BENCH, read_bench_result
 
 SPEC_TOKENS = 3          # assumed MTP draft length of both runs (not in the files)
-REQUESTS_PER_SLOT = 2    # simulated requests per concurrency slot (the runs had 10; 2 keeps the estimate quick)
 MEASURED_BY = "InferenceX (SemiAnalysisAI/InferenceX @775633cf)"
 
 
@@ -43,24 +42,25 @@ def sample_deployment(name: str) -> dict:
             "spec_tokens": SPEC_TOKENS if accept else 0, "accept_len": accept, "measured": res}
 
 
-def estimate_sample(name: str, calibration="default", requests_per_slot: int = REQUESTS_PER_SLOT):
-    """The :class:`~m3lab.serving.estimate.ServingEstimate` of a shipped sample's model and deployment."""
+def estimate_sample(name: str, calibration="default", num_requests: int | None = None):
+    """The :class:`~m3lab.serving.estimate.ServingEstimate` of a shipped sample's model and deployment
+    (``num_requests``: the estimate's default per concurrency unless given)."""
     from m3lab.serving.estimate import estimate
 
     d = sample_deployment(name)
     return estimate(d["model"], d["hardware"], tp=d["tp"], quant=d["quant"], isl=d["isl"], osl=d["osl"],
-                    concurrency=d["concurrency"], num_requests=requests_per_slot * d["concurrency"],
+                    concurrency=d["concurrency"], num_requests=num_requests,
                     calibration=calibration, spec_tokens=d["spec_tokens"], accept_len=d["accept_len"])
 
 
-def samples_side_by_side(calibration="default", requests_per_slot: int = REQUESTS_PER_SLOT) -> pd.DataFrame:
+def samples_side_by_side(calibration="default") -> pd.DataFrame:
     """One row per (sample, metric): ``measured`` (by whom, on what: ``measured_by``), ``ceiling`` and
     ``calibrated`` (projected: ``projected_for`` names the profile and the calibration), and
     ``measured_over_ceiling`` (throughput rows only). Metrics: output tokens/s/GPU, median TTFT (s), mean TPOT (ms)."""
     rows = []
     for name in SHIPPED_BENCH:
         d = sample_deployment(name)
-        est = estimate_sample(name, calibration, requests_per_slot)
+        est = estimate_sample(name, calibration)
         per_gpu = d["measured"].per_gpu(d["gpus"])
         measured = {"output_tokens_per_s_per_gpu": per_gpu["output_tokens_per_s_per_gpu"],
                     "ttft_s": per_gpu["median_ttft_s"], "tpot_ms": per_gpu["mean_tpot_ms"]}

@@ -23,9 +23,22 @@ from m3lab.errors import M3LabError
 from m3lab.workload.step import EngineStep
 
 
+#: Requests simulated per concurrency slot when ``num_requests`` is not given (a closed loop needs several
+#: waves of requests before the first burst of ``concurrency`` arrivals stops dominating the medians).
+REQUESTS_PER_SLOT = 4
+#: Below this many requests per slot the run never leaves its start-up burst: TTFT and throughput are wrong.
+MIN_REQUESTS_PER_SLOT = 2
+
+
+def default_num_requests(concurrency: int) -> int:
+    """Requests simulated for a closed loop at ``concurrency`` when none is given."""
+    return REQUESTS_PER_SLOT * concurrency
+
+
 @dataclass(frozen=True)
 class Workload:
-    """Requests of fixed (or given) lengths at a concurrency. ``num_requests`` defaults to 10 x concurrency.
+    """Requests of fixed (or given) lengths at a concurrency. ``num_requests`` defaults to
+    :func:`default_num_requests` (``REQUESTS_PER_SLOT`` x concurrency).
 
     ``request_rate`` (req/s, Poisson, seeded) makes arrivals open-loop; it needs a scheduler ``step_time``.
     ``prompt_lens``/``output_lens`` (per request) override ``isl``/``osl`` (e.g. from a trace).
@@ -45,7 +58,8 @@ class Workload:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise M3LabError(f"{name} must be a positive integer, got {v!r}", field=name)
-        if self.num_requests is not None and self.num_requests < 1:
+        if self.num_requests is not None and (not isinstance(self.num_requests, (int, np.integer))
+                                              or isinstance(self.num_requests, bool) or self.num_requests < 1):
             raise M3LabError(f"num_requests must be >= 1, got {self.num_requests}", field="num_requests")
         if self.request_rate is not None and self.request_rate <= 0:
             raise M3LabError(f"request_rate must be > 0, got {self.request_rate}", field="request_rate")
@@ -54,7 +68,7 @@ class Workload:
     def n_requests(self) -> int:
         if self.prompt_lens is not None:
             return len(self.prompt_lens)
-        return self.num_requests if self.num_requests is not None else 10 * self.concurrency
+        return self.num_requests if self.num_requests is not None else default_num_requests(self.concurrency)
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
         """(prompt lengths, output lengths), int64 [n_requests]."""
