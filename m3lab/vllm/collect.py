@@ -22,6 +22,7 @@ What lands in ``<run>/``:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Sequence
@@ -82,10 +83,11 @@ def _copy(files: Sequence[Path], dest: Path) -> list[Path]:
 
 
 def kernel_table(traces: Sequence[Path]):
-    """Time per kernel name in each trace: ``file, name, calls, total_us, share`` (share of that trace's kernel time)."""
+    """Time per kernel in each trace: ``file, kernel`` (short name), ``calls, total_us, share`` (of that trace's
+    kernel time), ``name`` (full name)."""
     import pandas as pd
 
-    from m3lab.traces.events import load_trace, trace_format
+    from m3lab.traces.events import load_trace, short_kernel_name, trace_format
 
     frames = []
     for path in traces:
@@ -98,8 +100,9 @@ def kernel_table(traces: Sequence[Path]):
         g = kernels.groupby("name")["dur_us"].agg(calls="count", total_us="sum").reset_index()
         g["share"] = g["total_us"] / g["total_us"].sum()
         g.insert(0, "file", path.name)
+        g.insert(1, "kernel", [short_kernel_name(n) for n in g["name"]])
         frames.append(g.sort_values("total_us", ascending=False))
-    cols = ["file", "name", "calls", "total_us", "share"]
+    cols = ["file", "kernel", "calls", "total_us", "share", "name"]
     return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
 
 
@@ -138,7 +141,7 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
                                "artifacts": []}
 
     def save(name: str, obj: Any) -> None:
-        summary["artifacts"].append(str(_save(run, name, obj)))
+        summary["artifacts"].append(os.fspath(_save(run, name, obj)))
 
     if results:
         import pandas as pd
@@ -167,10 +170,8 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
     return summary
 
 
-def _save(run: Path, name: str, obj: Any) -> Path:
+def _save(run: Path, name: str, obj: Any) -> os.PathLike:
     """``artifacts.save`` into ``run`` (not the current run of the environment) under step ``vllm``."""
-    import os
-
     from m3lab import artifacts
     before = os.environ.get(artifacts.RUN_DIR_ENV)
     os.environ[artifacts.RUN_DIR_ENV] = str(run)
