@@ -54,6 +54,10 @@ def test_grid_file_is_checked(tmp_path):
         with pytest.raises(M3LabError) as err:
             load_grid(g)
         assert err.value.field == field
+    from m3lab.cli.main import app
+    g.write_text("pipeline: tiny.yaml\naxes: {n: [1]}\n")
+    res = CliRunner().invoke(app, ["sweep", str(g), "--executor", "dask", "--out", str(tmp_path / "runs")])
+    assert res.exit_code == 2 and "executor 'dask' is unknown" in res.output and not (tmp_path / "runs").exists()
 
 
 def test_ray_sweep_reports_the_failing_point_and_finishes_the_others(local_ray, tmp_path):

@@ -81,7 +81,10 @@ def test_pd_two_prefill_one_decode(plans):
     ports = [i.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for i in pd_plan.instances]
     assert len(set(ports)) == 3
     assert pd_plan.proxy_argv[pd_plan.proxy_argv.index("--prefiller-ports") + 1:][:2] == ["8100", "8101"]
-    assert parse_with_vllm(pd_plan.bench_argv).port == 8000  # the benchmark goes through the proxy
+    bench = parse_with_vllm(pd_plan.bench_argv)
+    assert bench.port == 8000 and not bench.profile  # through the proxy, which has no /start_profile route
+    dirs = [parse_with_vllm(i.argv).profiler_config.torch_profiler_dir for i in pd_plan.instances]
+    assert dirs == ["/data/vllm-profile/prefill-0", "/data/vllm-profile/prefill-1", "/data/vllm-profile/decode-0"]
     assert "gpus=12" in pd_plan.bench_argv
 
 

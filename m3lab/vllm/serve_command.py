@@ -121,7 +121,8 @@ class ServePlan:
         lines = [f"# {self.name}: {self.description}"] + [f"# note: {n}" for n in self.notes]
         for inst in self.instances:
             where = f"node {inst.node}, GPUs {','.join(map(str, inst.devices))}"
-            lines += [f"# {inst.role} instance {inst.replica} ({where}, port {inst.port})", inst.text()]
+            what = "server" if inst.role == "both" else f"{inst.role} instance {inst.replica}"
+            lines += [f"# {what} ({where}, port {inst.port})", inst.text()]
         if self.proxy_argv:
             lines += ["# proxy (from a vLLM source checkout): prefill then decode for each request",
                       shlex.join(self.proxy_argv)]
@@ -180,7 +181,8 @@ def _serve_args(dep: Deployment, launch: Launch, model: str, port: int, profile_
     return head + args + tail
 
 
-def _bench_args(name: str, model: str, port: int, launch: Launch, gpus: int) -> tuple[list[str], str]:
+def _bench_args(name: str, model: str, port: int, launch: Launch, gpus: int,
+                profile: bool) -> tuple[list[str], str]:
     result_file = f"{name}-c{launch.concurrency}-i{launch.input_len}-o{launch.output_len}.json"
     argv = ["vllm", "bench", "serve", "--model", model, "--port", str(port),
             "--dataset-name", "random", "--random-input-len", str(launch.input_len),
@@ -188,7 +190,7 @@ def _bench_args(name: str, model: str, port: int, launch: Launch, gpus: int) -> 
             "--max-concurrency", str(launch.concurrency), "--num-prompts", str(launch.prompts),
             "--percentile-metrics", PERCENTILE_METRICS, "--save-result", "--result-dir", launch.result_dir,
             "--result-filename", result_file, "--metadata", f"deployment={name}", f"gpus={gpus}"]
-    if launch.profile_dir:
+    if profile:
         argv.append("--profile")
     return argv, result_file
 
@@ -258,7 +260,12 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
     else:
         name = name or parts[0][0].name or "deployment"
     gpus = sum(_gpus(d) * r for d, r in parts)
-    bench, result_file = _bench_args(name, model, PROXY_PORT if disagg else launch.port, launch, gpus)
+    # bench --profile calls /start_profile on the server it talks to; vLLM's P/D proxy has no such route
+    bench, result_file = _bench_args(name, model, PROXY_PORT if disagg else launch.port, launch, gpus,
+                                     profile=bool(launch.profile_dir) and not disagg)
+    if disagg and launch.profile_dir:
+        notes.append("profile each instance around the benchmark: curl -X POST http://HOST:PORT/start_profile, "
+                     "then /stop_profile (the proxy does not forward them)")
     desc = "; ".join(f"{r} x {d.description or d.name}" if disagg else (d.description or d.name) for d, r in parts)
     return ServePlan(name=name, description=desc, instances=instances, bench_argv=bench, proxy_argv=proxy,
                      profile_dir=launch.profile_dir, result_file=f"{launch.result_dir}/{result_file}", notes=notes)
