@@ -127,3 +127,20 @@ def test_cli_plan_json_and_bad_input():
         res = runner.invoke(app, ["vllm", "plan", *args])
         assert res.exit_code == 2, (args, res.output)
         assert res.output.startswith("Error: ") and field in res.output and "Traceback" not in res.output
+
+
+def test_checking_leaves_vllms_platform_as_it_was(plans):
+    """The parser is built under vLLM's CPU platform (as ``vllm bench`` does); afterwards nothing in the
+    process may still see that stand-in, or later vLLM imports would take CPU branches."""
+    import sys
+
+    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm.serve_command import check_with_vllm
+
+    before = vllm_module("vllm.platforms").current_platform
+    assert check_with_vllm(plans["mxfp4-tp2"]) == []
+    assert vllm_module("vllm.platforms").current_platform is before
+    stand_ins = [name for name, m in list(sys.modules.items())
+                 if type(getattr(m, "__dict__", {}).get("current_platform")).__name__ == "CpuPlatform"
+                 and type(before).__name__ != "CpuPlatform"]
+    assert stand_ins == []

@@ -56,9 +56,19 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
          kv_connector: str = typer.Option("NixlConnector", "--kv-connector", help="P/D KV connector"),
          check: bool = typer.Option(False, "--check", help="parse every command with the installed vLLM's parser "
                                                            "and check the variables against vllm.envs"),
+         list_presets: bool = typer.Option(False, "--presets", help="list the named deployments and exit"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """The exact vllm serve and vllm bench serve commands (and environment) of a deployment."""
     from m3lab.vllm.serve_command import Launch, check_with_vllm, plan_commands
+
+    if list_presets:
+        from m3lab.spec.serving import PRESETS
+        if as_json:
+            echo_json({"presets": {n: p.description for n, p in sorted(PRESETS.items())}})
+        else:
+            for n, p in sorted(PRESETS.items()):
+                typer.echo(f"{n:24s} {p.description}")
+        return
 
     launch = Launch(model_path=model_path, port=port, profile_dir=profile_dir, kv_connector=kv_connector,
                     input_len=input_len, output_len=output_len, concurrency=concurrency, num_prompts=num_prompts,

@@ -303,15 +303,27 @@ def _cpu_platform_if_unspecified() -> Iterator[None]:
     """vLLM builds its serve parser from config defaults that ask the platform for a device type; on a machine
     without a GPU the platform is "unspecified" and that fails. ``vllm bench`` swaps in the CPU platform for
     the same reason (``vllm/entrypoints/cli/main.py:78-85``); do that for the duration, then restore."""
+    import sys
+
     from m3lab.vllm.imports import vllm_module
     platforms = vllm_module("vllm.platforms", "checking commands with vLLM's parser")
     before = platforms.current_platform
-    if before.is_unspecified():
-        platforms.current_platform = vllm_module("vllm.platforms.cpu").CpuPlatform()
+    if not before.is_unspecified():
+        yield
+        return
+    cpu = vllm_module("vllm.platforms.cpu").CpuPlatform()
+    loaded = set(sys.modules)
+    platforms.current_platform = cpu
     try:
         yield
     finally:
         platforms.current_platform = before
+        # modules first imported meanwhile bound the stand-in by name (``from vllm.platforms import
+        # current_platform``): give them the real platform, so nothing else in this process sees a CPU platform
+        for name in set(sys.modules) - loaded:
+            namespace = getattr(sys.modules[name], "__dict__", {})  # not getattr: lazy modules import on it
+            if namespace.get("current_platform") is cpu:
+                namespace["current_platform"] = before
 
 
 _PARSERS: dict[str, Any] = {}
