@@ -16,8 +16,9 @@ ray = pytest.importorskip("ray")  # installed by the README set-up and CI ('ray[
 def local_ray():
     if ray.is_initialized():
         ray.shutdown()
+    path = os.environ.get("PYTHONPATH")  # workers import m3lab as the driver does (an editable install needs none)
     ray.init(num_cpus=2, resources={"gpu_slot": 2}, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
+             runtime_env={"env_vars": {"PYTHONPATH": path}} if path else None)
     yield ray
     ray.shutdown()
 

@@ -3,7 +3,7 @@
     m3lab vllm plan --preset mxfp8-tp4-optimised [--profile-dir DIR] [--check] [--json]
     m3lab vllm plan --preset pd-mxfp8-prefill-tp4:2 --preset pd-mxfp8-decode-tp4:1
     m3lab vllm plan --model minimax-m3-mxfp8 --quant mxfp8 --tp 4 --set aiter=1
-    m3lab vllm collect runs/<run> --bench vllm-bench/*.json --profile DIR --preset mxfp8-tp4-optimised
+    m3lab vllm collect runs/<run> --bench vllm-bench --profile DIR --preset mxfp8-tp4-optimised
     m3lab vllm moe-tables DIR [--against DIR] [--json]
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
 
 @vllm_app.command("collect")
 def collect(run_dir: Path = typer.Argument(..., help="run folder to add the measurements to (created if absent)"),
-            bench: List[Path] = typer.Option([], "--bench", help="a vllm bench serve --save-result JSON; repeatable"),
+            bench: List[Path] = typer.Option([], "--bench", help="a vllm bench serve --save-result JSON, or its --result-dir; repeatable"),
             profile: List[Path] = typer.Option([], "--profile", help="a profiler folder or trace file; repeatable"),
             preset: Optional[str] = typer.Option(None, "--preset", help="the deployment that ran: enables the "
                                                                          "fast-path verification"),

@@ -1,6 +1,6 @@
 """Bring a real vLLM deployment's measurements into a run folder, where notebooks read them as artifacts.
 
-    m3lab vllm collect runs/<run> --bench vllm-bench/*.json --profile /tmp/vllm-profile --preset mxfp8-tp4-optimised
+    m3lab vllm collect runs/<run> --bench vllm-bench --profile /tmp/vllm-profile --preset mxfp8-tp4-optimised
 
 What lands in ``<run>/``:
 
@@ -47,6 +47,21 @@ def _trace_files(paths: Sequence[str | Path]) -> list[Path]:
             out.extend(found)
         else:
             raise M3LabError(f"--profile {str(p)!r} does not exist", field="--profile", hint="check the path")
+    return out
+
+
+def _bench_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The given result files, a folder standing for every ``*.json`` in it (``vllm bench --result-dir``)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.glob("*.json"))
+            if not found:
+                raise M3LabError(f"--bench {str(p)!r} holds no .json result", field="--bench",
+                                 hint="give the --result-dir of vllm bench serve, or result files")
+            out.extend(found)
+        else:
+            out.append(p)  # read_bench_result names a missing file
     return out
 
 
@@ -122,7 +137,7 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
         raise M3LabError("nothing to collect", field="--bench", hint="give --bench FILE and/or --profile DIR")
     if gpus is not None and gpus < 1:
         raise M3LabError(f"--gpus must be positive, got {gpus}", field="--gpus")
-    bench_files = [Path(b) for b in bench]
+    bench_files = _bench_files(bench)
     dep_gpus = deployment.plan.tp * deployment.plan.dp if deployment is not None else None
     results = [(read_bench_result(b), _bench_gpus(b, gpus, dep_gpus)) for b in bench_files]  # validates each
     traces = _trace_files(profile)
