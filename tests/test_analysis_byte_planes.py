@@ -1,4 +1,4 @@
-"""Bytes counted twice (issue 4, item 3): a hand count of one MiniMax M3 TP4 MXFP8 decode step against the
+"""Bytes counted twice: a hand count of one MiniMax M3 TP4 MXFP8 decode step against the
 OpTable's byte planes, plus the byte-plane and time-by-plane views."""
 import random
 
@@ -14,37 +14,44 @@ from m3lab.spec.model import load_model
 from m3lab.spec.plan import ParallelPlan
 from m3lab.workload.step import EngineStep
 
-# M3 text config (reference §1) and TP4 local sizes (reference §3), written out by hand on purpose.
+# M3 text config (reference §1) and TP4 local sizes (reference §3), written out by hand on purpose. The model is
+# vLLM 0.33.0's AMD one: q/k/v/index q/index k are ONE MXFP8 GEMM; index-sharing reuse layers skip the index
+# norm, RoPE and index-key write; shared-expert fusion only when asked for.
 H, L, SPARSE, DENSE, MOE, DENSE_MLP = 6144, 60, 57, 3, 57, 3
 Q_LOCAL, KV_LOCAL, HD = 2048, 128, 128            # 16 q heads, 1 KV head per rank
 IDX_Q_LOCAL, IDX_K, IDX_D = 128, 128, 128         # index q heads shard like KV heads; index key replicated
-O_K, DENSE_I, EXPERT_I, EXPERTS, TOPK = 2048, 12288, 768, 128, 4
+O_K, DENSE_I, EXPERT_I, SHARED_I, EXPERTS, TOPK = 2048, 12288, 768, 768, 128, 4   # shared expert 3072 / TP
 VOCAB_LOCAL = 200064 // 4                         # 50016 (200064 is already a multiple of 64)
 BLOCK, TOPK_BLOCKS = 128, 16
 MX, BF16, FP32 = 1 + 1 / 32, 2, 4                 # MXFP8: one E8M0 scale byte per 32 weights
 TP = 4
 RING = 2 * (TP - 1) / TP                          # ring all-reduce: 2(p-1)/p of the payload per GPU
 GATHER = (TP - 1) / TP                            # gather of the vocab-parallel logits: (p-1)/p
+SPARSE_QKV = Q_LOCAL + 2 * KV_LOCAL + IDX_Q_LOCAL + IDX_K   # 2560: the one fused projection of a sparse layer
+DENSE_QKV = Q_LOCAL + 2 * KV_LOCAL                          # 2304
+CASES = {"default": (False, 57), "fused": (True, 57), "shared_index_freq4": (False, 15)}  # (fusion, computing layers)
 
 
-def hand_count(D: int, C: int) -> dict:
+def hand_count(D: int, C: int, fused: bool, computing: int) -> dict:
     """Per-GPU bytes of one step of D decodes at KV length C (after the step), balanced routing with every
-    expert touched, bf16 KV and index caches (the mxfp8 preset)."""
+    expert touched, bf16 KV and index caches (the mxfp8 preset); ``computing`` sparse layers run the index
+    branch (the others reuse the top-k)."""
     T = D
-    weights = (L * (Q_LOCAL + 2 * KV_LOCAL) * H * MX            # qkv_proj (MXFP8)
-               + SPARSE * (IDX_Q_LOCAL + IDX_K) * H * BF16       # indexer q/k stay bf16 -> own GEMM
+    experts = (MOE * (EXPERTS + 1) * 3 * EXPERT_I * H * MX if fused    # 128 routed + the fused shared expert
+               else MOE * EXPERTS * 3 * EXPERT_I * H * MX + MOE * 3 * SHARED_I * H * MX)   # shared MLP apart
+    weights = (DENSE * DENSE_QKV * H * MX + SPARSE * SPARSE_QKV * H * MX   # qkv(+index) projection, all MXFP8
                + L * H * O_K * MX                                # o_proj
                + DENSE_MLP * 3 * DENSE_I // TP * H * MX          # dense MLP gate, up, down (layers 0-2)
                + MOE * EXPERTS * H * FP32                        # router, fp32, replicated
-               + MOE * (EXPERTS + 1) * 3 * EXPERT_I * H * MX     # 128 routed + 1 fused shared expert, all touched
+               + experts
                + T / TP * H * BF16                               # embedding rows this rank's vocab shard owns
                + VOCAB_LOCAL * H * BF16                          # lm_head shard
                + (2 * L * H + H) * BF16                          # input/post-attention norms, final norm
-               + L * 2 * HD * BF16 + SPARSE * 2 * IDX_D * BF16)  # per-head q/k norms; index q/k norms
+               + L * 2 * HD * BF16 + computing * 2 * IDX_D * BF16)  # per-head q/k norms; index q/k norms
     kv_tok, idx_tok = 2 * KV_LOCAL * BF16, IDX_D * BF16          # 512 B and 256 B per token per layer
     sparse_keys = C if C <= TOPK_BLOCKS * BLOCK else (TOPK_BLOCKS - 1) * BLOCK + (C - 1) % BLOCK + 1
-    kv = (L * T * kv_tok + SPARSE * T * idx_tok                  # cache writes of the new token
-          + SPARSE * D * C * idx_tok                             # indexer reads every index key
+    kv = (L * T * kv_tok + computing * T * idx_tok               # cache writes of the new token
+          + computing * D * C * idx_tok                          # indexer reads every index key
           + SPARSE * D * sparse_keys * kv_tok                    # sparse attention reads its 16 blocks
           + DENSE * D * C * kv_tok)                              # dense layers 0-2 read everything
     payload = T * H * BF16
@@ -54,35 +61,43 @@ def hand_count(D: int, C: int) -> dict:
     return {"weights": weights, "kv": kv, "communication": comm, "T": T}
 
 
-def hand_activations(D: int, C: int, scored_blocks: int) -> float:
+def hand_activations(D: int, C: int, scored_blocks: int, fused: bool, computing: int) -> float:
     """Activations read + written (bf16 unless the GEMM quantises its input to MXFP8)."""
     T, R = D, D
-    routed = T * (TOPK + 1)
+    routed = T * (TOPK + (1 if fused else 0))
     norm4 = 4 * T * H * BF16                                     # fused add+RMSNorm: x, residual in; out, residual out
     gemm = lambda m, n, k, a: m * k * a + m * n * BF16  # noqa: E731
     quant = lambda m, k: m * k * (BF16 + 1) + m * k / 32  # noqa: E731  bf16 in, MXFP8 out + E8M0 scales
-    per_sparse = (norm4 + quant(T, H) + gemm(T, Q_LOCAL + 2 * KV_LOCAL, H, MX) + gemm(T, IDX_Q_LOCAL + IDX_K, H, BF16)
-                  + 2 * T * (Q_LOCAL + KV_LOCAL + IDX_Q_LOCAL + IDX_K) * BF16          # qk_norm
+    attn_tail = (2 * T * Q_LOCAL * BF16                                                # attention: q in, o out
+                 + quant(T, O_K) + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T) + norm4)   # o_proj; 2 all-reduces
+    per_sparse = (norm4 + quant(T, H) + gemm(T, SPARSE_QKV, H, MX)
+                  + 2 * T * (Q_LOCAL + KV_LOCAL + IDX_Q_LOCAL + IDX_K) * BF16          # qk_norm incl. index q/k
                   + 2 * T * (16 + 1 + 1 + 1) * 64 * BF16                               # rope on 64 of 128 channels
                   + T * (2 * KV_LOCAL + IDX_D) * BF16                                 # cache_write reads k, v, index k
                   + T * IDX_Q_LOCAL * BF16 + scored_blocks * 4                        # indexer: index q in, scores out
                   + scored_blocks * 4 + T * TOPK_BLOCKS * 4                           # topk: scores in, indices out
-                  + 2 * T * Q_LOCAL * BF16 + T * TOPK_BLOCKS * 4                      # attention: q in, o out, indices
-                  + quant(T, O_K) + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T)   # o_proj; 2 all-reduces r+w
-                  + norm4)
-    per_dense_attn = (norm4 + quant(T, H) + gemm(T, Q_LOCAL + 2 * KV_LOCAL, H, MX) + 2 * T * (Q_LOCAL + KV_LOCAL) * BF16
-                      + 2 * T * (16 + 1) * 64 * BF16 + T * 2 * KV_LOCAL * BF16 + 2 * T * Q_LOCAL * BF16
-                      + quant(T, O_K) + gemm(T, H, O_K, MX) + 2 * 2 * payload_bytes(T) + norm4)
+                  + T * TOPK_BLOCKS * 4 + attn_tail)                                  # attention reads the indices
+    per_reuse = (norm4 + quant(T, H) + gemm(T, SPARSE_QKV, H, MX)                      # the same fused GEMM
+                 + 2 * T * (Q_LOCAL + KV_LOCAL) * BF16 + 2 * T * (16 + 1) * 64 * BF16  # q/k norm and RoPE only
+                 + T * 2 * KV_LOCAL * BF16                                            # K and V written, no index key
+                 + T * TOPK_BLOCKS * 4 + attn_tail)
+    per_dense_attn = (norm4 + quant(T, H) + gemm(T, DENSE_QKV, H, MX) + 2 * T * (Q_LOCAL + KV_LOCAL) * BF16
+                      + 2 * T * (16 + 1) * 64 * BF16 + T * 2 * KV_LOCAL * BF16 + attn_tail)
+    rows = EXPERTS + (1 if fused else 0)
     moe = (T * H * FP32 + T * EXPERTS * FP32                                     # router: fp32 input and logits
-           + T * (TOPK + 1) * 4 + routed * 4 + (EXPERTS + 2) * 4                 # moe_align: ids in, sorted rows out
+           + routed * 4 + routed * 4 + (rows + 1) * 4                            # moe_align: ids in, sorted rows out
            + quant(T, H) + gemm(routed, 2 * EXPERT_I, H, MX) + 3 * routed * EXPERT_I * BF16
            + quant(routed, EXPERT_I) + gemm(routed, H, EXPERT_I, MX)
            + routed * H * BF16 + routed * FP32 + T * H * BF16)                   # moe_sum: weighted top-k combine
+    if not fused:                                                                # the shared expert's own MLP
+        moe += (quant(T, H) + gemm(T, 2 * SHARED_I, H, MX) + 3 * T * SHARED_I * BF16
+                + quant(T, SHARED_I) + gemm(T, H, SHARED_I, MX))
     dense_mlp = (quant(T, H) + gemm(T, 2 * DENSE_I // TP, H, MX) + 3 * T * DENSE_I // TP * BF16
                  + quant(T, DENSE_I // TP) + gemm(T, H, DENSE_I // TP, MX))
     edges = (T * H * BF16 + T * 8 + 2 * payload_bytes(T)                                      # embedding + its all-reduce
              + 3 * T * H * BF16 + gemm(R, VOCAB_LOCAL, H, BF16) + R * VOCAB_LOCAL * TP * BF16)  # final norm, head, gather
-    return SPARSE * (per_sparse + moe) + DENSE * (per_dense_attn + dense_mlp) + edges
+    return (computing * per_sparse + (SPARSE - computing) * per_reuse + SPARSE * moe
+            + DENSE * (per_dense_attn + dense_mlp) + edges)
 
 
 def payload_bytes(T: int) -> float:
@@ -94,27 +109,33 @@ def m3():
     return load_model("minimax-m3")
 
 
-def test_hand_count_matches_optable_planes(m3):
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hand_count_matches_optable_planes(m3, case):
+    fused, computing = CASES[case]
     rng = random.Random()
     D, C = rng.randint(1024, 1536), rng.randint(2500, 20000)   # D >= 1024: every expert touched
-    ot = build_optable(m3, ParallelPlan(tp=TP), "mxfp8", EngineStep.decode(D, C))
+    model = m3.with_index_sharing(4) if computing < SPARSE else m3
+    ot = build_optable(model, ParallelPlan(tp=TP, fused_shared_expert=fused), "mxfp8", EngineStep.decode(D, C))
     got = plane_totals(ot)
-    ref = hand_count(D, C)
+    ref = hand_count(D, C, fused, computing)
     norms = ot[ot["kind"] == "norm"]["bytes_weight"].sum()
-    assert norms == (2 * L * H + H + L * 2 * HD + SPARSE * 2 * IDX_D) * BF16   # ~1.5 MB/GPU of norm weights
-    assert set(ot[ot["kind"] == "quant"]["op"]) == {"qkv_proj_quant", "o_proj_quant", "gate_up_proj_quant",
-                                                    "down_proj_quant", "moe_gate_up_quant", "moe_down_quant"}
+    assert norms == (2 * L * H + H + L * 2 * HD + computing * 2 * IDX_D) * BF16   # ~1.5 MB/GPU of norm weights
+    quants = {"qkv_proj_quant", "o_proj_quant", "gate_up_proj_quant", "down_proj_quant", "moe_gate_up_quant",
+              "moe_down_quant"} | (set() if fused else {"shared_gate_up_quant", "shared_down_quant"})
+    assert set(ot[ot["kind"] == "quant"]["op"]) == quants
+    assert not ot["op"].str.contains("indexer_q").any()            # no separate indexer GEMM
     for plane in ("weights", "kv", "communication"):
         assert got[plane] == pytest.approx(ref[plane], rel=1e-6), plane
     moe = ot[ot["kind"] == "grouped_gemm"]
-    assert moe["experts_active"].round(6).eq(EXPERTS + 1).all()
+    assert moe["experts_active"].round(6).eq(EXPERTS + (1 if fused else 0)).all()
     # all-reduce algorithm factor stated on the rows
     ar = ot[ot["kind"] == "allreduce"]
     assert len(ar) == 2 * L + 1 and np.allclose(ar["comm_factor"], RING) and set(ar["comm_algo"]) == {"ring"}
     cnt = ot[ot["op"] == "indexer"].iloc[0]
+    assert (ot["op"] == "indexer").sum() == computing
     scored = (cnt["bytes_compute"] - D * IDX_Q_LOCAL * BF16) / 4
     assert scored == D * ((C - 1) // BLOCK + 1)                # query at position C-1 scores all its blocks
-    act = hand_activations(D, C, int(scored))
+    act = hand_activations(D, C, int(scored), fused, computing)
     assert got["activations"] == pytest.approx(act, rel=1e-6)
 
 

@@ -9,7 +9,7 @@ import torch  # noqa: E402
 
 from m3lab.bench import analysis, gemm  # noqa: E402
 from m3lab.bench.ceilings import Ceilings  # noqa: E402
-from m3lab.bench.table import COLUMNS, BenchRow, append_rows, read_table  # noqa: E402
+from m3lab.bench.table import COLUMNS, BenchRow, append_rows, read_table, rows_frame  # noqa: E402
 from m3lab.bench.timing import Timing, cpu_time  # noqa: E402
 
 
@@ -25,21 +25,40 @@ def test_table_append_and_read(tmp_path):
     assert text[0] == ",".join(COLUMNS) and len(text) == 4          # header once
     df = read_table(path)
     assert list(df["M"]) == [1, 1, 4096] and set(df["N"]) == {2560} and set(df["K"]) == {6144}
+    assert list(df["m"]) == [1, 1, 4096] and list(df["ceiling"]) == ["copy_tbps", "copy_tbps", "mm_tflops"]
+    assert list(df["ceiling_value"]) == [4.25, 4.25, 760.0]
     pd.read_csv(path).drop(columns="op").to_csv(tmp_path / "bad.csv", index=False)
     with pytest.raises(ValueError, match="missing columns"):
         read_table(tmp_path / "bad.csv")
 
 
+def test_old_rows_are_read_into_the_numeric_columns(tmp_path):
+    """Rows written before m/n/k/ceiling_value existed: read from their labels; appending migrates the file."""
+    path = tmp_path / "gemm.csv"
+    old = ",".join(COLUMNS[:14])
+    path.write_text(old + '\ngemm,triton,"M=2,N=2560,K=6144",bf16,1,2,3,0.1,0.2,0.5,copy_tbps=4.21,dev,abc,2026-11-29\n')
+    df = read_table(path)
+    assert (int(df["m"][0]), int(df["N"][0]), df["ceiling"][0], df["ceiling_value"][0]) == (2, 2560, "copy_tbps", 4.21)
+    append_rows(path, [_row()])
+    df = read_table(path)
+    assert path.read_text().splitlines()[0] == ",".join(COLUMNS) and list(df["m"]) == [2, 1]
+    assert list(df["ceiling_value"]) == [4.21, 4.25]
+
+
 def test_formulas_and_ceiling():
-    assert gemm.gemm_flops(2, 3, 4) == 48
-    assert gemm.weight_bytes(64, 64, "mxfp4") == 64 * 64 * (0.5 + 1 / 32)
-    assert gemm.weight_bytes(64, 64, "bf16") == 2 * gemm.weight_bytes(64, 64, "fp8") - 2 * 4 * 64
+    # derived by hand: 2MNK FLOPs; W with its E8M0 scales (1 byte per 32) once, x and y in bf16 once
+    m, n, k = 1, 2560, 6144
+    for fmt, w_bytes in (("bf16", 2.0), ("mxfp8", 1 + 1 / 32), ("mxfp4", 0.5 + 1 / 32)):
+        flops, nbytes = gemm.gemm_flops_bytes(m, n, k, fmt)
+        assert flops == 2 * m * n * k and nbytes == pytest.approx(n * k * w_bytes + 2 * m * k + 2 * m * n)
     c = Ceilings(copy_tbps=4.0, mm_tflops=800.0)
-    label, floor = c.bound(gemm.gemm_flops(1, 2560, 6144), gemm.gemm_bytes(1, 2560, 6144, "bf16"))
-    assert label.startswith("copy") and floor == pytest.approx(gemm.gemm_bytes(1, 2560, 6144, "bf16") / 4e6)
-    assert c.bound(gemm.gemm_flops(8192, 6144, 6144), gemm.gemm_bytes(8192, 6144, 6144, "bf16"))[0].startswith("mm")
+    name, value, floor = c.limit(*gemm.gemm_flops_bytes(m, n, k, "bf16"))
+    assert (name, value) == ("copy_tbps", 4.0) and floor == pytest.approx(gemm.gemm_flops_bytes(m, n, k, "bf16")[1] / 4e6)
+    assert c.limit(*gemm.gemm_flops_bytes(8192, 6144, 6144, "bf16"))[:2] == ("mm_tflops", 800.0)
+    assert c.bound(*gemm.gemm_flops_bytes(8192, 6144, 6144, "bf16")) == ("mm_tflops=800", c.limit(
+        *gemm.gemm_flops_bytes(8192, 6144, 6144, "bf16"))[2])
     r = _row(us=10.0)
-    assert r.tbps == pytest.approx(gemm.gemm_bytes(1, 2560, 6144, "bf16") / 10e-6 / 1e12)
+    assert r.tbps == pytest.approx(gemm.gemm_flops_bytes(m, n, k, "bf16")[1] / 10e-6 / 1e12)
     assert 0 < r.frac_ceiling < 1 and isinstance(r, BenchRow)
 
 
@@ -48,8 +67,7 @@ def test_analysis_targets_on_synthetic_table():
     for m in (1, 8, 32, 64, 128, 2048):
         rows += [_row("cublas", m, us=10.0), _row("triton", m, us=8.0), _row("triton-prefill-tiles", m, us=12.0),
                  _row("triton", m, "mxfp8", us=5.0), _row("triton", m, "mxfp4", us=4.5)]
-    df = pd.DataFrame([r.__dict__ for r in rows])
-    df["M"], df["N"], df["K"] = [int(s.split(",")[0][2:]) for s in df["shape"]], 2560, 6144
+    df = rows_frame(rows)
     t = analysis.gemm_targets(df).set_index("target")
     assert t["measured"].iloc[0] == pytest.approx(1.25) and t["passed"].iloc[0]
     assert t.loc["MXFP8 decode M <= 32: geomean vs bf16 cuBLAS", "measured"] == pytest.approx(2.0)
@@ -61,7 +79,7 @@ def test_analysis_targets_on_synthetic_table():
 def test_committed_h200_gemm_table(repo_dir):
     df = read_table(repo_dir / "traces" / "bench" / "gemm.csv")
     assert set(df["device"]) == {"NVIDIA_H200"} and set(df["op"]) == {"gemm"}
-    assert {(n, k) for n, k in zip(df["N"], df["K"])} == set(gemm.M3_TP4_SHAPES)
+    assert {(n, k) for n, k in zip(df["N"], df["K"])} == set(gemm.model_gemm_shapes())
     assert set(df["provider"]) == {"cublas", "triton", "triton-prefill-tiles"}
     assert set(df["dtype"]) == {"bf16", "mxfp8", "mxfp4"} and df["M"].min() == 1 and df["M"].max() == 8192
     assert (df["us_p20"] <= df["us_p50"]).all() and (df["us_p50"] <= df["us_p80"]).all()
@@ -78,7 +96,27 @@ def test_tune_point_on_the_interpreter():
     assert all(c.kernel == "tiled" for c in candidates(4096, 2560, 6144))
 
 
-def test_optable_gives_the_benchmarked_shapes():
-    from m3lab.tune.gemm import default_shapes, model_gemm_shapes
-    assert set(model_gemm_shapes("minimax-m3", 4)) == set(gemm.M3_TP4_SHAPES)
-    assert set(default_shapes()) == set(gemm.M3_TP4_SHAPES)
+def test_optable_gives_the_benchmarked_shapes(monkeypatch):
+    # MiniMax M3 at TP4, per rank (../shared/reference/minimax_m3.md): sparse-layer fused qkv+indexer, dense-layer
+    # qkv, o_proj, dense-MLP gate_up, dense-MLP down
+    m3_tp4 = {(2560, 6144), (2304, 6144), (6144, 2048), (6144, 6144), (6144, 3072)}
+    assert set(gemm.model_gemm_shapes("minimax-m3", 4)) == m3_tp4
+    import m3lab.optable as optable
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken OpTable")
+    monkeypatch.setattr(optable, "build_optable", broken)
+    gemm.model_gemm_shapes.cache_clear()
+    with pytest.raises(RuntimeError, match="broken OpTable"):      # no silent fall-back to a hard-coded set
+        gemm.model_gemm_shapes("minimax-m3", 4)
+    gemm.model_gemm_shapes.cache_clear()
+
+
+def test_label_fields_of_other_ops(tmp_path):
+    """A MoE row names its problem in the label: its integer fields become columns; M/N/K stay empty."""
+    row = BenchRow("moe", "triton", "T=8,H=6144,I=768,E=129,k=5,routing=zipf", "mxfp8", 1.0, 2.0, 3.0, 0.1, 0.2,
+                   0.5, Ceilings().bound(1e9, 1e8)[0], "dev", "abc", "2026-11-30")
+    path = append_rows(tmp_path / "moe.csv", [row])
+    df = read_table(path)
+    assert (int(df["T"][0]), int(df["E"][0]), df["ceiling"][0], df["ceiling_value"][0]) == (8, 129, "copy_tbps", 4.25)
+    assert df["M"].isna().all() and "routing" not in df.columns

@@ -32,14 +32,83 @@ def test_shapes_json_tp4_defaults_match_aiter(shared_dir):
     aiter = {(int(r["N"]), int(r["K"])) for r in
              csv.DictReader(open(shared_dir / "data/aiter/a8w8_bpreshuffle_tuned_gemm_minimax_m3.csv"))}
     d = _json(["shapes", "--model", "minimax-m3", "--tp", "4", "--isl", "1024", "--osl", "8", "--concurrency", "4",
-               "--json"])
+               "--fused-shared", "--json"])
     nk = {(g["n"], g["k"]) for g in d["distinct_gemms"]}
     assert nk == aiter | {(128, 6144), (50016, 6144)}
     assert all({"op", "n", "k", "dtype", "m_values"} <= set(g) and g["m_values"] for g in d["distinct_gemms"])
     assert {(g["op"], g["experts"], g["topk"], g["hidden"], g["inter"]) for g in d["grouped_gemms"]} == {
         ("moe_gate_up", 129, 5, 6144, 768), ("moe_down", 129, 5, 6144, 768)}
-    tp8 = _json(["shapes", "--tp", "8", "--isl", "256", "--osl", "4", "--concurrency", "2", "--json"])
+    tp8 = _json(["shapes", "--tp", "8", "--isl", "256", "--osl", "4", "--concurrency", "2", "--fused-shared", "--json"])
     assert {g["inter"] for g in tp8["grouped_gemms"]} == {384}
+
+
+SHAPES_M3 = ["shapes", "--model", "minimax-m3", "--tp", "4", "--quant", "mxfp8", "--isl", "512", "--osl", "4",
+             "--concurrency", "2", "--json"]
+
+
+def _gemms(d, op):
+    return [g for g in d["distinct_gemms"] if g["op"] == op]
+
+
+def test_acceptance_mxfp8_tp4_one_fused_projection():
+    """`m3lab shapes --model minimax-m3 --tp 4 --quant mxfp8 --json`: no separate indexer GEMM; the sparse
+    layers' (2560, 6144) GEMM is MXFP8 (57 layers), the dense layers' (2304, 6144) too (3 layers)."""
+    d = _json(SHAPES_M3)
+    assert not [g for g in d["distinct_gemms"] if "index" in g["op"]]
+    qkv = {(g["n"], g["k"], g["dtype"], g["layers"]) for g in _gemms(d, "qkv_proj")}
+    assert qkv == {(2560, 6144, "mxfp8", 57), (2304, 6144, "mxfp8", 3)}
+    assert {g["dtype"] for g in d["distinct_gemms"] if g["kind"] == "gemm"} == {"mxfp8"}
+    cp = _json(SHAPES_M3 + ["--indexer-cp"])   # index q replicated on every rank: 2048 + 128 + 128 + 512 + 128
+    assert {(g["n"], g["layers"]) for g in _gemms(cp, "qkv_proj")} == {(2944, 57), (2304, 3)}
+
+
+def test_acceptance_shared_expert_fusion():
+    """Fusion is off by default (vLLM's default), on when asked, and off under EP even when asked (with why)."""
+    off = _json(SHAPES_M3)
+    assert off["shared_expert_fusion"] == {"asked": False, "fused": False, "reason": off["shared_expert_fusion"]["reason"]}
+    assert "not asked for" in off["shared_expert_fusion"]["reason"]
+    assert {g["experts"] for g in off["grouped_gemms"]} == {128} and _gemms(off, "shared_gate_up")
+    on = _json(SHAPES_M3 + ["--fused-shared"])
+    assert on["shared_expert_fusion"] == {"asked": True, "fused": True, "reason": None}
+    assert {(g["experts"], g["topk"]) for g in on["grouped_gemms"]} == {(129, 5)} and not _gemms(on, "shared_gate_up")
+    ep = _json(SHAPES_M3 + ["--ep", "4", "--fused-shared"])
+    fusion = ep["shared_expert_fusion"]
+    assert fusion["asked"] and not fusion["fused"] and "expert parallelism" in fusion["reason"]
+    assert {g["experts"] for g in ep["grouped_gemms"]} == {32}
+    assert {(g["n"], g["k"]) for g in _gemms(ep, "shared_gate_up")} == {(1536, 6144)}   # TP-sharded under EP
+    mx4 = _json([*SHAPES_M3[:6], "mxfp4", *SHAPES_M3[7:], "--fused-shared"])   # routed and shared both MXFP4
+    assert mx4["shared_expert_fusion"]["fused"]
+
+
+def test_acceptance_index_sharing_reuse_layers():
+    """freq 4: reuse layers keep the 2560-wide GEMM and run no index norm, RoPE or index-cache write."""
+    d = _json(SHAPES_M3 + ["--index-topk-freq", "4"])
+    assert {(g["n"], g["layers"]) for g in _gemms(d, "qkv_proj")} == {(2560, 57), (2304, 3)}
+    from m3lab.optable import build_optable
+    from m3lab.spec import ParallelPlan, load_model
+    from m3lab.workload import EngineStep
+
+    df = build_optable(load_model("minimax-m3").with_index_sharing(4), ParallelPlan(tp=4), "mxfp8",
+                       EngineStep.decode(1, 1000))
+    reuse = [i for i in range(3, 60) if (i - 3) % 4]
+    assert len(reuse) == 42
+    for layer in reuse:
+        r = df[df.layer == layer].set_index("op")
+        assert r.loc["qkv_proj", "n"] == 2560
+        assert r.loc["qk_norm", "flops"] == 4 * (2048 + 128)          # q and k only: no index q/k norm
+        assert r.loc["rope", "flops"] == 3 * (16 + 1) * 64            # q and k only: no index RoPE
+        assert r.loc["cache_write", "bytes_kv"] == 2 * 128 * 2        # K and V only: no index-key write
+        assert "indexer" not in r.index and "topk" not in r.index
+
+
+def test_index_sharing_top_level_config_exits_2(tmp_path):
+    from m3lab.spec.model import CONFIG_DIR
+
+    cfg = json.loads((CONFIG_DIR / "minimax-m3.json").read_text())
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({**cfg, "use_index_cache": True, "index_topk_freq": 4}))
+    res = runner.invoke(app, ["shapes", "--model", str(bad), "--json"])
+    assert res.exit_code == 2 and "use_index_cache" in res.stderr and "text_config" in res.stderr
 
 
 def test_shapes_accepts_config_path(shared_dir):

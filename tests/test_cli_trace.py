@@ -38,7 +38,7 @@ def test_verify_exit_codes(tmp_path):
     assert bad.exit_code == 1
     out = json.loads(bad.stdout)
     failed = [r for r in out["results"] if r["status"] == "fail"]
-    assert not out["ok"] and [r["id"] for r in failed] == ["sparse_attention_paged"]
+    assert not out["ok"] and [r["id"] for r in failed] == ["attention_decode"]
     assert "got 2 KV heads per rank at tp=2" in failed[0]["why"]
     human = runner.invoke(app, ["trace", "verify", tp2, "--expect", "minimax_m3_tp4"])
     assert human.exit_code == 1 and "one KV head per rank" in human.stdout
@@ -63,6 +63,23 @@ def test_verify_real_dispatcher_trace_tp2_names_kv_condition(tmp_path):
     res = runner.invoke(app, ["trace", "verify", str(tp2), "--expect", "minimax_m3_tp4", "--json"])
     assert res.exit_code == 1, res.output
     rows = {r["id"]: r for r in json.loads(res.stdout)["results"]}
-    assert rows["sparse_attention_paged"]["status"] == "fail"
-    assert "one KV head per rank" in rows["sparse_attention_paged"]["why"]
-    assert "at tp=2" in rows["sparse_attention_paged"]["why"]
+    assert rows["attention_decode"]["status"] == "fail"
+    assert "one KV head per rank" in rows["attention_decode"]["why"]
+    assert "at tp=2" in rows["attention_decode"]["why"]
+
+
+@pytest.mark.parametrize("columns", [80, 60, 160])
+def test_summarize_prints_one_line_per_kernel_at_any_width(repo_dir, columns):
+    """The committed H200 profiler trace at COLUMNS=80 (and narrower, and wider): every kernel on one line,
+    no line wider than the terminal, long names cut with '…'."""
+    import glob
+
+    (path,) = glob.glob(str(repo_dir / "traces" / "profiler" / "*.kineto.json.gz"))
+    res = runner.invoke(app, ["trace", "summarize", path, "--top", "12"], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    body = [ln for ln in lines if ln.startswith("│")]
+    assert len(body) == 12, "\n".join(lines)                      # one line per kernel: no wrapped names
+    assert all(ln.rstrip().endswith("│") and "%" in ln for ln in body)
+    assert max(len(ln) for ln in lines) <= columns
+    assert columns > 100 or any("…" in ln for ln in body)       # long kernel names are cut, not wrapped

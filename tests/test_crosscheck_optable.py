@@ -23,7 +23,7 @@ def _trace_and_table(plan, steps, layers=None):
         m.dispatcher.records.clear()
         m.step(cache, [(r, torch.zeros(n, dtype=torch.long)) for r, n in enumerate(s)])
         ctx = [c + n for c, n in zip(ctx, s)]
-        spec = m.cfg.name
+        spec = m.model.name
         table = build_optable(spec, plan, "bf16", EngineStep(np.array(s), np.array(ctx)))
         if layers is not None:
             table = table[table.layer < layers]
@@ -33,7 +33,7 @@ def _trace_and_table(plan, steps, layers=None):
 
 @pytest.mark.slow
 def test_full_m3_tp4_prefill_and_decode_match_optable():
-    for traced, table in _trace_and_table(ParallelPlan(tp=4), [[1000, 300], [1, 1]]):
+    for traced, table in _trace_and_table(ParallelPlan(tp=4, fused_shared_expert=True), [[1000, 300], [1, 1]]):
         diffs = compare_with_optable(traced, table)
         assert diffs.empty, diffs.to_string()
         assert len(traced) == len(table[table.kind.isin(["gemm", "router", "lm_head", "grouped_gemm", "attention",

@@ -171,7 +171,7 @@ def test_mixed_expert_formats_turn_fusion_off():
     r = resolve(dataclasses.replace(d, quant=mixed), tokens=32)
     # vllm/models/minimax_m3/amd/model.py: is_shared_expert_quant_fse_compatible
     assert _at(Cite(M3 + "amd/model.py", "MiniMaxM3MoE.__init__", "if not fse_compatible:"))
-    assert r.turned_off and "different quant configs" in r.turned_off[0].note
+    assert r.turned_off and "different weight formats" in r.turned_off[0].note
 
 
 # --- 10: an H200 -------------------------------------------------------------------------------------

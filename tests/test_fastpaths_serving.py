@@ -5,6 +5,7 @@ import os
 import pytest
 
 from m3lab.errors import M3LabError
+from m3lab.spec.plan import ParallelPlan
 from m3lab.spec.serving import (ENV_FLAGS, FSE_ENV, PRESETS, V2_RUNNER_ENV, ServingConfig, deployment, list_presets,
                                 load_preset, parse_vllm)
 from m3lab.vllm.cite import Flag
@@ -39,7 +40,7 @@ def test_other_defaults_equal_vllm_config_defaults():
     s = ServingConfig()
     assert fields["monokernel"].default is s.monokernel is False
     assert fields["moe_backend"].default == s.moe_backend == "auto"
-    assert fields["minimax_m3_indexer_cp"].default is s.indexer_cp is False
+    assert fields["minimax_m3_indexer_cp"].default is ParallelPlan().indexer_cp is False
     assert fields["indexer_kv_dtype"].default == "auto"  # resolves to bf16: QuantScheme.index_dtype's default
 
 
@@ -58,11 +59,12 @@ def test_every_field_round_trips():
     d = deployment("minimax-m3-mxfp8", "mi355x", "mxfp8", tp=4, ep=4, dp=1)
     changed = dict(aiter=True, aiter_linear=False, aiter_moe=False, aiter_custom_ar=False, aiter_mha=False,
                    aiter_unified_attention=True, aiter_triton_gemm=False, skinny_gemm=False, shuffle_kv_cache=True,
-                   model_runner_v2=False, indexer_cp=True, monokernel=True, moe_backend="triton",
+                   model_runner_v2=False, monokernel=True, moe_backend="triton",
                    spec_method="eagle3", spec_tokens=3, spec_model="draft/eagle3", cudagraph_mode="PIECEWISE",
                    max_model_len=131072)
     assert set(changed) == {f.name for f in dataclasses.fields(ServingConfig)}
     d = dataclasses.replace(d, serving=ServingConfig(**changed), model=d.model.with_index_sharing(4, 1),
+                            plan=dataclasses.replace(d.plan, indexer_cp=True),
                             quant=d.quant.with_cache("fp8", "fp8")).validate()
     env, args = d.to_vllm()
     back = parse_vllm(env, args, model="minimax-m3-mxfp8", hardware="mi355x", quant="mxfp8")

@@ -1,5 +1,6 @@
-"""GEMM kernels (CPU interpreter, fp16/fp32 activations) vs linear_ref for every weight format,
-over awkward shapes; the config tables, their lookup and the launcher's checks."""
+"""GEMM kernels on the CPU interpreter beyond the gates (m3lab/gates/gemm.py holds the awkward-shape grid of
+every kernel and format, scored with the gate's tolerances): the gemv kernel, the weight decoding bits, fp8
+block scales, the split-K counters, the config tables, their lookup and the launcher's checks."""
 import json
 import os
 
@@ -10,20 +11,16 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from m3lab.gates import run_gates  # noqa: E402
+from m3lab.gates.checks import TOLERANCES, rel_rms  # noqa: E402
 from m3lab.kernels.gemm import launcher, tables  # noqa: E402
 from m3lab.kernels.gemm.tables import GemmConfig  # noqa: E402
 from m3lab.kernels.gemm.reference import linear_ref, quantize_weight  # noqa: E402
 from m3lab.kernels.gemm.tiles import e2m1_value, e8m0_pow2  # noqa: E402
 
-FORMATS = ("bf16", "fp8", "mxfp8", "mxfp4")
-SHAPES = ((1, 72, 96), (7, 100, 160), (33, 40, 224))        # M, N, K: none a multiple of the tiles
 KERNEL_CONFIGS = {"tiled": GemmConfig("tiled", 16, 32, 64, GROUP_M=3),
-                  "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3),
-                  "splitk1": GemmConfig("splitk", 32, 64, 64, SPLIT_K=1)}
-
-
-def rel_rms(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+                  "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3)}
+FP16, FP32 = TOLERANCES["float16"], TOLERANCES["float32"]
 
 
 def _problem(fmt, m, n, k, dtype=torch.float16):
@@ -32,15 +29,11 @@ def _problem(fmt, m, n, k, dtype=torch.float16):
     return torch.randn(m, k, dtype=dtype), w, s
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("m,n,k", SHAPES)
-@pytest.mark.parametrize("kernel", sorted(KERNEL_CONFIGS))
-def test_kernel_matches_reference(fmt, m, n, k, kernel):
-    x, w, s = _problem(fmt, m, n, k)
-    out = torch.full((m, n), float("nan"), dtype=x.dtype)      # poisoned: unwritten elements stay NaN
-    launcher.linear(x, w, w_format=fmt, w_scale=s, config=KERNEL_CONFIGS[kernel], out=out)
-    err = rel_rms(out, linear_ref(x.float(), w, w_format=fmt, w_scale=s))
-    assert err < 2e-3, err                                     # NaN fails this comparison too
+def test_gemm_gate_passes_on_the_interpreter():
+    """The gate's awkward-shape grid (auto config and each kernel forced) for the one format the CPU gate tests
+    elsewhere leave out of their passing runs (tests/test_gates.py: bf16, mxfp4; tests/test_gates.py CLI: fp8)."""
+    df = run_gates("cpu", names=["gemm.mxfp8"], perf=False)
+    assert len(df) >= 12 and df["passed"].all(), df[~df["passed"]].to_string()
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4"])
@@ -50,7 +43,7 @@ def test_native_mx_dot_scaled_path(fmt):
     x, w, s = _problem(fmt, 7, 100, 160)
     for cfg in (KERNEL_CONFIGS["tiled"], KERNEL_CONFIGS["splitk"]):
         y = launcher.linear(x, w, w_format=fmt, w_scale=s, config=cfg, use_native_mx=True)
-        assert rel_rms(y, linear_ref(x.float(), w, w_format=fmt, w_scale=s)) < 2e-3
+        assert rel_rms(y, linear_ref(x.float(), w, w_format=fmt, w_scale=s)) <= FP16
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp8", "mxfp4"])
@@ -62,7 +55,7 @@ def test_gemv_kernel_matches_reference(fmt):
             x = x[:1]
         out = torch.full((x.shape[0], 40), float("nan"), dtype=x.dtype)
         launcher.linear(x, w, w_format=fmt, w_scale=s, config=cfg, out=out)
-        assert rel_rms(out, linear_ref(x.float(), w, w_format=fmt, w_scale=s)) < 2e-3
+        assert rel_rms(out, linear_ref(x.float(), w, w_format=fmt, w_scale=s)) <= FP16
     assert int(launcher._LOCKS[x.device].abs().sum()) == 0
     w8, s8 = quantize_weight(torch.randn(40, 224), "fp8")
     with pytest.raises(ValueError, match="gemv"):
@@ -101,17 +94,17 @@ def test_fp8_block_scales_and_fp32_activations():
     s = torch.rand(2, 3) + 0.5                                  # [ceil(N/128), ceil(K/128)]
     x = torch.randn(m, k)
     y = launcher.linear(x, w, w_format="fp8", w_scale=s, config=KERNEL_CONFIGS["splitk"])
-    assert rel_rms(y, linear_ref(x, w, w_format="fp8", w_scale=s)) < 1e-4
+    assert rel_rms(y, linear_ref(x, w, w_format="fp8", w_scale=s)) <= FP32
     wf = torch.randn(n, k)
     y = launcher.linear(x, wf, config=KERNEL_CONFIGS["tiled"])
-    assert rel_rms(y, x @ wf.T) < 1e-4
+    assert rel_rms(y, x @ wf.T) <= FP32
 
 
 def test_auto_config_both_regimes():
     for m in (3, 80):                                           # decode heuristic, prefill heuristic
         x, w, s = _problem("mxfp4", m, 48, 96)
         assert rel_rms(launcher.linear(x, w, w_format="mxfp4", w_scale=s),
-                       linear_ref(x.float(), w, w_format="mxfp4", w_scale=s)) < 2e-3
+                       linear_ref(x.float(), w, w_format="mxfp4", w_scale=s)) <= FP16
 
 
 def test_splitk_counters_reset_after_each_call():
@@ -169,11 +162,14 @@ def test_heuristic_regimes():
 
 
 def test_committed_h200_tables_cover_the_m3_shapes():
-    from m3lab.bench.gemm import M3_TP4_SHAPES
-    for n, k in M3_TP4_SHAPES:
+    from m3lab.bench.gemm import model_gemm_shapes
+    for n, k in model_gemm_shapes():
         for fmt in ("bf16", "mxfp8", "mxfp4"):
             table = tables.load_table(tables.table_path(n, k, fmt, "NVIDIA_H200"))
             assert table, (n, k, fmt)
             assert min(table) == 1 and max(table) >= 2048
             assert table[1].kernel in ("splitk", "gemv") and table[1].BLOCK_M <= 16   # decode vs prefill tiles
+            assert all(c.kernel != "tiled" for m, c in table.items() if m <= tables.DECODE_MAX_M)
+            assert all(c.kernel != "gemv" or m <= tables.GEMV_MAX_M for m, c in table.items())
+            assert all(c.kernel == "tiled" for m, c in table.items() if m > tables.CROSSOVER_MAX_M)
             assert table[max(table)].kernel == "tiled" and table[max(table)].BLOCK_M >= 64

@@ -56,3 +56,167 @@ def test_kernels_import_only_torch_and_triton():
 def test_import_has_no_side_effects():
     res = _run("import m3lab, m3lab.cli.main")
     assert res.returncode == 0 and res.stdout == "" and res.stderr == "", (res.stdout, res.stderr)
+
+
+# ---------------------------------------------------------------- the import graph, read from the source
+# Layers, lowest first (a module takes the rank of its longest matching prefix). A module may import its own
+# layer and the layers below; importing a higher one is an upward import. m3lab.kernels is the repo's kernels/.
+LAYERS = {
+    "m3lab.errors": 0, "m3lab.atomic": 0, "m3lab.kernels": 0, "m3lab.vllm.imports": 0, "m3lab.vllm.install": 0,
+    "m3lab.spec": 1, "m3lab.traces": 1, "m3lab.artifacts": 1, "m3lab.published": 1,
+    "m3lab.workload": 2, "m3lab.optable": 2,
+    "m3lab.dispatch": 3,
+    "m3lab.model": 4, "m3lab.weights": 4, "m3lab.cost": 4, "m3lab.analysis": 4,
+    "m3lab.dispatch.capture": 5, "m3lab.dispatch.gpu_capture": 5, "m3lab.dispatch.crosscheck": 5,
+    "m3lab.serving": 5, "m3lab.bench": 5, "m3lab.gates": 5, "m3lab.tune": 5, "m3lab.vllm": 5, "m3lab.cache": 5,
+    "m3lab.plots": 6, "m3lab.pipeline": 6,
+    "m3lab.cli": 7, "m3lab.nb": 7, "m3lab.__main__": 7, "m3lab": 7,
+}
+
+
+def _modules(roots: dict) -> dict:
+    """{module name: path} for every .py under each root folder ({folder: package name})."""
+    from pathlib import Path
+    mods = {}
+    for folder, pkg in roots.items():
+        for p in sorted(Path(folder).rglob("*.py")):
+            parts = list(p.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join([pkg, *parts])] = p
+    return mods
+
+
+def import_graph(roots: dict) -> dict:
+    """{module: {imported module: (line, inside a function)}} over the modules under ``roots``, module-level
+    and function-level imports alike (``from pkg import sub`` names the submodule when it is one)."""
+    import ast
+    mods = _modules(roots)
+    top = {m.split(".")[0] for m in mods}
+    graph = {}
+    for name, path in mods.items():
+        base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        edges = {}
+
+        def add(target, node, in_fn):
+            while target not in mods and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in mods and target != name and target not in edges:
+                edges[target] = (node.lineno, in_fn)
+
+        def visit(node, in_fn):
+            for child in ast.iter_child_nodes(node):
+                inner = in_fn or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                if isinstance(child, ast.Import):
+                    for a in child.names:
+                        if a.name.split(".")[0] in top:
+                            add(a.name, child, in_fn)
+                elif isinstance(child, ast.ImportFrom):
+                    mod = child.module or ""
+                    if child.level:
+                        mod = ".".join(base[:len(base) - child.level + 1] + ([mod] if mod else []))
+                    if mod.split(".")[0] in top:
+                        for a in child.names:
+                            add(f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod, child, in_fn)
+                visit(child, inner)
+        visit(ast.parse(path.read_text()), False)
+        graph[name] = edges
+    return graph
+
+
+def import_cycles(graph: dict) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan): each is an import cycle."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def _rank(module: str, layers: dict):
+    keys = [k for k in layers if module == k or module.startswith(k + ".")]
+    return layers[max(keys, key=len)] if keys else None
+
+
+def upward_imports(graph: dict, layers: dict) -> list[str]:
+    """Every import of a higher layer, and every module in no layer, as readable lines."""
+    bad = []
+    for mod, edges in sorted(graph.items()):
+        r = _rank(mod, layers)
+        if r is None:
+            bad.append(f"{mod} is in no layer (add it to LAYERS)")
+            continue
+        for target, (line, in_fn) in sorted(edges.items()):
+            t = _rank(target, layers)
+            if t is not None and t > r:
+                where = "inside a function" if in_fn else "at module level"
+                bad.append(f"{mod}:{line} imports {target} {where} (layer {r} -> {t})")
+    return bad
+
+
+def _repo_graph():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    return import_graph({root / "m3lab": "m3lab", root / "kernels": "m3lab.kernels"})
+
+
+def test_no_import_cycles_even_through_function_level_imports():
+    cycles = import_cycles(_repo_graph())
+    assert not cycles, f"import cycles (a function-level import does not remove one): {cycles}"
+
+
+def test_no_upward_imports():
+    bad = upward_imports(_repo_graph(), LAYERS)
+    assert not bad, "\n".join(bad)
+
+
+def _plant(tmp_path, files: dict) -> dict:
+    pkg = tmp_path / "pkg"
+    for name, text in {"__init__.py": "", **files}.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(textwrap.dedent(text))
+    return import_graph({pkg: "pkg"})
+
+
+def test_a_cycle_hidden_in_a_function_is_found(tmp_path):
+    graph = _plant(tmp_path, {
+        "events.py": "from pkg.kineto import read\n",
+        "kineto.py": "def read(path):\n    from pkg import events  # deferred: hides the cycle\n    return events\n",
+        "clean.py": "import pkg.kineto\n"})
+    assert import_cycles(graph) == [["pkg.events", "pkg.kineto"]]
+    assert graph["pkg.kineto"]["pkg.events"] == (2, True)
+    del graph["pkg.kineto"]["pkg.events"]
+    assert import_cycles(graph) == []
+
+
+def test_an_upward_import_is_found(tmp_path):
+    graph = _plant(tmp_path, {"low/__init__.py": "", "low/core.py": "def f():\n    from ..high.view import g\n",
+                              "high/__init__.py": "", "high/view.py": "from pkg.low import core\n"})
+    layers = {"pkg": 2, "pkg.low": 0, "pkg.high": 1}
+    assert upward_imports(graph, layers) == [
+        "pkg.low.core:2 imports pkg.high.view inside a function (layer 0 -> 1)"]
+    assert upward_imports(graph, {**layers, "pkg.high": 0}) == []
+    assert upward_imports(graph, {"pkg.low": 0}) == [f"{m} is in no layer (add it to LAYERS)"
+                                                      for m in ("pkg", "pkg.high", "pkg.high.view")]

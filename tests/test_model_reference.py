@@ -10,18 +10,21 @@ import math
 import pytest
 import torch
 
-from m3lab.model import M3Config, build_model, dense_mask_logits
+from m3lab.model import LAYOUTS, build_model, dense_mask_logits
+from m3lab.spec.model import ModelSpec, load_model
+
+MINI = ModelSpec.mini()
 
 MARGIN = 1e-3  # fp32 score error is ~1e-6; a gap above this cannot flip the top-k choice
 ATOL = 2e-4    # fp32 logits vs float64 dense-mask logits (logits are O(1))
 
 
-def _run(cfg, fused: bool, seed: int, layout: str = "vllm"):
+def _run(cfg, fused: bool, seed: int, layout: str = "triton"):
     """Prefill two sequences (the first in two chunks), then 3 decode steps; returns (model, seqs, logits per seq)."""
     plan = {"tp": 1, "fused_shared_expert": fused}
     m = build_model(cfg, plan, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
-    bs, k = cfg.block_size, cfg.topk_blocks
+    bs, k = cfg.sparse.block_size, cfg.sparse.topk_blocks
     lens = [k * bs + 37, k * bs + 5]  # longer than topk x block: the choice is sparse
     seqs = [torch.randint(0, cfg.vocab, (n + 3,), generator=gen) for n in lens]
     cache = m.new_cache(64, layout=layout)
@@ -39,7 +42,7 @@ def _run(cfg, fused: bool, seed: int, layout: str = "vllm"):
     return m, seqs, [torch.cat(g) for g in got]
 
 
-def _check(cfg, fused: bool, layout: str = "vllm"):
+def _check(cfg, fused: bool, layout: str = "triton"):
     for attempt in range(4):
         seed = int(torch.randint(0, 2**30, ()).item())
         m, seqs, got = _run(cfg, fused, seed, layout)
@@ -55,44 +58,79 @@ def _check(cfg, fused: bool, layout: str = "vllm"):
     pytest.fail("no input without a top-k near-tie in 4 draws")
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("freq", [1, 2])
-def test_mini_logits_match_dense_mask(freq):
-    cfg = M3Config.mini(index_topk_freq=freq)
-    m = _check(cfg, fused=False)
+def test_mini_logits_match_dense_mask(freq, layout):
+    cfg = MINI.with_index_sharing(freq)
+    m = _check(cfg, fused=False, layout=layout)
     indexer_layers = {r["layer"] for r in m.dispatcher.records if r["op"] == "indexer"}
-    sparse = [i for i, a in enumerate(cfg.attn_kinds) if a == "sparse"]
-    assert indexer_layers == {i for i in sparse if cfg.computes_topk(i)}
+    assert indexer_layers == set(cfg.topk_layers)
     if freq > 1:
-        assert len(indexer_layers) < len(sparse)  # some layers reuse the selection
+        assert len(indexer_layers) < len(cfg.sparse_layers)  # some layers reuse the selection
 
 
-def test_fused_shared_expert_and_split_layout_match_dense_mask():
-    m = _check(M3Config.mini(), fused=True, layout="kv_split")
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_fused_shared_expert_matches_dense_mask(layout):
+    m = _check(MINI, fused=True, layout=layout)
     moe = [r for r in m.dispatcher.records if r["op"] == "moe_gate_up"]
-    assert moe and all(r["shapes"]["w"][0] == m.cfg.experts + 1 for r in moe)
+    assert moe and all(r["shapes"]["w"][0] == MINI.experts + 1 for r in moe)
     assert not any(r["op"].startswith("shared_") for r in m.dispatcher.records)
+
+
+def test_default_plan_keeps_the_shared_expert_apart():
+    """vLLM's default (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=0): a separate shared-expert MLP."""
+    m = build_model(MINI, None)
+    assert not m.fused_shared and "layers.1.shared_gate_up" in m.weights
+    assert m.weights["layers.1.w13"].shape[0] == MINI.experts
+
+
+def test_one_fused_projection_and_reuse_layers_skip_the_index_branch():
+    """Sparse layers run ONE q/k/v/index GEMM; reuse layers keep its index columns but skip index norm, RoPE
+    and the index-cache write (amd/model.py:1024-1101)."""
+    cfg = MINI.with_index_sharing(2)
+    m, _, _ = _run(cfg, fused=False, seed=5)
+    recs = [r for r in m.dispatcher.records if r["layer"] == 2]   # sparse ordinal 1: reuses layer 1's top-k
+    assert not cfg.computes_topk(2) and cfg.computes_topk(1)
+    assert not any("index" in r["op"] and r["op"] != "indexer" for r in m.dispatcher.records)  # no indexer GEMM
+    wiq = cfg.sparse.index_heads * cfg.sparse.index_dim + cfg.sparse.index_dim
+    qkv = [r for r in recs if r["op"] == "qkv_proj"]
+    assert qkv and all(r["shapes"]["w"][0] == (cfg.heads_q + 2 * cfg.heads_kv) * cfg.head_dim + wiq for r in qkv)
+    for op in ("qk_norm", "rope"):
+        assert all("iq" not in r["shapes"] for r in recs if r["op"] == op)
+        assert all("iq" in r["shapes"] for r in m.dispatcher.records if r["op"] == op and r["layer"] == 1)
+    assert all("ik" not in r["shapes"] for r in recs if r["op"] == "cache_write")
+    assert not any(r["op"] in ("indexer", "topk") for r in recs)
 
 
 def test_index_sharing_changes_the_result():
     """Reuse is real: the same weights with freq 2 give different logits than with freq 1."""
     outs, seed = [], int(torch.randint(0, 2**30, ()).item())
     for freq in (1, 2):
-        m, _, got = _run(M3Config.mini(index_topk_freq=freq), fused=False, seed=seed)
+        m, _, got = _run(MINI.with_index_sharing(freq), fused=False, seed=seed)
         outs.append(got[0])
     assert (outs[0] - outs[1]).abs().max() > 1e-4
 
 
 def test_index_sharing_schedule_of_full_m3():
     """Reference §5: freq 4, offset 0 -> layers 3, 7, ..., 59 compute their own top-k (15 of 57)."""
-    cfg = M3Config(index_topk_freq=4)
-    computing = [i for i in range(cfg.layers) if cfg.attn_kinds[i] == "sparse" and cfg.computes_topk(i)]
+    cfg = load_model("minimax-m3").with_index_sharing(4)
+    computing = [i for i in cfg.sparse_layers if cfg.computes_topk(i)]
     assert computing == list(range(3, 60, 4))
     assert len(computing) == 15
 
 
 def test_layouts_give_identical_logits():
     outs = []
-    for layout in ("vllm", "triton"):  # kv_split is checked against the dense mask above
-        _, _, got = _run(M3Config.mini(), fused=False, seed=3, layout=layout)
+    for layout in sorted(LAYOUTS):
+        _, _, got = _run(MINI, fused=False, seed=3, layout=layout)
         outs.append(got[0])
     assert torch.equal(outs[0], outs[1])
+
+
+def test_swiglu_beta_other_than_one_is_refused():
+    import dataclasses
+
+    from m3lab.errors import M3LabError
+
+    with pytest.raises(M3LabError, match="swiglu_beta"):
+        build_model(dataclasses.replace(MINI, swiglu_beta=0.5), None)

@@ -25,7 +25,7 @@ def _dense_nk(df):
 def test_tp4_dense_gemms_equal_aiter_set(m3, shared_dir):
     rows = csv.DictReader(open(shared_dir / "data/aiter/a8w8_bpreshuffle_tuned_gemm_minimax_m3.csv"))
     aiter = {(int(r["N"]), int(r["K"])) for r in rows}
-    df = build_optable(m3, ParallelPlan(tp=4), "bf16", EngineStep.decode(8, 4096))
+    df = build_optable(m3, ParallelPlan(tp=4, fused_shared_expert=True), "bf16", EngineStep.decode(8, 4096))
     assert _dense_nk(df) == aiter | {(128, 6144), (50016, 6144)}
     router = df[df.op == "router"].iloc[0]
     assert router.w_dtype == "fp32" and router.act_dtype == "fp32"
@@ -40,11 +40,12 @@ def test_tp8_and_ep(m3):
     assert set(df[(df.op == "qkv_proj") & (df.layer >= 3)].n) == {1536}  # 1024 + 128 + 128 (replicated) + 128 + 128
     att = df[df.op == "attention"]
     assert set(att.heads_q) == {8} and set(att.heads_kv) == {1}
-    ep = build_optable(m3, ParallelPlan(tp=8, ep=8), "bf16", EngineStep.decode(64, 100))
+    ep = build_optable(m3, ParallelPlan(tp=8, ep=8, fused_shared_expert=True), "bf16", EngineStep.decode(64, 100))
     g = ep[ep.op == "moe_gate_up"].iloc[0]
-    assert (g.experts, g.inter, g.n) == (17, 3072, 6144)
-    # each rank sees 1/8 of the routed rows plus every token for the replicated shared expert
-    assert g.routed_tokens == pytest.approx(64 * 4 / 8 + 64)
+    assert (g.experts, g.inter, g.n) == (16, 3072, 6144)   # fusion asked for, but off under EP (vLLM)
+    assert g.routed_tokens == pytest.approx(64 * 4 / 8)     # each rank sees 1/8 of the routed rows
+    sh = ep[ep.op == "shared_gate_up"]                       # the shared expert stays TP-sharded: 3072 / 8
+    assert len(sh) == 57 and set(sh.n) == {2 * 384} and set(sh.m) == {64}
 
 
 def test_indexer_only_on_computing_layers(m3):
@@ -54,6 +55,23 @@ def test_indexer_only_on_computing_layers(m3):
     shared = build_optable(m3.with_index_sharing(4), ParallelPlan(tp=4), "bf16", step)
     assert sorted(shared[shared.op == "indexer"].layer) == list(range(3, 60, 4))
     assert (shared.op == "topk").sum() == 15 and (shared.op == "attention").sum() == 60
+
+
+def test_allreduce_order_as_on_amd(m3):
+    """Per layer: o_proj -> all-reduce fused with the post-attention norm -> FFN -> explicit FFN all-reduce ->
+    the next layer's fused add + norm (its own kernel; the deferred FFN all-reduce is NVIDIA-only)."""
+    df = build_optable(m3, ParallelPlan(tp=4), "mxfp8", EngineStep.decode(2, 100))
+    for layer, last_ffn in ((1, "down_proj"), (30, "moe_sum"), (30, "shared_down")):
+        ops = list(df[df.layer == layer].op)
+        i = ops.index("allreduce_attn")
+        assert ops[i - 1] == "o_proj" and ops[i + 1] == "post_attn_norm"
+        assert ops[-1] == "allreduce_ffn" and last_ffn in ops[ops.index("post_attn_norm"):-1]
+        nxt = list(df[df.layer == layer + 1].op)
+        assert nxt[0] == "input_norm"
+    post, inp = df[df.op == "post_attn_norm"], df[df.op == "input_norm"]
+    assert set(post.fused_into) == {"allreduce_attn"} and set(inp.fused_into) == {None}
+    tp1 = build_optable(m3, ParallelPlan(tp=1), "mxfp8", EngineStep.decode(2, 100))
+    assert set(tp1[tp1.op == "post_attn_norm"].fused_into) == {None}
 
 
 def test_comm_rows(m3):
@@ -68,12 +86,40 @@ def test_comm_rows(m3):
     assert not (build_optable(m3, ParallelPlan(tp=1), "bf16", EngineStep.prefill(T)).bytes_comm > 0).any()
 
 
-def test_mxfp8_splits_indexer_projection(m3):
+def test_mxfp8_one_fused_projection(m3):
+    """One q/k/v/index GEMM in one format (vLLM MinimaxM3QKVParallelLinearWithIndexer): 2560 columns at TP4."""
     df = build_optable(m3, ParallelPlan(tp=4), "mxfp8", EngineStep.decode(1, 10))
+    assert not df.op.str.contains("indexer_q").any()
     qkv = df[(df.op == "qkv_proj") & (df.layer == 3)].iloc[0]
-    idx = df[(df.op == "indexer_qk_proj") & (df.layer == 3)].iloc[0]
-    assert (qkv.n, qkv.w_dtype, idx.n, idx.w_dtype) == (2304, "mxfp8", 256, "bf16")
-    assert qkv.bytes_weight == 2304 * 6144 * (1 + 1 / 32)
+    assert (qkv.n, qkv.k, qkv.w_dtype, qkv.act_dtype) == (2560, 6144, "mxfp8", "mxfp8")
+    assert qkv.bytes_weight == 2560 * 6144 * (1 + 1 / 32)
+    assert set(df[(df.op == "qkv_proj") & (df.layer < 3)].n) == {2304}
+    tp1 = build_optable(m3, ParallelPlan(tp=1), "mxfp8", EngineStep.decode(1, 10))
+    assert set(tp1[(tp1.op == "qkv_proj") & (tp1.layer >= 3)].n) == {9856}
+    cp = build_optable(m3, ParallelPlan(tp=4, indexer_cp=True), "mxfp8", EngineStep.decode(1, 10))
+    assert set(cp[(cp.op == "qkv_proj") & (cp.layer >= 3)].n) == {2944}   # index q replicated: 4 x 128
+
+
+def test_reuse_layers_skip_the_index_branch_but_keep_the_gemm(m3):
+    step = EngineStep.decode(3, 4000)
+    full = build_optable(m3, ParallelPlan(tp=4), "mxfp8", step)
+    shared = build_optable(m3.with_index_sharing(4), ParallelPlan(tp=4), "mxfp8", step)
+    computes, reuses = 7, 8
+    for df in (full, shared):
+        assert set(df[(df.op == "qkv_proj") & (df.layer >= 3)].n) == {2560}
+    row = lambda df, op, layer: df[(df.op == op) & (df.layer == layer)].iloc[0]  # noqa: E731
+    for op in ("qk_norm", "rope", "cache_write"):   # without sharing every sparse layer runs the index branch
+        assert row(full, op, reuses).flops == row(shared, op, computes).flops
+        assert row(full, op, reuses).bytes_kv == row(shared, op, computes).bytes_kv
+    # computing layer: q, k and the index branch (1 index q head + the index key at TP4)
+    assert row(shared, "qk_norm", computes).flops == 4 * 3 * (2048 + 128 + 128 + 128)
+    assert row(shared, "qk_norm", reuses).flops == 4 * 3 * (2048 + 128)
+    assert row(shared, "qk_norm", reuses).bytes_weight == 2 * 128 * 2
+    assert row(shared, "rope", computes).flops == 3 * 3 * (16 + 1 + 1 + 1) * 64
+    assert row(shared, "rope", reuses).flops == 3 * 3 * (16 + 1) * 64
+    assert row(shared, "cache_write", computes).bytes_kv == 3 * (2 * 128 * 2 + 128 * 2)
+    assert row(shared, "cache_write", reuses).bytes_kv == 3 * (2 * 128 * 2)
+    assert ((shared.op == "indexer") & (shared.layer == reuses)).sum() == 0
 
 
 def test_separate_shared_expert(m3):

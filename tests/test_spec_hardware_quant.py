@@ -33,7 +33,9 @@ def test_user_yaml_profile(tmp_path):
 
 def test_quant_presets_follow_m3_checkpoints():
     mx8 = load_quant("mxfp8")
-    assert mx8.weight_dtype("routed_expert") == "mxfp8" and mx8.weight_dtype("indexer_qk") == "bf16"
+    # the index projections are part of the fused qkv GEMM: MXFP8 like qkv (the checkpoint's ignored_layers)
+    assert mx8.weight_dtype("routed_expert") == "mxfp8" and mx8.weight_dtype("indexer_qk") == "mxfp8" == \
+        mx8.weight_dtype("attn_qkv")
     assert mx8.weight_dtype("router") == "fp32" and mx8.weight_dtype("lm_head") == "bf16"
     mx4 = load_quant("mxfp4")
     assert mx4.weight_dtype("shared_expert") == "mxfp4" and mx4.weight_dtype("attn_qkv") == "bf16"

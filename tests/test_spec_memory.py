@@ -49,3 +49,12 @@ def test_weight_bytes_per_gpu(m3):
     assert mx4["attn_qkv"] == weight_bytes_breakdown(m3, tp4, "bf16")["attn_qkv"]  # attention stays bf16
     ep8 = weight_bytes_breakdown(m3, ParallelPlan(tp=8, ep=8), "bf16")
     assert ep8["routed_expert"] == pytest.approx(57 * 16 * 3 * 3072 * 6144 * 2)  # 16 whole experts per rank
+
+
+def test_index_cache_allocated_on_every_sparse_layer_with_index_sharing():
+    """vLLM keeps the indexer and its index-key cache on all 57 sparse layers, reuse layers included."""
+    from m3lab.spec.memory import kv_bytes
+    from m3lab.spec.model import load_model
+
+    m3 = load_model("minimax-m3")
+    assert kv_bytes(m3.with_index_sharing(4)).index == kv_bytes(m3).index == 57 * 128 * 2

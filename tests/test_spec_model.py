@@ -32,8 +32,10 @@ def test_index_sharing_schedule():
 
 def test_index_sharing_from_config_overrides(shared_dir):
     cfg = json.loads((shared_dir / "data/hf_configs/MiniMaxAI__MiniMax-M3__config.json").read_text())
-    cfg.update(use_index_cache=True, index_topk_freq=4)  # vLLM copies top-level overrides into text_config
+    cfg["text_config"].update(use_index_cache=True, index_topk_freq=4)  # --hf-overrides '{"text_config": {...}}'
     assert len(ModelSpec.from_hf_config(cfg).topk_layers) == 15
+    with pytest.raises(M3LabError, match="top level"):   # vLLM on ROCm rejects the top-level keys
+        ModelSpec.from_hf_config({**cfg, "index_topk_freq": 4})
 
 
 def _flat_v5(cfg: dict) -> dict:

@@ -19,13 +19,33 @@ def test_local_heads(m3, tp, q, kv, rep, iq, vocab):
 
 
 def test_expert_rows(m3):
-    tp4 = ParallelPlan(tp=4)
-    assert (tp4.expert_rows_local(m3), tp4.expert_inter_local(m3)) == (129, 768)
+    tp4 = ParallelPlan(tp=4)   # vLLM's default: shared-expert fusion not asked for
+    assert (tp4.expert_rows_local(m3), tp4.expert_inter_local(m3)) == (128, 768)
+    assert "not asked for" in tp4.shared_fusion_reason(m3)
     assert ParallelPlan(tp=8).expert_inter_local(m3) == 384
-    ep8 = ParallelPlan(tp=8, ep=8).validate(m3)
-    assert (ep8.experts_local(m3), ep8.expert_rows_local(m3), ep8.expert_inter_local(m3)) == (16, 17, 3072)
-    sep = ParallelPlan(tp=4, fused_shared_expert=False)
-    assert sep.expert_rows_local(m3) == 128 and not sep.fuses_shared(m3)
+    fused = ParallelPlan(tp=4, fused_shared_expert=True)
+    assert fused.expert_rows_local(m3) == 129 and fused.fuses_shared(m3, "mxfp8") and fused.fuses_shared(m3, "mxfp4")
+    ep8 = ParallelPlan(tp=8, ep=8, fused_shared_expert=True).validate(m3)   # asked for, but EP turns it off
+    assert (ep8.experts_local(m3), ep8.expert_rows_local(m3), ep8.expert_inter_local(m3)) == (16, 16, 3072)
+    assert "expert parallelism" in ep8.shared_fusion_reason(m3)
+    assert ep8.shared_inter_local(m3) == 3072 // 8   # the shared expert stays TP-sharded under EP
+
+
+def test_fusion_needs_one_expert_format(m3):
+    from m3lab.spec.quant import QuantScheme
+
+    mixed = QuantScheme("mixed", {"routed_expert": "mxfp4", "shared_expert": "bf16"})
+    plan = ParallelPlan(tp=4, fused_shared_expert=True)
+    assert plan.fuses_shared(m3) and not plan.fuses_shared(m3, mixed)
+    assert "different weight formats" in plan.shared_fusion_reason(m3, mixed)
+    assert plan.expert_rows_local(m3, mixed) == 128
+
+
+def test_fused_projection_widths(m3):
+    assert sum(ParallelPlan(tp=4).qkv_widths(m3, sparse=True)) == 2560
+    assert sum(ParallelPlan(tp=1).qkv_widths(m3, sparse=True)) == 9856
+    assert sum(ParallelPlan(tp=4).qkv_widths(m3, sparse=False)) == 2304
+    assert sum(ParallelPlan(tp=4, indexer_cp=True).qkv_widths(m3, sparse=True)) == 2944   # index q replicated
 
 
 @pytest.mark.parametrize("plan, field", [
@@ -40,3 +60,12 @@ def test_bad_plans(m3, plan, field):
 def test_ep_on_dense_model_rejected():
     with pytest.raises(M3LabError, match="ep"):
         ParallelPlan(tp=2, ep=2).validate(load_model("llama-3.1-8b"))
+
+
+def test_as_plan():
+    from m3lab.spec.plan import as_plan
+
+    assert as_plan(None) == ParallelPlan() and not as_plan(None).fused_shared_expert
+    assert as_plan({"tp": 2, "fused_shared_expert": True}) == ParallelPlan(tp=2, fused_shared_expert=True)
+    with pytest.raises(M3LabError, match="tpp"):
+        as_plan({"tpp": 2})

@@ -8,7 +8,7 @@ import pytest
 
 from m3lab.errors import M3LabError
 from m3lab.traces import load_trace, short_kernel_name, sniff_format, summarize
-from m3lab.traces.events import make_events
+from m3lab.traces.table import make_events
 from m3lab.traces.examples import write_synthetic_m3_trace
 
 
@@ -71,7 +71,7 @@ def test_summarize_dispatch(tmp_path):
     s = summarize(d)
     assert s["calls"].sum() == len(d)
     attn = s[(s["op"] == "attention") & (s["path"] == "torch")].iloc[0]
-    assert attn["layers"] == 5 and attn["rejected_paths"] == "sparse_attn.paged_page16"
+    assert attn["layers"] == 5 and attn["rejected_paths"] == "attention.aiter_sparse_pa"
     assert s["share"].sum() == pytest.approx(1.0)
     assert isinstance(s, pd.DataFrame)
 

@@ -6,7 +6,7 @@ pytest.importorskip("plotly")
 
 from m3lab.plots.traces import time_share_bar, timeline, verification_bar  # noqa: E402
 from m3lab.traces import summarize, verify  # noqa: E402
-from m3lab.traces.events import make_events  # noqa: E402
+from m3lab.traces.table import make_events  # noqa: E402
 from m3lab.traces.examples import write_synthetic_m3_trace  # noqa: E402
 
 

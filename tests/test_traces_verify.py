@@ -19,17 +19,17 @@ def test_tp4_passes_and_tp2_names_the_failed_condition(tmp_path):
     assert good.ok, good.failed
     bad = verify("minimax_m3_tp4", write_synthetic_m3_trace(tmp_path / "tp2.jsonl.gz", tp=2, layers=7))
     assert not bad.ok
-    row = bad.failed.set_index("id").loc["sparse_attention_paged"]
+    row = bad.failed.set_index("id").loc["attention_decode"]
     assert "one KV head per rank" in row["why"] and "got 2 KV heads per rank at tp=2" in row["why"]
     assert row["ran"] == "torch (4 calls)" and row["calls"] == 4  # layers 3-6 are sparse
     assert 0 < row["share"] < 1
-    assert set(bad.failed["id"]) == {"sparse_attention_paged"}
+    assert set(bad.failed["id"]) == {"attention_decode"}
 
 
 def test_unfused_shared_expert_fails_require_and_absent_ops(tmp_path):
     v = verify("minimax_m3_tp4", write_synthetic_m3_trace(tmp_path / "u.jsonl", fused_shared_expert=False))
-    why = v.failed.set_index("id").loc["moe_fused_shared_expert", "why"]
-    assert "w[0] == 129 false" in why and "w=[128," in why and "shared_gate_up" in why
+    why = v.failed.set_index("id").loc["moe_expert_table", "why"]
+    assert "w[0] == 129 and ids[1] == 5 false" in why and "w=[128," in why and "shared_gate_up" in why
 
 
 def _exp(tmp_path, text):

@@ -7,11 +7,12 @@ fused shared expert) are run per rank and summed.
 import pytest
 import torch
 
-from m3lab.model import M3Config, build_model
+from m3lab.model import build_model
 from m3lab.model.step import plan_step
+from m3lab.spec.model import ModelSpec
 from m3lab.weights import random_hf_tensors, write_checkpoint
 
-CFG = M3Config.mini()
+CFG = ModelSpec.mini()
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +25,18 @@ def _layer_parts(m, x, layer):
     cache = m.new_cache(16)
     meta = plan_step(cache, [(0, x.shape[0])], "cpu")
     o, _ = m._attention(layer, x, meta, cache, None)
-    f = m._moe(layer, x) if CFG.mlp_kinds[layer] == "moe" else m._dense_mlp(layer, x)
+    f = m._moe(layer, x) if CFG.mlp_types[layer] == "moe" else m._dense_mlp(layer, x)
     return o, f
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_rank_partials_sum_to_tp1(ckpt, tp):
+@pytest.mark.parametrize("tp, ep, fused", [(2, 1, False), (4, 1, True), (2, 2, True)])
+def test_rank_partials_sum_to_tp1(ckpt, tp, ep, fused):
+    """TP-MoE with the shared expert apart and fused; EP (fusion asked for but off, shared expert TP-sharded)."""
     x = torch.randn(70, CFG.hidden)  # 70 tokens > topk_blocks x block: sparse selection
     full = build_model(CFG, {"tp": 1}, checkpoint=ckpt)
-    ranks = [build_model(CFG, {"tp": tp}, checkpoint=ckpt, rank=r) for r in range(tp)]
+    plan = {"tp": tp, "ep": ep, "fused_shared_expert": fused}
+    ranks = [build_model(CFG, plan, checkpoint=ckpt, rank=r) for r in range(tp)]
+    assert all(m.fused_shared == (fused and ep == 1) for m in ranks)
     for layer in (0, 1):  # a dense layer and a sparse MoE layer
         o1, f1 = _layer_parts(full, x, layer)
         parts = [_layer_parts(m, x, layer) for m in ranks]

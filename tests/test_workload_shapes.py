@@ -44,7 +44,8 @@ def test_histograms_match_step_by_step():
 def test_distinct_gemms_tp4_match_aiter(shared_dir):
     aiter = {(int(r["N"]), int(r["K"])) for r in
              csv.DictReader(open(shared_dir / "data/aiter/a8w8_bpreshuffle_tuned_gemm_minimax_m3.csv"))}
-    rep = shape_histograms("minimax-m3", ParallelPlan(tp=4), "bf16", Workload(2048, 16, 8))
+    # AITER's tuned set has no separate shared-expert GEMMs: it was tuned with shared-expert fusion asked for
+    rep = shape_histograms("minimax-m3", ParallelPlan(tp=4, fused_shared_expert=True), "bf16", Workload(2048, 16, 8))
     d = rep.distinct_gemms
     assert set(zip(d.n, d.k)) == aiter | {(128, 6144), (50016, 6144)}
     g = rep.distinct_grouped
@@ -78,3 +79,8 @@ def test_attention_ctx_histogram_y_axis_starts_at_zero():
     fig = attention_ctx_figure(att, {"model": "m", "isl": 1, "osl": 1, "concurrency": 1})
     assert fig.layout.yaxis.type == "linear" and fig.layout.yaxis.rangemode == "tozero"
     assert sorted(v for tr in fig.data for v in tr.y) == [3, 5, 7]
+
+
+def test_sharding_table_fused_projection_widths():
+    t = sharding_table("minimax-m3").set_index("tp")
+    assert t.loc[4, "qkv_sparse"] == 2560 and t.loc[1, "qkv_sparse"] == 9856 and t.loc[4, "qkv_dense"] == 2304

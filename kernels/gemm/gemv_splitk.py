@@ -1,4 +1,4 @@
-"""GEMV-style decode kernel for the smallest M (1…8): CUDA-core FMAs, no tensor cores, split-K.
+"""GEMV-style decode kernel for the smallest M (tables.GEMV_MAX_M): CUDA-core FMAs, no tensor cores, split-K.
 
 A program streams weight tiles ``[BLOCK_N, BLOCK_K/32, 32]`` straight into registers (no shared
 memory; the next tile is requested before the current one is used, so two are in flight), multiplies it by each of its BLOCK_M activation rows in fp32 and sums every 32-element

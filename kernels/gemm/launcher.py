@@ -1,11 +1,13 @@
 """``linear(x, w, w_format=...)``: the shape-aware launcher for the GEMM kernels.
 
-Picks a config by regime (decode: small M -> split-K kernel; prefill -> tiled kernel) from the tuned
-tables, checks the operands, and launches. ``out`` may be passed (e.g. poisoned by the gates).
+Picks a config from the tuned tables (:func:`launch_config`: the kernel and its tiles), checks the
+operands, and launches; each launch is reported to :mod:`kernels.launches`, so a caller can see which
+kernel ran. ``out`` may be passed (e.g. poisoned by the gates).
 """
 import torch
 import triton
 
+from ..launches import launch
 from .tables import GemmConfig, select_config
 from .gemm_splitk import gemm_splitk_kernel
 from .gemm_tiled import gemm_tiled_kernel
@@ -28,6 +30,18 @@ def native_mx(device: torch.device) -> bool:
     if torch.version.hip:
         return "gfx950" in torch.cuda.get_device_properties(device).gcnArchName
     return torch.cuda.get_device_capability(device)[0] >= 10
+
+
+def launch_config(m: int, n: int, k: int, w_format: str, device: torch.device, *, config: GemmConfig | None = None,
+                  regime: str | None = None, use_native_mx: bool | None = None) -> tuple[GemmConfig, str]:
+    """The config :func:`linear` launches for this problem and the weight format its kernel reads: the
+    forced ``config``, else the tuned table's (:func:`tables.select_config`); MX weights on the tiled kernel
+    without native MX are dequantised first (``DEQUANT_PREFILL``) and run with the bf16 table's config."""
+    chosen = config or select_config(m, n, k, w_format, device, regime)
+    native = (native_mx(device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
+    if DEQUANT_PREFILL and chosen.kernel == "tiled" and w_format in MX_FORMATS and not native:
+        return config or select_config(m, n, k, "bf16", device, regime), "bf16"
+    return chosen, w_format
 
 
 def _locks(device: torch.device, n: int) -> torch.Tensor:
@@ -80,14 +94,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
         raise ValueError(f"w: unquantised weights must have x's dtype {x.dtype}, got {w.dtype}")
     if w_format in MX_FORMATS and k % 32:
         raise ValueError(f"x: K={k} must be a multiple of 32 for {w_format}")
-    forced = config
-    config = config or select_config(m, n, k, w_format, x.device, regime)
+    config, kernel_format = launch_config(m, n, k, w_format, x.device, config=config, regime=regime,
+                                          use_native_mx=use_native_mx)
     native = (native_mx(x.device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
-    if DEQUANT_PREFILL and config.kernel == "tiled" and w_format in MX_FORMATS and not native:
+    if kernel_format != w_format:                        # MX prefill: dequantise W once, then the bf16 GEMM
         from ..mx.triton_mx import dequantize
         w = dequantize(w, w_scale, w_format, dtype=x.dtype)
-        w_format, w_scale = "bf16", None
-        config = forced or select_config(m, n, k, "bf16", x.device, regime)
+        w_format, w_scale = kernel_format, None
     if config.kernel == "gemv" and w_format not in GEMV_FORMATS:
         raise ValueError(f"config: the gemv kernel takes w_format in {GEMV_FORMATS}, not {w_format!r}")
     s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)
@@ -99,7 +112,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1))
     if config.kernel == "tiled":
         grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N),)
-        gemm_tiled_kernel[grid](x, w, s, y, m, n, k, *strides, GROUP_M=config.GROUP_M, **common)
+        launch(gemm_tiled_kernel, grid, x, w, s, y, m, n, k, *strides, GROUP_M=config.GROUP_M, **common)
         return y
     split = max(1, min(config.SPLIT_K, triton.cdiv(k, config.BLOCK_K)))
     k_split = triton.cdiv(triton.cdiv(k, split), config.BLOCK_K) * config.BLOCK_K
@@ -110,7 +123,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
                        device=x.device, dtype=torch.float32)
     args = (x, w, s, y, part, _locks(x.device, n_tiles), m, n, k, k_split, *strides)
     if config.kernel == "gemv":
-        gemv_splitk_kernel[grid](*args, W_FORMAT=w_format, SPLIT_K=split, **tiles, **opts)
+        launch(gemv_splitk_kernel, grid, *args, W_FORMAT=w_format, SPLIT_K=split, **tiles, **opts)
     else:
-        gemm_splitk_kernel[grid](*args, SPLIT_K=split, **common)
+        launch(gemm_splitk_kernel, grid, *args, SPLIT_K=split, **common)
     return y

@@ -18,7 +18,14 @@ import torch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 KERNELS = ("tiled", "splitk", "gemv")
-DECODE_MAX_M = 64       # regime boundary of the heuristic (the tuner decides where tables exist)
+# The decode/prefill boundary: decode is M <= DECODE_MAX_M (split-K kernels by default, decode tiles),
+# prefill beyond. The tuner tunes decode M with the decode kernels, prefill M with the tiled kernel and
+# M in (DECODE_MAX_M, CROSSOVER_MAX_M] with both, so a table may carry either kernel there: the tuned
+# tables of kernels/gemm/configs pick split-K at M = 128 for most shapes. What ran is what the launcher
+# selected (launcher.launch_config), never inferred from M.
+DECODE_MAX_M = 64
+CROSSOVER_MAX_M = 2 * DECODE_MAX_M
+GEMV_MAX_M = 4          # the gemv kernel's M (and BLOCK_M) bound: it loses to the split-K kernel above
 FILL_PROGRAMS = 2       # split-K target: programs >= 2 x SMs, so each SM streams two weight slices
 
 
@@ -26,7 +33,7 @@ FILL_PROGRAMS = 2       # split-K target: programs >= 2 x SMs, so each SM stream
 class GemmConfig:
     """One launch: which kernel, its tiles and compiler options (AMD-only options None elsewhere)."""
     kernel: str = "tiled"            # "tiled" (prefill, grouped order) | "splitk" (decode, swapped, split-K)
-    #                                  | "gemv" (decode M <= 16: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
+    #                                  | "gemv" (M <= GEMV_MAX_M: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64
@@ -46,8 +53,8 @@ class GemmConfig:
             v, low = getattr(self, name), lows.get(name, 16)
             if v < low or v & (v - 1):
                 raise ValueError(f"{name}: {v} must be a power of two >= {low}")
-        if self.kernel == "gemv" and self.BLOCK_M > 16:
-            raise ValueError(f"BLOCK_M: {self.BLOCK_M} must be <= 16 for the gemv kernel")
+        if self.kernel == "gemv" and self.BLOCK_M > GEMV_MAX_M:
+            raise ValueError(f"BLOCK_M: {self.BLOCK_M} must be <= GEMV_MAX_M = {GEMV_MAX_M} for the gemv kernel")
         if self.BLOCK_K < 32:
             raise ValueError("BLOCK_K: must be >= 32 (one MX block)")
 
@@ -112,10 +119,10 @@ def heuristic_config(m: int, n: int, k: int, w_format: str = "bf16", regime: str
                      sms: int = 132) -> GemmConfig:
     """Fallback when no table covers (N, K, w_format, device).
 
-    decode (M <= 64): swapped split-K tiles 64 x 128, SPLIT_K so that about 2 x SMs programs
+    decode (M <= DECODE_MAX_M): swapped split-K tiles 64 x 128, SPLIT_K so that about 2 x SMs programs
     stream weights; prefill: 128 x 128 x 64 tiles in groups of 8 row tiles.
     """
-    regime = regime or ("decode" if m <= DECODE_MAX_M else "prefill")
+    regime = regime or regime_of(m)
     if regime == "decode":
         block_m = max(16, min(64, 1 << max(0, math.ceil(math.log2(max(m, 1))))))
         tiles = math.ceil(n / 64) * math.ceil(m / block_m)
@@ -126,6 +133,11 @@ def heuristic_config(m: int, n: int, k: int, w_format: str = "bf16", regime: str
         return GemmConfig("splitk", block_m, 64, 128, 1, split, num_warps=4, num_stages=4)
     block_m = 64 if m <= 256 else 128
     return GemmConfig("tiled", block_m, 128, 64, 8, 1, num_warps=4 if block_m == 64 else 8, num_stages=3)
+
+
+def regime_of(m: int) -> str:
+    """"decode" for M <= DECODE_MAX_M, else "prefill"."""
+    return "decode" if m <= DECODE_MAX_M else "prefill"
 
 
 def select_config(m: int, n: int, k: int, w_format: str, device: torch.device | str,

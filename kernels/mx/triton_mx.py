@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launches import launch
 from .reference import BLOCK
 
 # Inside @triton.jit the format constants of reference.py appear as literals: E4M3 emax 8 and max 448,
@@ -163,7 +164,7 @@ def quantize(x: torch.Tensor, fmt: str, out: tuple[torch.Tensor, torch.Tensor] |
         out = (q, torch.empty(*lead, k // BLOCK, device=x.device, dtype=torch.uint8))
     q2, s2 = out[0].view(-1, out[0].shape[-1]), out[1].view(-1, out[1].shape[-1])
     kernel = {"mxfp8": quant_mxfp8_kernel, "mxfp4": quant_mxfp4_kernel}[fmt]
-    kernel[_grid(x2.shape[0], k)](x2, q2, s2, x2.shape[0], k, x2.stride(0), q2.stride(0), s2.stride(0),
+    launch(kernel, _grid(x2.shape[0], k), x2, q2, s2, x2.shape[0], k, x2.stride(0), q2.stride(0), s2.stride(0),
                                   BLOCK_R=BLOCK_R, BLOCKS=BLOCKS)
     return out
 
@@ -177,7 +178,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, fmt: str, dtype: torch.dtyp
     if out is None:
         out = torch.empty(*q.shape[:-1], k, device=q.device, dtype=dtype)
     y2 = out.view(-1, k)
-    dequant_mx_kernel[_grid(q2.shape[0], k)](q2, s2, y2, q2.shape[0], k, q2.stride(0), s2.stride(0), y2.stride(0),
+    launch(dequant_mx_kernel, _grid(q2.shape[0], k), q2, s2, y2, q2.shape[0], k, q2.stride(0), s2.stride(0), y2.stride(0),
                                              FP4=fmt == "mxfp4", BLOCK_R=BLOCK_R, BLOCKS=BLOCKS)
     return out
 

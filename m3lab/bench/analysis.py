@@ -1,4 +1,4 @@
-"""Analysers of benchmark tables (DataFrames in, DataFrames out): speed-ups, tile gains, issue targets.
+"""Analysers of benchmark tables (DataFrames in, DataFrames out): speed-ups, tile gains, the GEMM targets.
 
 Input: a table read by :func:`m3lab.bench.table.read_table` (columns incl. provider, dtype, us_p50,
 M, N, K). Speed-ups are always against cuBLAS with bf16 weights measured in the same run.
@@ -6,10 +6,11 @@ M, N, K). Speed-ups are always against cuBLAS with bf16 weights measured in the 
 import numpy as np
 import pandas as pd
 
-DECODE_MS = (1, 8, 32, 64, 128)      # the issue's decode set for bf16
-MX_DECODE_MAX_M = 32                 # MX targets: decode M <= 32
+from ..kernels.gemm.tables import DECODE_MAX_M
+
+DECODE_MS = (1, 8, 32, 64, 128)      # the bf16 decode points of the targets
+MX_TARGET_MAX_M = 32                 # MX targets: decode M <= 32
 PREFILL_MIN_M = 2048
-TILE_GAIN_MAX_M = 64
 
 
 def speedups(df: pd.DataFrame, baseline: str = "cublas") -> pd.DataFrame:
@@ -41,23 +42,24 @@ def _geomean(x: pd.Series) -> float:
 
 
 def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
-    """The issue's H200 targets: measured figure, target, pass/fail (NaN measured = not measured)."""
+    """The GEMM kernels' H200 targets (kernels/gemm/README.md): measured figure, target, pass/fail (NaN
+    measured = not measured). The tile row is a gain: prefill-tile time / decode-tile time − 1."""
     sp = speedups(df)
     tri = sp[sp["provider"] == "triton"]
     bf = tri[tri["dtype"] == "bf16"]
     dec = bf[bf["M"].isin(DECODE_MS)]
     pre = bf[bf["M"] >= PREFILL_MIN_M]
-    mx8 = tri[(tri["dtype"] == "mxfp8") & (tri["M"] <= MX_DECODE_MAX_M)]
-    mx4 = tri[(tri["dtype"] == "mxfp4") & (tri["M"] <= MX_DECODE_MAX_M)]
+    mx8 = tri[(tri["dtype"] == "mxfp8") & (tri["M"] <= MX_TARGET_MAX_M)]
+    mx4 = tri[(tri["dtype"] == "mxfp4") & (tri["M"] <= MX_TARGET_MAX_M)]
     gain = tile_gain(df)
-    gain = gain[(gain["dtype"] == "bf16") & (gain["M"] <= TILE_GAIN_MAX_M)]
+    gain = gain[(gain["dtype"] == "bf16") & (gain["M"] <= DECODE_MAX_M)]
     rows = [
         ("bf16 decode M in {1,8,32,64,128}: geomean vs cuBLAS", _geomean(dec["speedup"]), 1.05, ">="),
         ("bf16 decode: worst point vs cuBLAS", dec["speedup"].min(), 0.9, ">="),
         ("bf16 prefill M >= 2048: worst point vs cuBLAS", pre["speedup"].min(), 0.9, ">="),
         ("MXFP8 decode M <= 32: geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">="),
         ("MXFP4 decode M <= 32: geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">="),
-        ("bf16 decode vs prefill tiles, M <= 64: geomean gain", _geomean(1 + gain["gain"]) - 1, 0.0, ">"),
+        (f"bf16 decode vs prefill tiles, M <= {DECODE_MAX_M}: geomean gain", _geomean(1 + gain["gain"]) - 1, 0.0, ">"),
     ]
     out = pd.DataFrame(rows, columns=["target", "measured", "threshold", "op"])
     out["passed"] = [(m >= t if op == ">=" else m > t) if not np.isnan(m) else False
@@ -67,7 +69,7 @@ def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
 
 def copy_ceiling(df: pd.DataFrame) -> float | None:
     """The measured copy ceiling (TB/s) quoted in a table's ``ceiling`` column, if any."""
-    vals = df["ceiling"].astype(str).str.extract(r"copy_tbps=([\d.]+)")[0].dropna().astype(float)
+    vals = df.loc[df["ceiling"] == "copy_tbps", "ceiling_value"].dropna().astype(float)
     return float(vals.median()) if len(vals) else None
 
 

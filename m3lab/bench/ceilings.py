@@ -18,13 +18,19 @@ class Ceilings:
     mm_tflops: float = 760.0     # H200 cuBLAS bf16 8192^3 (684 eager one day, 769–798 another)
     source: str = "default (H200 2026-11-29)"
 
-    def bound(self, flops: float, nbytes: float) -> tuple[str, float]:
-        """(ceiling label, floor time in µs) of whichever resource bounds an op of this size."""
+    def limit(self, flops: float, nbytes: float) -> tuple[str, float, float]:
+        """(ceiling name, its value, floor time in µs) of whichever resource bounds an op of this size:
+        ``("copy_tbps", TB/s, µs)`` or ``("mm_tflops", TFLOP/s, µs)``."""
         t_bytes = nbytes / (self.copy_tbps * 1e12) * 1e6
         t_flops = flops / (self.mm_tflops * 1e12) * 1e6
         if t_bytes >= t_flops:
-            return f"copy_tbps={self.copy_tbps:.3g}", t_bytes
-        return f"mm_tflops={self.mm_tflops:.4g}", t_flops
+            return "copy_tbps", self.copy_tbps, t_bytes
+        return "mm_tflops", self.mm_tflops, t_flops
+
+    def bound(self, flops: float, nbytes: float) -> tuple[str, float]:
+        """(label ``"name=value"``, floor time in µs) of :meth:`limit`, for rows that carry the label only."""
+        name, value, floor_us = self.limit(flops, nbytes)
+        return f"{name}={value:.3g}" if name == "copy_tbps" else f"{name}={value:.4g}", floor_us
 
 
 def measure_ceilings(device: torch.device) -> Ceilings:

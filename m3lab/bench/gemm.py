@@ -3,43 +3,48 @@
 ``python -m m3lab.bench.gemm [--ms 1,8,...] [--formats bf16,mxfp8,mxfp4] [--out traces/bench/gemm.csv]``
 (GPU only). Providers: ``cublas`` (bf16 weights), ``triton`` (the launcher: tuned table, nearest M)
 and ``triton-prefill-tiles`` (the same kernel forced to the shape's prefill tile: the decode-vs-prefill
-tile comparison). FLOP and byte counts are defined here, next to the timing that uses them.
+tile comparison). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
+launcher takes x in bf16 and quantises nothing). Shapes: the OpTable's dense GEMMs (:func:`model_gemm_shapes`).
 """
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from ..kernels.gemm import launcher
-from ..kernels.gemm.tables import select_config
+from ..kernels.gemm.tables import DECODE_MAX_M, select_config
 from ..kernels.gemm.reference import quantize_weight
-from .ceilings import Ceilings
-from .table import BenchRow, commit_id, today
+from ..spec.dtypes import weight_bytes
+from ..spec.gemm_cost import gemm_cost
+from .ceilings import Ceilings, measure_ceilings
+from .table import TRACES_BENCH, BenchRow, append_rows, commit_id, read_table, rows_frame, today
 from .timing import Timing, copies_needed, graph_time
 
-# MiniMax M3 at TP4, the distinct dense GEMMs (N, K) per rank: sparse-layer fused qkv+indexer, dense-layer
-# qkv, o_proj, dense-MLP gate_up, dense-MLP down (../shared/reference/minimax_m3.md, per-rank widths). The
-# OpTable gives the same set (m3lab.tune.gemm.model_gemm_shapes; tested); hard-coded so the benchmark
-# runs without it.
-M3_TP4_SHAPES = ((2560, 6144), (2304, 6144), (6144, 2048), (6144, 6144), (6144, 3072))
 DEFAULT_MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 W_FORMATS = ("bf16", "mxfp8", "mxfp4")
+ACT_DTYPE = "bf16"            # the launcher's activations
 PREFILL_REF_M = 4096          # the prefill tile of a shape = its tuned config at this M
-TILE_COMPARE_MAX_M = 64       # decode-vs-prefill tiles are compared up to this M (the issue: M <= 64)
 
 
-def weight_bytes(n: int, k: int, w_format: str) -> float:
-    """Bytes of W incl. scales: bf16 2/elem, fp8 1 (+4/row), mxfp8 1 + 1/32, mxfp4 1/2 + 1/32."""
-    return n * k * {"bf16": 2.0, "fp8": 1.0, "mxfp8": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32}[w_format] \
-        + (4 * n if w_format == "fp8" else 0)
+@lru_cache(maxsize=None)
+def model_gemm_shapes(model: str = "minimax-m3", tp: int = 4, quant: str = "bf16") -> tuple[tuple[int, int], ...]:
+    """The model's distinct dense GEMM shapes (N, K) per rank, from the OpTable (kind == "gemm"). MiniMax M3
+    at TP4 (the default) gives the benchmarked, tuned and gated set. A broken OpTable raises."""
+    from ..optable import build_optable
+    from ..spec.model import load_model
+    from ..spec.plan import ParallelPlan
+    from ..spec.quant import load_quant
+    from ..workload.step import EngineStep
+    spec = load_model(model)
+    df = build_optable(spec, ParallelPlan(tp=tp).validate(spec), load_quant(quant), EngineStep.decode(1, 1))
+    nk = df[df["kind"] == "gemm"][["n", "k"]].drop_duplicates().astype(int)
+    return tuple(sorted((int(n), int(k)) for n, k in nk.itertuples(index=False)))
 
 
-def gemm_flops(m: int, n: int, k: int) -> float:
-    return 2.0 * m * n * k
-
-
-def gemm_bytes(m: int, n: int, k: int, w_format: str) -> float:
-    """Fewest bytes moved: W once, x (bf16) once, y (bf16) once."""
-    return weight_bytes(n, k, w_format) + 2.0 * m * k + 2.0 * m * n
+def gemm_flops_bytes(m: int, n: int, k: int, w_format: str) -> tuple[float, float]:
+    """FLOPs and the fewest bytes moved (W with its scales once, x and y in bf16 once) of one launch."""
+    c = gemm_cost(m, n, k, w_format, ACT_DTYPE)
+    return c.flops, c.bytes
 
 
 @dataclass
@@ -55,7 +60,7 @@ def make_operands(m: int, n: int, k: int, w_format: str, device: torch.device) -
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
     w0 = torch.randn(n, k, device=device, dtype=dtype) / k**0.5
     w, s = quantize_weight(w0, w_format)
-    copies = copies_needed(int(weight_bytes(n, k, w_format)), device) if device.type == "cuda" else 1
+    copies = copies_needed(int(weight_bytes(n * k, w_format)), device) if device.type == "cuda" else 1
     ws = [(w.clone(), None if s is None else s.clone()) for _ in range(copies)]
     x = torch.randn(m, k, device=device, dtype=dtype)
     return Operands(x, ws, [torch.empty(m, n, device=device, dtype=dtype) for _ in range(copies)])
@@ -74,11 +79,12 @@ def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, 
 
 def bench_row(provider: str, m: int, n: int, k: int, w_format: str, timing, ceilings: Ceilings,
               device: str, op: str = "gemm") -> BenchRow:
-    flops, nbytes = gemm_flops(m, n, k), gemm_bytes(m, n, k, w_format)
-    label, floor_us = ceilings.bound(flops, nbytes)
+    flops, nbytes = gemm_flops_bytes(m, n, k, w_format)
+    ceiling, value, floor_us = ceilings.limit(flops, nbytes)
     t = timing.us_p50
     return BenchRow(op, provider, f"M={m},N={n},K={k}", w_format, timing.us_p20, t, timing.us_p80,
-                    flops / t / 1e6, nbytes / t / 1e6, floor_us / t, label, device, commit_id(), today())
+                    flops / t / 1e6, nbytes / t / 1e6, floor_us / t, ceiling, device, commit_id(), today(),
+                    m=m, n=n, k=k, ceiling_value=value)
 
 
 def bench_point(m: int, n: int, k: int, w_format: str, providers: tuple[str, ...], ceilings: Ceilings,
@@ -90,7 +96,7 @@ def bench_point(m: int, n: int, k: int, w_format: str, providers: tuple[str, ...
     for provider in providers:
         if provider == "cublas" and w_format != "bf16":
             continue
-        if provider == "triton-prefill-tiles" and m > TILE_COMPARE_MAX_M:
+        if provider == "triton-prefill-tiles" and m > DECODE_MAX_M:   # decode-vs-prefill tiles: decode M only
             continue
         ops = make_operands(m, n, k, "bf16" if provider == "cublas" else w_format, device)
         timing = graph_time(provider_calls(provider, ops, w_format, m, n, k), rep_ms=rep_ms)
@@ -99,14 +105,16 @@ def bench_point(m: int, n: int, k: int, w_format: str, providers: tuple[str, ...
     return rows
 
 
-def bench_gemm(shapes=M3_TP4_SHAPES, ms=DEFAULT_MS, w_formats=W_FORMATS,
+def bench_gemm(shapes=None, ms=DEFAULT_MS, w_formats=W_FORMATS,
                providers=("cublas", "triton", "triton-prefill-tiles"), ceilings: Ceilings | None = None,
                rep_ms: float = 60.0, log=print, deadline: float | None = None) -> list[BenchRow]:
     """The whole grid, format by format; cuBLAS rows only for bf16 (the baseline every format is compared with).
 
-    ``deadline`` (a time.time() value): points not started by then are skipped (and logged).
+    ``shapes``: (N, K) pairs, default :func:`model_gemm_shapes`. ``deadline`` (a time.time() value): points
+    not started by then are skipped (and logged).
     """
     import time
+    shapes = model_gemm_shapes() if shapes is None else shapes
     ceilings = ceilings or Ceilings()
     rows = []
     for w_format in w_formats:
@@ -128,8 +136,6 @@ def bench_gemm(shapes=M3_TP4_SHAPES, ms=DEFAULT_MS, w_formats=W_FORMATS,
 def main(ms: str = ",".join(map(str, DEFAULT_MS)), formats: str = ",".join(W_FORMATS),
          out: str = "traces/bench/gemm.csv", measure: bool = True) -> None:
     """Benchmark the M3 TP4 GEMM shapes and append to the table."""
-    from .ceilings import measure_ceilings
-    from .table import append_rows
     ceilings = measure_ceilings(torch.device("cuda")) if measure else Ceilings()
     rows = bench_gemm(ms=tuple(int(v) for v in ms.split(",")), w_formats=tuple(formats.split(",")),
                       ceilings=ceilings)
@@ -149,9 +155,8 @@ def time_provider(provider: str, m: int, n: int, k: int, w_format: str, rep_ms: 
 
 
 def time_row(row) -> Timing:
-    """Re-measure a row of a gemm benchmark table (shape 'M=..,N=..,K=..')."""
-    dims = dict(part.split("=") for part in str(row["shape"]).split(","))
-    return time_provider(str(row["provider"]), int(dims["M"]), int(dims["N"]), int(dims["K"]), str(row["dtype"]))
+    """Re-measure a row of a gemm benchmark table (as :func:`m3lab.bench.table.read_table` gives it)."""
+    return time_provider(str(row["provider"]), int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]))
 
 
 def gemm_table(device: str = "cpu", ms=(1, 32, 2048), w_formats=W_FORMATS, path=None, latest: bool = True):
@@ -159,16 +164,9 @@ def gemm_table(device: str = "cpu", ms=(1, 32, 2048), w_formats=W_FORMATS, path=
     at ``ms``), else the committed H200 table (traces/bench/gemm.csv, or ``path``). The committed table
     keeps every run appended over time; ``latest`` keeps only the rows of the last run appended (its commit),
     so that kernels of different commits are never mixed in one comparison."""
-    import pandas as pd
-
-    from .table import TRACES_BENCH, read_table
     if device == "cuda":
-        from .ceilings import measure_ceilings
         rows = bench_gemm(ms=tuple(ms), w_formats=tuple(w_formats),
                           ceilings=measure_ceilings(torch.device("cuda")), log=lambda s: None)
-        df = pd.DataFrame([r.__dict__ for r in rows])
-        dims = df["shape"].str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(int)
-        df["M"], df["N"], df["K"] = dims[0], dims[1], dims[2]
-        return df
+        return rows_frame(rows)
     df = read_table(path or TRACES_BENCH / "gemm.csv")
     return df[df["commit"] == df["commit"].iloc[-1]].reset_index(drop=True) if latest and len(df) else df

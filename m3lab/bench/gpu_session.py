@@ -1,4 +1,4 @@
-"""One GPU session for the GEMM issue: gates, tuning, benchmarks, baseline (``python -m m3lab.bench.gpu_session``).
+"""One GPU session for the GEMM kernels: gates, tuning, benchmarks, baseline (``python -m m3lab.bench.gpu_session``).
 
 Writes into ``--out`` (the device tool's $OUT), each file as soon as its phase ends:
 ``env.json`` (versions, ceilings), ``tune.csv``, ``gemm_configs.json`` (every tuned table, {file name:
@@ -14,7 +14,7 @@ import torch
 
 PHASES = ("tune", "gates", "bench", "baseline")
 BASELINE_MS = (1, 32, 128, 2048)
-BENCH_MS = (1, 8, 16, 32, 64, 128, 2048, 4096, 8192)   # the issue's target points
+BENCH_MS = (1, 8, 16, 32, 64, 128, 2048, 4096, 8192)   # the points of analysis.gemm_targets
 
 
 def _logger(out: Path):
@@ -58,7 +58,7 @@ def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float 
     from . import gemm as bench
     from .analysis import gemm_targets
     from .ceilings import measure_ceilings
-    from .table import append_rows
+    from .table import append_rows, rows_frame
 
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -75,9 +75,9 @@ def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float 
     left = lambda: deadline_s - (time.time() - t0)  # noqa: E731
 
     if "tune" in todo:
-        from ..tune.gemm import default_shapes, tune_gemm
+        from ..tune.gemm import tune_gemm
         try:
-            df = tune_gemm(default_shapes(), fmts, budget_s=min(tune_budget_s, left() - 150), log=log, workers=workers)
+            df = tune_gemm(bench.model_gemm_shapes(), fmts, budget_s=min(tune_budget_s, left() - 150), log=log, workers=workers)
             df.to_csv(outdir / "tune.csv", index=False)
             tables = {p.name: json.loads(p.read_text()) for p in CONFIG_DIR.glob(f"*device={name}.json")}
             (outdir / "gemm_configs.json").write_text(json.dumps(tables, indent=1))
@@ -106,12 +106,10 @@ def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float 
         log(f"bench: {len(rows)} rows")
 
     if "baseline" in todo and rows:
-        base = [r for r in rows if r.provider == "triton" and int(r.shape.split(",")[0][2:]) in BASELINE_MS]
+        base = [r for r in rows if r.provider == "triton" and r.m in BASELINE_MS]
         append_rows(outdir / f"baseline_{name}.csv", base)
     if rows:
-        df = pd.DataFrame([r.__dict__ for r in rows])
-        dims = df["shape"].str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(int)
-        df["M"], df["N"], df["K"] = dims[0], dims[1], dims[2]
+        df = rows_frame(rows)
         with pd.option_context("display.width", 200, "display.max_columns", 10):
             log("targets (this run):\n" + gemm_targets(df).to_string(index=False))
     log(f"done in {time.time() - t0:.0f}s")

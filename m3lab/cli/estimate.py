@@ -32,11 +32,23 @@ def estimate_cmd(
         accept_len: Optional[float] = typer.Option(None, "--accept-len", help="mean tokens accepted per step"),
         num_requests: Optional[int] = typer.Option(None, "--num-requests", help="requests simulated (default 4 x conc.)"),
         gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM's setting"),
+        pd: Optional[str] = typer.Option(None, "--pd", help="P:D disaggregated: P prefill and D decode instances "
+                                                          "of --tp GPUs joined by the KV hand-off"),
+        kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="with --pd: KV link GB/s per GPU"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Serving estimate: TTFT, TPOT, tokens/s/GPU (calibrated where a calibration exists, else the ceiling)."""
     from m3lab.serving.estimate import estimate
 
     cal = None if (calibration or "").lower() == "none" else (calibration or "default")
+    if pd is not None:
+        from m3lab.cli.pd import print_pd_estimate
+        from m3lab.serving.disagg import parse_ratio, pd_estimate
+        p, d = parse_ratio(pd)
+        print_pd_estimate(pd_estimate(model, hardware, prefill=p, decode=d, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl,
+                                      concurrency=concurrency, num_requests=num_requests, calibration=cal,
+                                      kv_link_bw=kv_link_gbps * 1e9, spec_tokens=spec_tokens, accept_len=accept_len,
+                                      gpu_memory_utilization=gpu_memory_utilization), as_json)
+        return
     est = estimate(model, hardware, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl, concurrency=concurrency,
                    num_requests=num_requests, calibration=cal, spec_tokens=spec_tokens, accept_len=accept_len,
                    gpu_memory_utilization=gpu_memory_utilization)
@@ -85,7 +97,7 @@ def kernel_time_cmd(
              dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, topk=topk, routing=routing))
     res = kernel_time(hardware, op, quant=quant, calibration=cal, **shape)
     if as_json:
-        echo_json(res)
+        echo_json(res.to_dict())
         return
     typer.echo(f"{res['us']:.2f} us ({res['kind']}; limited by {res['bound']}); ceiling {res['ceiling_us']:.2f} us")
     for p in res["parts"]:

@@ -50,7 +50,7 @@ def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small 
 
 
 def _parse_shapes(text: str | None, model: str, tp: int):
-    from m3lab.tune.gemm import model_gemm_shapes
+    from m3lab.bench.gemm import model_gemm_shapes
     if not text:
         return model_gemm_shapes(model, tp)
     try:

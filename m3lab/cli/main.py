@@ -61,6 +61,7 @@ def _register_all() -> None:
     from m3lab.cli import shapes; shapes.register(app)  # noqa: E702
     from m3lab.cli import env; env.register(app)  # noqa: E702
     from m3lab.cli import fastpaths; fastpaths.register(app)  # noqa: E702
+    from m3lab.cli import pd; pd.register(app)  # noqa: E702
     from m3lab.cli import vllm; vllm.register(app)  # noqa: E702
 
 

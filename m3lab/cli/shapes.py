@@ -9,10 +9,10 @@ import typer
 MODEL_HELP = "A named model (minimax-m3, minimax-m2, llama-3.1-8b, ...) or a path to a Hugging Face config.json."
 
 
-def _plan(model, tp: int, ep: int, fused_shared: bool):
+def _plan(model, tp: int, ep: int, fused_shared: bool, indexer_cp: bool = False):
     from m3lab.spec import ParallelPlan
 
-    return ParallelPlan(tp=tp, ep=ep, fused_shared_expert=fused_shared).validate(model)
+    return ParallelPlan(tp=tp, ep=ep, fused_shared_expert=fused_shared, indexer_cp=indexer_cp).validate(model)
 
 
 def _records(df) -> list[dict]:
@@ -36,10 +36,15 @@ def shapes(
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="vLLM max_num_seqs."),
     max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens",
                                                help="vLLM token budget per step."),
-    fused_shared: bool = typer.Option(True, "--fused-shared/--separate-shared",
-                                      help="Run the shared expert as extra rows of the routed grouped GEMM."),
+    fused_shared: bool = typer.Option(False, "--fused-shared/--separate-shared",
+                                      help="Ask for shared-expert fusion (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=1): "
+                                           "the shared expert as an extra row of the routed grouped GEMM; vLLM "
+                                           "turns it off under EP and with differently quantised experts."),
     index_topk_freq: int = typer.Option(1, "--index-topk-freq",
                                         help="vLLM index sharing: top-k computed every N sparse layers."),
+    indexer_cp: bool = typer.Option(False, "--indexer-cp",
+                                    help="vLLM --attention-config minimax_m3_indexer_cp: every rank projects all "
+                                         "index q heads (the fused projection widens, 2944 columns at TP4)."),
     routing: str = typer.Option("balanced", "--routing", help="Routing model: balanced or zipf:S."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -51,11 +56,12 @@ def shapes(
     spec = load_model(model)
     if index_topk_freq != 1:
         spec = spec.with_index_sharing(index_topk_freq)
-    plan = _plan(spec, tp, ep, fused_shared)
+    plan = _plan(spec, tp, ep, fused_shared, indexer_cp)
     wl = Workload(isl, osl, concurrency, num_requests)
     cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     rep = shape_histograms(spec, plan, quant, wl, cfg, routing=routing)
     result = {"model": spec.name, "plan": plan.describe(), "quant": rep.meta["quant"],
+              "shared_expert_fusion": rep.meta["shared_expert_fusion"],
               "workload": {"isl": isl, "osl": osl, "concurrency": concurrency, "num_requests": wl.n_requests},
               "num_steps": rep.num_steps, "kind": rep.meta["kind"],
               "distinct_gemms": _records(rep.distinct_gemms), "grouped_gemms": _records(rep.distinct_grouped)}
@@ -72,6 +78,9 @@ def _print_shapes(result: dict) -> None:
     con = Console()
     con.print(f"[bold]{result['model']}[/] plan {result['plan']} quant {result['quant']}: "
               f"{result['num_steps']} engine steps ({result['kind']})")
+    fusion = result["shared_expert_fusion"]
+    con.print("shared expert: " + ("fused into the routed grouped GEMM" if fusion["fused"]
+                                   else f"separate MLP ({fusion['reason']})"))
     t = Table("op", "kind", "N", "K", "dtype", "layers", "distinct M", "M range", title="Dense GEMMs (local shapes)")
     for g in result["distinct_gemms"]:
         ms = g["m_values"]
@@ -101,7 +110,7 @@ def model_facts(
     from m3lab.spec.memory import memory_facts
 
     spec = load_model(model)
-    plan = _plan(spec, tp, ep, True)
+    plan = _plan(spec, tp, ep, False)
     q = load_quant(quant).with_cache(kv_dtype, index_dtype)
     facts = memory_facts(spec, plan, q)
     if as_json:

@@ -28,12 +28,40 @@ def _cell(value: Any, fmt: str | None) -> str:
     return str(value)
 
 
-def _table(title: str, df, columns: list[str], formats: dict[str, str]):
+NAME_MIN = 32   # fewest characters the name column keeps before optional columns are dropped
+
+
+def _width(df, col: str, formats: dict[str, str]) -> int:
+    """Characters column ``col`` needs on one line: its header or its widest cell."""
+    return max(len(col), *(len(_cell(v, formats.get(col))) for v in df[col]))
+
+
+def _fit(df, columns: list[str], formats: dict[str, str], optional: list[str], width: int) -> list[str]:
+    """``columns`` minus as many of ``optional`` (dropped from its end) as needed for the first column to
+    keep NAME_MIN characters in ``width`` terminal columns."""
+    columns, optional = list(columns), list(optional)
+
+    while optional and len(df) and _others(df, columns, formats) + NAME_MIN > width:
+        columns.remove(optional.pop())
+    return columns
+
+
+def _others(df, columns: list[str], formats: dict[str, str]) -> int:
+    """Terminal columns every column but the first takes, borders and padding included."""
+    return sum(3 + _width(df, c, formats) for c in columns[1:]) + 4
+
+
+def _table(title: str, df, columns: list[str], formats: dict[str, str], width: int):
+    """One line per row in ``width`` terminal columns: cells never wrap, the first (name) column takes what
+    the others leave and ends in '…' when cut."""
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
-    for col in columns:
-        table.add_column(col, overflow="fold", justify="right" if col in formats else "left")
+    name_width = max(8, width - _others(df, columns, formats)) if len(df) else None
+    for i, col in enumerate(columns):
+        table.add_column(col, no_wrap=True, overflow="ellipsis", justify="right" if col in formats else "left",
+                         max_width=name_width if i == 0 else None,
+                         min_width=None if i == 0 or not len(df) else _width(df, col, formats))
     for row in df[columns].itertuples(index=False):
         table.add_row(*(_cell(value, formats.get(col)) for col, value in zip(columns, row)))
     return table
@@ -57,20 +85,24 @@ def summarize_cmd(trace: Path = typer.Argument(..., help="trace file (dispatch J
         return
     console = Console()
     fmt = totals["format"]
+    optional: list[str] = []
     if "total_us" in summary.columns and "short_name" in summary.columns:
         cols = ["short_name", "count", "total_us", "share", "cpu_op", "graph_launch", "unattributed"]
         fmts = {"count": "d", "total_us": ",.1f", "share": ".1%", "cpu_op": "d", "graph_launch": "d",
                 "unattributed": "d"}
+        optional = ["cpu_op", "unattributed", "graph_launch"]      # dropped last to first on a narrow terminal
     elif fmt == "m3lab.dispatch":
         cols, fmts = ["op", "path", "calls", "layers", "kernels", "share", "rejected_paths"], \
             {"calls": "d", "layers": "d", "share": ".1%"}
     else:
         cols, fmts = list(summary.columns), {"calls": "d", "shapes": "d"}
-    console.print(_table(f"{trace.name} ({fmt}, {len(table)} rows)", summary.head(top), cols, fmts))
+    shown = summary.head(top)
+    cols = _fit(shown, cols, fmts, optional, console.width)
+    console.print(_table(f"{trace.name} ({fmt}, {len(table)} rows)", shown, cols, fmts, console.width))
     if "total_us" in totals:
         device = totals.get("device_name") or "device not recorded"
-        console.print(f"total GPU time {totals['total_us']:,.1f} µs (measured, {device}); "
-                      f"rows by attribution: {totals['attribution']}")
+        by = ", ".join(f"{k} {v}" for k, v in totals["attribution"].items())
+        console.print(f"total GPU time {totals['total_us']:,.1f} µs (measured, {device})\nrows by attribution: {by}")
 
 
 @trace_app.command("verify")

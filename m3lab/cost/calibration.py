@@ -24,8 +24,10 @@ import numpy as np
 import pandas as pd
 
 from m3lab.cost import kernel_defaults
-from m3lab.cost.roofline import bound_times_us, compute_dtype, dtype_bytes, gemm_flops_bytes, peak_flops
+from m3lab.cost.roofline import bound_times_us, compute_dtype, peak_flops
 from m3lab.errors import M3LabError
+from m3lab.optable.routing import balanced
+from m3lab.spec.gemm_cost import dense_equivalent, gemm_cost
 
 DATA_DIR = Path(__file__).with_name("data")
 BANDWIDTH = 1.0          # kernel width in log2 units of M, N and K (chosen by the out-of-sample check)
@@ -35,6 +37,14 @@ TORCH_DTYPES = {"torch.float8_e4m3fn": "fp8", "torch.float8_e4m3fnuz": "fp8", "t
                 "torch.float16": "fp16", "torch.int8": "int8"}
 GFX_HARDWARE = {("gfx950", 256): "mi355x", ("gfx942", 304): "mi300x"}
 UNCALIBRATED = "uncalibrated bound"
+# Activation dtype of the measured GEMMs: AITER's fp8 tables are a8w8 (fp8 activations, per-token scales);
+# every other table is read as bf16 activations.
+MEASURED_ACT = {"fp8": "fp8", "mxfp8": "fp8"}
+
+
+def measured_cost(m, n, k, w_dtype: str, weights_read=1.0):
+    """:func:`m3lab.spec.gemm_cost.gemm_cost` of a measured GEMM (activation dtype: :data:`MEASURED_ACT`)."""
+    return gemm_cost(m, n, k, w_dtype, MEASURED_ACT.get(str(w_dtype), "bf16"), weights_read=weights_read)
 
 
 # ---------------------------------------------------------------- reading measured tables
@@ -136,8 +146,9 @@ def gemm_regime(df: pd.DataFrame, hw) -> pd.DataFrame:
     out = df.copy()
     flops, nbytes = np.zeros(len(out)), np.zeros(len(out))
     for w, idx in out.groupby("w_dtype").indices.items():
-        flops[idx], nbytes[idx] = gemm_flops_bytes(out["m"].to_numpy()[idx], out["n"].to_numpy()[idx],
-                                                   out["k"].to_numpy()[idx], str(w))
+        c = measured_cost(out["m"].to_numpy(float)[idx], out["n"].to_numpy(float)[idx],
+                          out["k"].to_numpy(float)[idx], str(w))
+        flops[idx], nbytes[idx] = c.flops, c.bytes
     peak = np.array([peak_flops(hw, compute_dtype(w, None, hw)) for w in out["w_dtype"]])
     t_c, t_m, _, t_b, bound = bound_times_us(flops, nbytes, 0.0, peak, hw.hbm_bw, 1.0)
     out["flops"], out["bytes"], out["t_compute_us"], out["t_memory_us"] = flops, nbytes, t_c, t_m
@@ -148,30 +159,21 @@ def gemm_regime(df: pd.DataFrame, hw) -> pd.DataFrame:
     return out
 
 
-def grouped_equivalent(routed, active, inter, hidden):
-    """Dense-equivalent regime of a MoE (gate_up + down over the touched experts): m = tokens per active
-    expert, n = k = sqrt(active experts × 3 × inter × hidden) (the weight bytes it streams)."""
-    active = np.maximum(np.asarray(active, float), 1.0)
-    side = np.sqrt(active * 3.0 * np.asarray(inter, float) * np.asarray(hidden, float))
-    return np.maximum(np.asarray(routed, float) / active, 1.0), side
-
-
 def grouped_regime(df: pd.DataFrame, hw) -> pd.DataFrame:
     """Fused-MoE rows -> the roofline bound of its two grouped GEMMs (each its own max of compute and memory,
     weights of the expected touched experts under balanced routing) and ``eff = t_bound / us``."""
     out = df.copy()
     routed = out["tokens"].to_numpy(float) * out["topk"].to_numpy(float)
-    e, k_top, t = (out[c].to_numpy(float) for c in ("experts", "topk", "tokens"))
-    active = e * (1.0 - np.power(1.0 - k_top / e, t))
+    active = np.array([balanced(int(e), int(k_top)).active_experts(t)[0]
+                       for e, k_top, t in zip(out["experts"], out["topk"], out["tokens"])])
     inter, hidden = out["inter"].to_numpy(float), out["hidden"].to_numpy(float)
     t_bound = np.zeros(len(out))
     for w, idx in out.groupby("w_dtype").indices.items():
         peak = peak_flops(hw, compute_dtype(str(w), None, hw))
         for n, k in ((2 * inter[idx], hidden[idx]), (hidden[idx], inter[idx])):
-            flops, nbytes = gemm_flops_bytes(routed[idx], n, k, str(w))
-            nbytes = nbytes + (active[idx] - 1.0) * n * k * dtype_bytes(str(w))  # every touched expert's weights
-            t_bound[idx] += np.maximum(flops / peak, nbytes / hw.hbm_bw) * 1e6
-    m_eq, side = grouped_equivalent(routed, active, inter, hidden)
+            c = measured_cost(routed[idx], n, k, str(w), weights_read=active[idx])  # every touched expert's weights
+            t_bound[idx] += np.maximum(c.flops / peak, c.bytes / hw.hbm_bw) * 1e6
+    m_eq, side = dense_equivalent(routed, active, 3.0 * inter, hidden)
     out["m"], out["n"], out["k"] = m_eq, side, side
     out["t_bound_us"], out["eff"] = t_bound, t_bound / out["us"]
     out["bound"] = "memory"
@@ -208,7 +210,7 @@ class GemmFit:
 
 def fit_gemm(table: pd.DataFrame, hw, bandwidth: float = BANDWIDTH) -> dict[str, GemmFit]:
     """Fit one :class:`GemmFit` per weight dtype present in a measured table on hardware ``hw``; fused-MoE
-    rows fit ``"<dtype>_grouped"`` over their dense-equivalent regime (:func:`grouped_equivalent`)."""
+    rows fit ``"<dtype>_grouped"`` over their dense-equivalent regime (:func:`m3lab.spec.gemm_cost.dense_equivalent`)."""
     fits = {}
     op = table["op"] if "op" in table else pd.Series(["gemm"] * len(table), index=table.index)
     known = table["w_dtype"].where(table["w_dtype"].isin(list(FAMILY)))

@@ -61,12 +61,12 @@ ACHIEVABLE: dict[str, float] = {
 }
 DEFAULT_ACHIEVABLE = 0.5
 
-# op -> the op whose kernel it runs inside: vLLM fuses the residual add + RMSNorm into the all-reduce,
-# RoPE (and, with AITER, the KV cache write) into the q/k-norm kernel, the M3 index top-k into the
+# op -> the op whose kernel it runs inside: on AMD vLLM fuses the post-attention residual add + Gemma norm into
+# the all-reduce (the FFN all-reduce stays separate and the next layer's input norm is its own fused add + norm
+# kernel, vllm/models/minimax_m3/amd/model.py:1366-1379), RoPE (and, with AITER, the KV cache write) into the q/k-norm kernel, the M3 index top-k into the
 # indexer's scoring kernel, and the MoE activation into the fused-MoE stage-1 kernel.
 FUSED_INTO: dict[str, str] = {
     "post_attn_norm": "allreduce_attn",
-    "input_norm": "allreduce_ffn",
     "rope": "qk_norm",
     "cache_write": "qk_norm",
     "topk": "indexer",

@@ -22,8 +22,9 @@ import numpy as np
 import pandas as pd
 
 from m3lab.cost import kernel_defaults
-from m3lab.cost.calibration import UNCALIBRATED, Calibration, default_calibration, grouped_equivalent
+from m3lab.cost.calibration import UNCALIBRATED, Calibration, default_calibration
 from m3lab.cost.roofline import bound_times_us, compute_dtype, peak_flops
+from m3lab.spec.gemm_cost import dense_equivalent
 
 GEMM_KINDS = ("gemm", "lm_head")
 MEMORY_COLUMNS = ("bytes_compute", "bytes_weight", "bytes_kv")
@@ -53,9 +54,8 @@ def _col(cols, name: str, n: int, fill=np.nan) -> np.ndarray:
 
 
 def _gemm_shape(cols, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Dense-equivalent (m, n, k) of the GEMM ``rows``. A grouped GEMM counts as mean tokens per active expert
-    (m) over a square weight of the same total bytes, n = k = sqrt(active experts × n × k): one large
-    streaming problem, not many small launches (its launch floor is charged once per kernel)."""
+    """(m, n, k) of the GEMM ``rows``; a grouped GEMM as its :func:`~m3lab.spec.gemm_cost.dense_equivalent`
+    (its launch floor is charged once per kernel)."""
     n_all = len(cols["kind"])
     m, n, k = (_col(cols, c, n_all).astype(float)[rows] for c in ("m", "n", "k"))
     grouped = np.asarray(cols["kind"])[rows] == "grouped_gemm"
@@ -63,9 +63,9 @@ def _gemm_shape(cols, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         routed = _col(cols, "routed_tokens", n_all).astype(float)[rows]
         active = _col(cols, "experts_active", n_all).astype(float)[rows]
         fallback = np.minimum(_col(cols, "experts", n_all).astype(float)[rows], routed)
-        active = np.maximum(np.where(np.isnan(active), fallback, active), 1.0)
-        side = np.sqrt(active * n * k)
-        m = np.where(grouped, np.maximum(routed / active, 1.0), m)
+        active = np.where(np.isnan(active), fallback, active)
+        m_eq, side = dense_equivalent(routed, active, n, k)
+        m = np.where(grouped, m_eq, m)
         n = np.where(grouped, side, n)
         k = np.where(grouped, side, k)
     return np.nan_to_num(m, nan=1.0), np.nan_to_num(n, nan=1.0), np.nan_to_num(k, nan=1.0)
@@ -82,8 +82,9 @@ def _efficiency(cols, calibration: Calibration) -> np.ndarray:
         grouped = kind[rows] == "grouped_gemm"
         if grouped.any():  # a fused-MoE fit, where the calibration has one, sees the whole MoE's regime
             n_all = len(kind)
-            g_m, g_side = grouped_equivalent(*(_col(cols, c, n_all).astype(float)[rows] for c in
-                                               ("routed_tokens", "experts_active", "inter", "hidden")))
+            routed, active, inter, hidden = (_col(cols, c, n_all).astype(float)[rows] for c in
+                                             ("routed_tokens", "experts_active", "inter", "hidden"))
+            g_m, g_side = dense_equivalent(routed, active, 3.0 * inter, hidden)  # gate_up + down weights
         for wd in np.unique(w):
             idx = np.flatnonzero(w == wd)
             # every layer repeats the same few shapes: fit each distinct (m, n, k) once
@@ -122,9 +123,12 @@ def cost_columns(cols, hw, calibration: Calibration | None) -> dict:
         eff = _efficiency(cols, calibration)
         fused = np.isin(np.asarray(cols["op"], dtype=object), list(kernel_defaults.FUSED_INTO))
         floor = np.where(fused, 0.0, np.array([calibration.floor_us(x) for x in kind], dtype=float))
+    t_us = np.maximum(t_b / eff, floor)
+    if calibration is not None:   # all-reduces measured on this device (traces/bench/collectives.csv) take that time
+        from m3lab.pd.collective_time import measured_comm_us
+        t_us = measured_comm_us(cols, hw, t_us)
     return {"peak_dtype": peak_dtype, "t_compute_us": t_c, "t_memory_us": t_m, "t_comm_us": t_x,
-            "t_bound_us": t_b, "bound": bound, "efficiency": eff, "floor_us": floor,
-            "t_us": np.maximum(t_b / eff, floor)}
+            "t_bound_us": t_b, "bound": bound, "efficiency": eff, "floor_us": floor, "t_us": t_us}
 
 
 def cost_optable(optable: pd.DataFrame, hw, calibration=None) -> pd.DataFrame:
@@ -135,11 +139,6 @@ def cost_optable(optable: pd.DataFrame, hw, calibration=None) -> pd.DataFrame:
         out[name] = values
     out["cost_label"] = cost_label(hw, cal)
     return out
-
-
-def step_time_us(costed: pd.DataFrame) -> float:
-    """The engine step's time: its kernels run one after another (no overlap assumed)."""
-    return float(costed["t_us"].sum())
 
 
 def cost_step(model, hardware, *, step, tp: int = 1, ep: int = 1, quant="bf16", calibration="default",

@@ -3,30 +3,16 @@
 A hardware profile is anything with ``name``, ``peak_flops`` (dict dtype -> FLOP/s), ``hbm_bw`` (B/s)
 and ``link_bw`` (B/s one way per GPU), i.e. :class:`m3lab.spec.hardware.Hardware`.
 
-The bound of one op is ``max(flops / peak, bytes / hbm_bw, comm_bytes / link_bw)``; whichever term
+FLOPs and bytes of GEMMs come from :mod:`m3lab.spec.gemm_cost`. The bound of one op is ``max(flops / peak, bytes / hbm_bw, comm_bytes / link_bw)``; whichever term
 is largest names the op's regime ("compute", "memory" or "comm").
 """
 from __future__ import annotations
 
 import numpy as np
 
-# Bytes per element, MX scales included (one E8M0 byte per 32 elements, OCP MX v1.0).
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "mxfp8": 1.0 + 1 / 32,
-               "mxfp4": 0.5 + 1 / 32, "int32": 4.0, "int64": 8.0}
 # Weight dtypes that are matrix-core native only where the hardware says so (Hardware.native_mx).
 MX_DTYPES = ("mxfp8", "mxfp4")
 BOUNDS = ("compute", "memory", "comm")
-
-
-def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of ``dtype`` (MX scales included)."""
-    from m3lab.errors import M3LabError
-
-    try:
-        return DTYPE_BYTES[str(dtype)]
-    except KeyError:
-        raise M3LabError(f"unknown dtype {dtype!r}", field="dtype",
-                         hint=f"use one of {', '.join(DTYPE_BYTES)}") from None
 
 
 def compute_dtype(w_dtype: str | None, act_dtype: str | None, hw) -> str:
@@ -54,16 +40,6 @@ def peak_flops(hw, dtype: str) -> float:
         raise M3LabError(f"hardware {getattr(hw, 'name', '?')!r} has no peak_flops.fp32", field="peak_flops.fp32",
                          hint=FP32_NOTE)
     return float(peaks.get(dtype) or peaks["bf16"])
-
-
-def gemm_flops_bytes(m, n, k, w_dtype: str, act_dtype: str | None = None, out_dtype: str = "bf16"):
-    """FLOPs and HBM bytes of ``y[M, N] = x[M, K] @ w[N, K]^T``: weights once, activations in, output out.
-    ``act_dtype`` defaults to the weight's 1-byte format for fp8 tables (a8w8) and bf16 otherwise."""
-    m, n, k = (np.asarray(v, dtype=float) for v in (m, n, k))
-    a = act_dtype or ("fp8" if w_dtype in ("fp8", "mxfp8") else "bf16")
-    flops = 2.0 * m * n * k
-    nbytes = n * k * dtype_bytes(w_dtype) + m * k * dtype_bytes(a) + m * n * dtype_bytes(out_dtype)
-    return flops, nbytes
 
 
 def bound_times_us(flops, mem_bytes, comm_bytes, peak: float | np.ndarray, hbm_bw: float, link_bw: float):

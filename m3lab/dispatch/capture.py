@@ -17,23 +17,23 @@ from m3lab.dispatch.dispatcher import Dispatcher, plan_dict
 def build_traced_model(model: Any = None, plan: Any = None, *, device: str = "cpu", dtype=None, layers: int | None = None,
                        seed: int = 0, timed: bool = False):
     """A reference model (rank 0 of ``plan``) whose dispatcher keeps records; ``layers`` keeps the first n."""
-    from m3lab.model.build import build_model, model_config
-    cfg = model_config(model)
+    from m3lab.model.build import build_model, resolve_model
+    spec = resolve_model(model)
     if layers is not None:
-        cfg = cfg.with_layers(layers)
+        spec = spec.with_layers(layers)
     dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
-    return build_model(cfg, plan, dtype=dtype, device=device, seed=seed,
+    return build_model(spec, plan, dtype=dtype, device=device, seed=seed,
                        dispatcher=Dispatcher(plan=plan, timed=timed))
 
 
-def run_steps(model, steps: list[list[int]], *, num_blocks: int | None = None, layout: str = "vllm", seed: int = 0):
+def run_steps(model, steps: list[list[int]], *, num_blocks: int | None = None, layout: str = "triton", seed: int = 0):
     """Run engine steps (new-token counts per request) on a fresh cache; returns the last step's logits."""
-    c = model.cfg
+    c = model.model
     totals = [0] * max(len(s) for s in steps)
     for s in steps:
         for r, n in enumerate(s):
             totals[r] += n
-    need = sum(-(-t // c.block_size) for t in totals)
+    need = sum(-(-t // c.sparse.block_size) for t in totals)
     cache = model.new_cache(num_blocks or need + len(totals), layout=layout)
     gen = torch.Generator().manual_seed(seed)
     logits = None
@@ -51,7 +51,7 @@ def capture_dispatch_trace(model: Any, plan: Any, steps: list[list[int]], path: 
     m = build_traced_model(model, plan, device=device, layers=layers, timed=timed)
     dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else device
     with DispatchTraceWriter(path, device=dev_name, commit=commit or os.environ.get("GIT_COMMIT", "unknown"),
-                             model=m.cfg.name, plan=plan_dict(plan), layers=m.cfg.layers, steps=steps,
+                             model=m.model.name, plan=plan_dict(plan), layers=m.model.layers, steps=steps,
                              torch=torch.__version__, **header) as w:
         m.dispatcher.writer = w
         run_steps(m, steps)

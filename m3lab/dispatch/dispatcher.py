@@ -3,7 +3,9 @@
 For a call it builds a :class:`CallContext`, tries the declared fast paths in order, runs the first
 whose conditions hold (else the plain-torch reference), and records one dispatch-trace record
 (format in ``m3lab.traces.dispatch``): op, layer, shapes, dtypes, path, kernels, and for every path
-not chosen the condition that failed.
+not chosen the condition that failed. ``kernels`` names what ran: the kernels the path's implementation
+reported launching (``m3lab.kernels.launches``; the GEMM launcher picks its kernel from the tuned table),
+else the path's declared kernels, else the reference function.
 """
 import time
 from dataclasses import asdict, dataclass, is_dataclass
@@ -11,8 +13,10 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from m3lab.dispatch.fastpath import CallContext
+from m3lab.dispatch.fastpath import CallContext, plan_fields
 from m3lab.dispatch.registry import FastPathRegistry, m3_registry
+from m3lab.kernels.launches import recording
+from m3lab.spec.plan import as_plan
 
 FALLBACK = "torch"  # name of the plain-torch reference path
 
@@ -23,7 +27,6 @@ def dtype_name(dt: torch.dtype) -> str:
 
 def plan_dict(plan: Any) -> dict[str, Any]:
     """A plan (ParallelPlan, dict of its fields, or None for its defaults) as a plain dict of its fields."""
-    from m3lab.model.config import as_plan  # the model package imports this module
     plan = as_plan(plan)
     return asdict(plan) if is_dataclass(plan) else dict(vars(plan))
 
@@ -52,6 +55,7 @@ class Dispatcher:
 
     def __post_init__(self):
         self.plan_info = plan_dict(self.plan)
+        self._plan_fields = plan_fields(self.plan_info)
         self.registry = self.registry if self.registry is not None else m3_registry()
         self.seq = 0
         self.records: list[dict[str, Any]] = []
@@ -66,7 +70,7 @@ class Dispatcher:
         ctx = CallContext(op=op, layer=layer, kind=kind,
                           shapes={k: list(v.shape) for k, v in present.items()},
                           dtypes={k: dtype_name(v.dtype) for k, v in present.items()},
-                          device=device, plan=self.plan_info, attrs=attrs)
+                          device=device, plan=self._plan_fields, attrs=attrs)
         chosen, fn, kernels, rejected = FALLBACK, ref, [f"{ref.__module__}.{ref.__qualname__}"], []
         for path in self.registry.candidates(op, kind):
             why = path.first_failure(ctx)
@@ -77,8 +81,10 @@ class Dispatcher:
         if self.timed and device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter() if self.timed else 0.0
-        with torch.profiler.record_function(f"m3lab::{op}[L{layer}]"):
+        with torch.profiler.record_function(f"m3lab::{op}[L{layer}]"), recording() as launched:
             out = fn(**tensors, **params)
+        if launched and chosen != FALLBACK:
+            kernels = list(dict.fromkeys(launched))
         record = {"op": op, "layer": layer, "shapes": ctx.shapes, "dtypes": ctx.dtypes,
                   "path": chosen, "kernels": kernels, "rejected": rejected, "device": device}
         if self.timed:

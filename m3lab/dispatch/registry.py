@@ -15,13 +15,18 @@ from typing import Any, Callable
 
 from m3lab.dispatch.fastpath import CallContext, Condition, FastPath
 from m3lab.errors import M3LabError
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # = vLLM's MXFP8 _select_cfg decode bound (M <= 64)
 
 GPU_DEVICES = ("cuda", "hip")
-DECODE_M_MAX = 64  # vLLM's MXFP8 linear: the decode tiles cover M <= 64 (rocm_native.py _select_cfg)
 KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # MiniMaxM3SparseBackend.supported_kv_cache_dtypes
 NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
 ACT_OPS = ("act", "shared_act")  # dense MLP and unfused shared expert (N3); the MoE activation is inside the experts
 GEMM_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "shared_gate_up", "shared_down", "lm_head")
+
+
+def _path(name: str, ops: tuple[str, ...], description: str, conditions: tuple[Condition, ...],
+          kernels: tuple[str, ...]) -> FastPath:
+    return FastPath(name=name, ops=ops, conditions=conditions, kernels=kernels, description=description)
 
 
 def _on(*devices: str) -> Condition:
@@ -57,17 +62,18 @@ def _attention_paths() -> list[FastPath]:
               Condition("KV cache bf16/fp16/fp8", lambda c: c.dtypes["k_cache"] in KV_DTYPES,
                         lambda c: c.dtypes.get("k_cache")))
     return [
-        FastPath("attention.aiter_sparse_pa", ("attention",),
+        _path("attention.aiter_sparse_pa", ("attention",),
                  "AITER page-16 sparse paged attention (pa_decode_gluon), one KV head per rank unless the MSA "
                  "indexer emits the page table (A1)",
                  (*common, Condition("one KV head per rank", lambda c: c.attrs["heads_kv"] == 1,
-                                     lambda c: f"{c.attrs['heads_kv']} KV heads per rank"), _on("hip")),
+                                     lambda c: f"{c.attrs['heads_kv']} KV heads per rank at tp={c.plan.get('tp', 1)}"),
+                           _on("hip")),
                  ("pa_decode_gluon",)),
-        FastPath("attention.triton_sparse_decode", ("attention",),
+        _path("attention.triton_sparse_decode", ("attention",),
                  "vLLM's Triton split-K block-sparse decode + LSE merge (common/ops/sparse_attn.py)",
                  (*common, _uniform_decode("q_tokens", "requests", True), _cuda_not_sm100()),
                  ("_gqa_sparse_decode_kernel", "_merge_topk_attn_out_kernel")),
-        FastPath("attention.triton_sparse_prefill", ("attention",),
+        _path("attention.triton_sparse_prefill", ("attention",),
                  "vLLM's Triton block-sparse prefill (common/ops/sparse_attn.py)",
                  (*common, _uniform_decode("q_tokens", "requests", False), _cuda_not_sm100()),
                  ("_gqa_sparse_fwd_kernel",)),
@@ -95,23 +101,23 @@ def _indexer_paths() -> list[FastPath]:
 
     index_dim = Condition("index head_dim 128", lambda c: c.attrs["head_dim"] == 128, lambda c: c.attrs.get("head_dim"))
     return [
-        FastPath("indexer.msa_fp8", ("indexer",), "AITER fp8 MFMA block score (MSA indexer, gfx950, fp8 index cache) (A2)",
+        _path("indexer.msa_fp8", ("indexer",), "AITER fp8 MFMA block score (MSA indexer, gfx950, fp8 index cache) (A2)",
                  (index_dim, Condition("fp8 index cache", lambda c: c.dtypes["index_cache"].startswith("float8"),
                                        lambda c: c.dtypes.get("index_cache")), _on("hip")),
                  ("pa_sparse_block_score_decode", "pa_sparse_block_score_prefill")),
-        FastPath("indexer.triton_decode", ("indexer",), "vLLM's Triton decode index score + top-k (one call) (A3)",
+        _path("indexer.triton_decode", ("indexer",), "vLLM's Triton decode index score + top-k (one call) (A3)",
                  (index_dim, decode(True), _cuda_not_sm100()),
                  ("_decode_index_score_kernel", "_topk_index_partial_kernel", "_topk_index_merge_kernel")),
-        FastPath("indexer.triton_prefill", ("indexer",), "vLLM's Triton prefill block-max index score (A3)",
+        _path("indexer.triton_prefill", ("indexer",), "vLLM's Triton prefill block-max index score (A3)",
                  (index_dim, decode(False), _cuda_not_sm100()), ("_index_block_score_kernel",)),
-        FastPath("indexer.triton_amd_decode", ("indexer",), "vLLM's AMD Triton decode score (balanced or split-K) + "
+        _path("indexer.triton_amd_decode", ("indexer",), "vLLM's AMD Triton decode score (balanced or split-K) + "
                  "fused last-arriver top-k, which can emit the page-16 table (A3)", (index_dim, decode(True), _on("hip")),
                  ("_decode_index_score_kernel", "_decode_index_score_balanced_kernel", "_decode_topk_fused_kernel")),
-        FastPath("indexer.triton_amd_prefill", ("indexer",), "vLLM's AMD Triton prefill block score (A3)",
+        _path("indexer.triton_amd_prefill", ("indexer",), "vLLM's AMD Triton prefill block score (A3)",
                  (index_dim, decode(False), _on("hip")), ("_index_block_score_kernel",)),
-        FastPath("topk.triton_decode", ("topk",), "the top-k of vLLM's fused decode indexer call (no extra launch)",
+        _path("topk.triton_decode", ("topk",), "the top-k of vLLM's fused decode indexer call (no extra launch)",
                  (from_vllm_indexer(), selected(True)), ("_topk_index_merge_kernel",)),
-        FastPath("topk.triton_prefill", ("topk",), "vLLM's Triton bitonic top-k with init/local forcing (A3)",
+        _path("topk.triton_prefill", ("topk",), "vLLM's Triton bitonic top-k with init/local forcing (A3)",
                  (from_vllm_indexer(), selected(False)), ("_topk_index_kernel",)),
     ]
 
@@ -121,16 +127,16 @@ def _gemm_paths() -> list[FastPath]:
         return Condition(f"weights {'/'.join(formats)}", lambda c: c.attrs["w_format"] in formats,
                          lambda c: c.attrs.get("w_format"))
     return [
-        FastPath("gemm.mxfp8_dot_scaled_decode", GEMM_OPS,
+        _path("gemm.mxfp8_dot_scaled_decode", GEMM_OPS,
                  "MXFP8 dot_scaled linear, decode tiles (narrow N, large K step) for M <= 64 (G2)",
                  (fmt("mxfp8"), Condition(f"M <= {DECODE_M_MAX}", lambda c: c.attrs["m"] <= DECODE_M_MAX,
                                           lambda c: f"M={c.attrs['m']}"), _on(*GPU_DEVICES)),
                  ("_mxfp8_linear_kernel",)),
-        FastPath("gemm.mxfp8_dot_scaled_prefill", GEMM_OPS, "MXFP8 dot_scaled linear, M > 64 tiles (G2)",
+        _path("gemm.mxfp8_dot_scaled_prefill", GEMM_OPS, "MXFP8 dot_scaled linear, M > 64 tiles (G2)",
                  (fmt("mxfp8"), Condition(f"M > {DECODE_M_MAX}", lambda c: c.attrs["m"] > DECODE_M_MAX,
                                           lambda c: f"M={c.attrs['m']}"), _on(*GPU_DEVICES)),
                  ("_mxfp8_linear_kernel",)),
-        FastPath("gemm.unquantized", GEMM_OPS, "vLLM's CUDA unquantized GEMM: F.linear (cuBLAS) (G1 on CUDA)",
+        _path("gemm.unquantized", GEMM_OPS, "vLLM's CUDA unquantized GEMM: F.linear (cuBLAS) (G1 on CUDA)",
                  (fmt("bf16"), _on("cuda")), ("cublas",)),
     ]
 
@@ -140,24 +146,24 @@ def _moe_paths() -> list[FastPath]:
         return Condition(f"expert weights {'/'.join(formats)}", lambda c: c.attrs["w_format"] in formats,
                          lambda c: c.attrs.get("w_format"))
     return [
-        FastPath("moe.aiter_mxfp8_flydsl", ("moe_gate_up", "moe_down"), "AITER FlyDSL MXFP8 2-stage MoE (M2)",
+        _path("moe.aiter_mxfp8_flydsl", ("moe_gate_up", "moe_down"), "AITER FlyDSL MXFP8 2-stage MoE (M2)",
                  (fmt("mxfp8"), Condition("no expert parallelism", lambda c: c.plan.get("ep", 1) == 1,
                                           lambda c: f"ep={c.plan.get('ep')}"), _on("hip")),
                  ("fused_moe",)),
-        FastPath("moe.triton_mxfp8_native", ("moe_gate_up", "moe_down"),
+        _path("moe.triton_mxfp8_native", ("moe_gate_up", "moe_down"),
                  "Triton native MXFP8 grouped GEMM (GROUP_SIZE_M program swizzle) + fused SwiGLU-quant (M2)",
                  (fmt("mxfp8"), _on(*GPU_DEVICES)), ("_mxfp8_grouped_gemm_kernel", "_swiglu_oai_quant_kernel")),
-        FastPath("moe.triton_fused_moe", ("moe_gate_up", "moe_down"), "Triton fused_moe_kernel for BF16 experts (M2)",
+        _path("moe.triton_fused_moe", ("moe_gate_up", "moe_down"), "Triton fused_moe_kernel for BF16 experts (M2)",
                  (fmt("bf16"), _on(*GPU_DEVICES)), ("fused_moe_kernel",)),
     ]
 
 
 def _elementwise_paths() -> list[FastPath]:
     return [
-        FastPath("norm.triton_gemma_rmsnorm", NORM_OPS, "vLLM's fp32 Triton Gemma RMSNorm (N1; a peer of FlashInfer's "
+        _path("norm.triton_gemma_rmsnorm", NORM_OPS, "vLLM's fp32 Triton Gemma RMSNorm (N1; a peer of FlashInfer's "
                  "on CUDA)", (Condition("2-D rows", lambda c: len(c.shapes["x"]) == 2, lambda c: c.shapes.get("x")),
                               _on(*GPU_DEVICES)), ("_gemma_rmsnorm_kernel",)),
-        FastPath("activation.triton_swiglu_oai", ACT_OPS, "vLLM's fp32 Triton SwiGLU-OAI (N3; a peer of "
+        _path("activation.triton_swiglu_oai", ACT_OPS, "vLLM's fp32 Triton SwiGLU-OAI (N3; a peer of "
                  "SiluAndMulWithClamp on CUDA)", (_on(*GPU_DEVICES),), ("_swiglu_oai_kernel",)),
     ]
 

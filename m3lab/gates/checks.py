@@ -2,7 +2,7 @@
 
 Tolerances (relative RMS error ‖out − ref‖ / ‖ref‖ against an fp32-accumulated reference):
 fp32 1e-4 (CPU interpreter; exact up to summation order), fp16 2e-3 (output rounding ~3e-4 plus
-fp16 weight rounding), bf16 1e-2 (output rounding ~2e-3; METHOD.md: bf16 operands land at 1e-3…1e-2).
+fp16 weight rounding), bf16 1e-2 (output rounding ~2e-3; bf16 operands land at 1e-3…1e-2).
 """
 import math
 

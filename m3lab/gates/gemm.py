@@ -2,14 +2,15 @@
 
 CPU (interpreter): awkward small shapes (M 1/7/33; N, K not multiples of the tiles), fp16
 activations, the auto config plus both kernels forced; the native-MX (``tl.dot_scaled``) path too
-where the interpreter has it. CUDA: the MiniMax M3 TP4 shapes, bf16 activations, M from decode
-to prefill, the auto (tuned) config plus the other regime's tiles.
+where the interpreter has it. CUDA: the MiniMax M3 TP4 shapes (the OpTable's, as the benchmark and the
+tuner use them), bf16 activations, M from decode to prefill, the auto (tuned) config plus the other
+regime's tiles.
 """
 import torch
 import triton
 
 from ..kernels.gemm import launcher
-from ..kernels.gemm.tables import GemmConfig
+from ..kernels.gemm.tables import GemmConfig, regime_of
 from ..kernels.gemm.reference import linear_ref, quantize_weight
 from .checks import poison_
 from .inputs import act_dtype
@@ -17,11 +18,10 @@ from .perf import register_timer
 from .registry import Case, Gate, register
 
 GEMM_FORMATS = ("bf16", "fp8", "mxfp8", "mxfp4")
-CPU_PROBLEMS = ((1, 80, 96), (7, 100, 160), (33, 72, 224))
+CPU_PROBLEMS = ((1, 80, 96), (7, 100, 160), (33, 40, 224))
 CPU_CONFIGS = {"tiled": GemmConfig("tiled", 16, 32, 64, GROUP_M=2),
-               "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3)}
-# MiniMax M3 TP4 (N, K): the default set of m3lab.bench.gemm
-GPU_SHAPES = ((2560, 6144), (2304, 6144), (6144, 2048), (6144, 6144), (6144, 3072))
+               "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3),
+               "splitk1": GemmConfig("splitk", 32, 64, 64, SPLIT_K=1)}
 GPU_MS = (1, 7, 33, 128, 2048)
 
 
@@ -58,10 +58,11 @@ def _cases(fmt: str, device: torch.device):
             if fmt.startswith("mx") and _interpreter_has_dot_scaled():
                 yield _case(fmt, m, n, k, device, "native_mx", config=CPU_CONFIGS["splitk"], use_native_mx=True)
         return
-    for n, k in GPU_SHAPES:
+    from ..bench.gemm import model_gemm_shapes
+    for n, k in model_gemm_shapes():
         for m in GPU_MS:
             yield _case(fmt, m, n, k, device, "auto")
-            other = "prefill" if m <= 128 else "decode"
+            other = "prefill" if regime_of(m) == "decode" else "decode"
             yield _case(fmt, m, n, k, device, f"{other}_tiles", regime=other)
 
 

@@ -1,15 +1,14 @@
 """The reference MiniMax M3 decoder in plain PyTorch (one TP/EP rank; every op through the dispatcher).
 
-Public API: :class:`M3Config` (``M3Config()`` = full M3, ``M3Config.mini()``, :func:`from_spec`),
-:class:`LocalDims` (per-rank widths for a plan), :class:`M3Model` (``step(cache, [(seq, tokens)])``,
-``new_cache``), :func:`build_model`, :class:`PagedKVCache` / ``LAYOUTS``, :func:`dense_mask_logits`
-(the straightforward dense-mask implementation used as the check).
+It reads the one model description, :class:`~m3lab.spec.model.ModelSpec` + :class:`~m3lab.spec.plan.ParallelPlan`
+(``ModelSpec.mini()`` is the CPU test model). Public API: :class:`M3Model` (``step(cache, [(seq, tokens)])``,
+``new_cache``), :func:`build_model`, :class:`PagedKVCache` / ``LAYOUTS`` (vLLM's Triton and AITER KV layouts),
+:func:`dense_mask_logits` (the straightforward dense-mask implementation used as the check).
 """
-from m3lab.model.build import build_model
-from m3lab.model.config import LocalDims, M3Config, from_spec
+from m3lab.model.build import build_model, resolve_model
 from m3lab.model.decoder import M3Model
 from m3lab.model.dense_mask import dense_mask_logits
-from m3lab.model.kv_cache import LAYOUTS, PagedKVCache
+from m3lab.model.kv_cache import DEFAULT_LAYOUT, LAYOUTS, PagedKVCache
 
-__all__ = ["M3Config", "LocalDims", "from_spec", "M3Model", "build_model", "PagedKVCache", "LAYOUTS",
+__all__ = ["M3Model", "build_model", "resolve_model", "PagedKVCache", "LAYOUTS", "DEFAULT_LAYOUT",
            "dense_mask_logits"]

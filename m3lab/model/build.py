@@ -1,23 +1,23 @@
-"""Build a reference model for one rank from a config/spec, a plan and random or checkpoint weights."""
+"""Build a reference model for one rank from a ModelSpec, a plan and random or checkpoint weights."""
 from typing import Any
 
 import torch
 
 from m3lab.dispatch import Dispatcher
-from m3lab.model.config import LocalDims, M3Config, from_spec
+from m3lab.errors import M3LabError
 from m3lab.model.decoder import M3Model
+from m3lab.spec.model import ModelSpec, load_model
+from m3lab.spec.plan import ParallelPlan, as_plan
 
 
-def model_config(model: Any = None) -> M3Config:
-    """An M3Config from an M3Config, a ModelSpec, a name for ``m3lab.spec.model.load_model``, or None (mini)."""
-    if model is None:
-        return M3Config.mini()
-    if isinstance(model, M3Config):
-        return model
-    if isinstance(model, str):
-        from m3lab.spec.model import load_model
-        return from_spec(load_model(model))
-    return from_spec(model)
+def resolve_model(model: Any = None) -> ModelSpec:
+    """A ModelSpec from a ModelSpec, a name or config path for ``m3lab.spec.model.load_model``, or None (the
+    mini model). The reference decoder runs MiniMax M3 (block-sparse attention with an indexer)."""
+    spec = ModelSpec.mini() if model is None else load_model(model)
+    if spec.family != "minimax_m3" or spec.sparse is None:
+        raise M3LabError(f"the reference decoder runs MiniMax M3 models; {spec.name} is {spec.family}",
+                         field="model", hint="use minimax-m3, minimax-m3-mini or an M3 config.json")
+    return spec
 
 
 def build_model(model: Any = None, plan: Any = None, *, checkpoint: str | None = None, rank: int = 0,
@@ -25,16 +25,16 @@ def build_model(model: Any = None, plan: Any = None, *, checkpoint: str | None =
                 dispatcher: Dispatcher | None = None) -> M3Model:
     """A reference M3 model.
 
-    model: an M3Config, a ModelSpec, a name for ``m3lab.spec.model.load_model`` or None (the mini model);
-    plan: a ParallelPlan/dict (None: one GPU, shared expert separate); checkpoint: a safetensors
-    checkpoint (else random weights, ``seed``); device "meta" builds shapes only.
+    model: a ModelSpec, a name or config path for ``m3lab.spec.model.load_model`` or None (the mini model);
+    plan: a ParallelPlan/dict (None: one GPU, shared expert not fused, vLLM's default); checkpoint: a
+    safetensors checkpoint (else random weights, ``seed``); device "meta" builds shapes only.
     """
-    cfg = model_config(model)
-    dims = LocalDims.from_plan(cfg, plan)
+    spec = resolve_model(model)
+    pl: ParallelPlan = as_plan(plan).validate(spec)
     if checkpoint is not None:
         from m3lab.weights.loader import load_weights
-        weights, formats = load_weights(checkpoint, dims, rank=rank, dtype=dtype, device=device)
+        weights, formats = load_weights(checkpoint, spec, pl, rank=rank, dtype=dtype, device=device)
     else:
         from m3lab.weights.random_init import random_weights
-        weights, formats = random_weights(dims, dtype=dtype, device=device, seed=seed), {}
-    return M3Model(cfg, dims, weights, formats, dispatcher or Dispatcher(plan=plan))
+        weights, formats = random_weights(spec, pl, dtype=dtype, device=device, seed=seed), {}
+    return M3Model(spec, pl, weights, formats, dispatcher or Dispatcher(plan=pl), rank=rank)

@@ -1,7 +1,7 @@
 """A straightforward dense-mask implementation of the same M3 math: the check of the reference model.
 
-Whole sequence at once, no cache, no gathers: the indexer's choice becomes a boolean [heads, T, T]
-mask (HF-style), the MoE runs every expert on every token and weighs them with a dense [T, E] gate
+Reads the same :class:`~m3lab.spec.model.ModelSpec` (``model.model``). Whole sequence at once, no cache, no
+gathers: the indexer's choice becomes a boolean [heads, T, T] mask (HF-style), the MoE runs every expert on every token and weighs them with a dense [T, E] gate
 matrix. Written independently of ``kernels/*/reference.py`` (own RoPE, norm, mask and softmax code),
 for tp = 1 and floating-point weights.
 """
@@ -29,28 +29,30 @@ def _rope(z, pos, rotary_dim, theta):
     return out
 
 
-def _act(h, alpha, limit):
+def _act(h, spec):
+    """SwiGLU-OAI on [gate | up]: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, +-limit) + beta)."""
+    alpha, limit, beta = spec.swiglu_alpha, spec.swiglu_limit, spec.swiglu_beta
     g, u = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2:]
     g = torch.minimum(g, torch.tensor(limit, dtype=h.dtype))
     u = torch.clamp(u, -limit, limit)
-    return g / (1 + torch.exp(-alpha * g)) * (u + 1)
+    return g / (1 + torch.exp(-alpha * g)) * (u + beta)
 
 
-def _selection_mask(iq, ik, cfg, t):
+def _selection_mask(iq, ik, sp, t):
     """Indexer as a dense mask: -> (allowed [Hi, T, T] bool, smallest k-th vs (k+1)-th block-score gap)."""
     s = torch.einsum("thd,jd->htj", iq, ik)
     causal = torch.ones(t, t, dtype=torch.bool).tril()
     s = s.masked_fill(~causal, -math.inf)
-    bs, k = cfg.block_size, cfg.topk_blocks
+    bs, k = sp.block_size, sp.topk_blocks
     nb = math.ceil(t / bs)
     blocks = torch.full((s.shape[0], t, nb), -math.inf, dtype=s.dtype)
     for b in range(nb):
         blocks[..., b] = s[..., b * bs:(b + 1) * bs].amax(-1)
     own = torch.arange(t) // bs
-    for j in range(cfg.local_blocks):
+    for j in range(sp.local_blocks):
         ok = own - j >= 0
         blocks[:, ok, (own - j)[ok]] = math.inf
-    blocks[..., : cfg.init_blocks] = torch.where(blocks[..., : cfg.init_blocks] > -math.inf, math.inf, -math.inf)
+    blocks[..., : sp.init_blocks] = torch.where(blocks[..., : sp.init_blocks] > -math.inf, math.inf, -math.inf)
     margin = math.inf
     if nb > k:
         top = torch.topk(blocks, k + 1, dim=-1).values
@@ -74,22 +76,22 @@ def _attend(q, k, v, allowed_kv, scale):
     return torch.einsum("htj,jhd->thd", p, vv)
 
 
-def _moe(b, w, p, cfg, dims):
+def _moe(b, w, p, spec, experts, fused):
     logits = b @ w[p + "router"].double().T
     s = torch.sigmoid(logits)
-    ids = torch.topk(s + w[p + "router_bias"].double(), cfg.topk, dim=-1).indices
+    ids = torch.topk(s + w[p + "router_bias"].double(), spec.topk, dim=-1).indices
     gate = torch.zeros_like(s)
     gate.scatter_(1, ids, s.gather(1, ids))
-    gate = gate / gate.sum(-1, keepdim=True) * cfg.routed_scaling
+    gate = gate / gate.sum(-1, keepdim=True) * spec.routed_scaling
     w13, w2 = w[p + "w13"].double(), w[p + "w2"].double()
     y = torch.zeros_like(b)
-    for e in range(dims.experts):
-        y += gate[:, e:e + 1] * (_act(b @ w13[e].T, cfg.swiglu_alpha, cfg.swiglu_limit) @ w2[e].T)
-    if dims.fused_shared_expert:
-        shared_up, shared_down = w13[dims.experts], w2[dims.experts]
+    for e in range(experts):
+        y += gate[:, e:e + 1] * (_act(b @ w13[e].T, spec) @ w2[e].T)
+    if fused:
+        shared_up, shared_down = w13[experts], w2[experts]
     else:
         shared_up, shared_down = w[p + "shared_gate_up"].double(), w[p + "shared_down"].double()
-    return y + _act(b @ shared_up.T, cfg.swiglu_alpha, cfg.swiglu_limit) @ shared_down.T
+    return y + _act(b @ shared_up.T, spec) @ shared_down.T
 
 
 def dense_mask_logits(model, tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -98,44 +100,43 @@ def dense_mask_logits(model, tokens: torch.Tensor) -> tuple[torch.Tensor, float]
     The margin (k-th minus (k+1)-th block score over all indexer-computing layers, heads and tokens
     whose choice is contested) tells a test whether top-k ties could flip the selection.
     """
-    cfg, dims, w = model.cfg, model.dims, model.weights
-    if dims.tp != 1 or dims.ep != 1 or any(f != "bf16" for f in model.formats.values()):
+    spec, plan, w = model.model, model.plan, model.weights
+    if plan.tp != 1 or plan.ep != 1 or any(f != "bf16" for f in model.formats.values()):
         raise M3LabError("dense_mask_logits needs tp=1, ep=1 and floating-point weights", field="model")
+    sp, hd, eps = spec.sparse, spec.head_dim, spec.norm_eps
+    rot = (spec.rotary_dim, spec.rope_theta)
     t = tokens.numel()
     pos = torch.arange(t)
     x = w["embed"].double()[tokens]
     allowed, margin = None, math.inf
-    for i in range(cfg.layers):
+    wq, wk, wv = spec.heads_q * hd, spec.heads_kv * hd, spec.heads_kv * hd   # tp = 1: whole widths
+    for i in range(spec.layers):
         p = f"layers.{i}."
-        a = _norm(x, w[p + "input_norm"], cfg.eps)
-        proj = w[p + "qkv"].double()
-        if p + "indexer_qk" in w:
-            proj = torch.cat([proj, w[p + "indexer_qk"].double()])
-        qkv = a @ proj.T
-        wq, wk, wv, wiq, wik = dims.qkv_widths
-        q = qkv[:, :wq].reshape(t, -1, cfg.head_dim)
-        k = qkv[:, wq:wq + wk].reshape(t, -1, cfg.head_dim)
-        v = qkv[:, wq + wk:wq + wk + wv].reshape(t, -1, cfg.head_dim)
-        q = _rope(_norm(q, w[p + "q_norm"], cfg.eps), pos, cfg.rotary_dim, cfg.rope_theta)
-        k = _rope(_norm(k, w[p + "k_norm"], cfg.eps), pos, cfg.rotary_dim, cfg.rope_theta)
-        if cfg.attn_kinds[i] == "dense":
+        a = _norm(x, w[p + "input_norm"], eps)
+        qkv = a @ w[p + "qkv"].double().T
+        q = qkv[:, :wq].reshape(t, -1, hd)
+        k = qkv[:, wq:wq + wk].reshape(t, -1, hd)
+        v = qkv[:, wq + wk:wq + wk + wv].reshape(t, -1, hd)
+        q = _rope(_norm(q, w[p + "q_norm"], eps), pos, *rot)
+        k = _rope(_norm(k, w[p + "k_norm"], eps), pos, *rot)
+        if spec.attn_types[i] != "sparse":
             mask = torch.ones(k.shape[1], t, t, dtype=torch.bool).tril()
         else:
-            if cfg.computes_topk(i) or allowed is None:
-                off = wq + wk + wv
-                iq = qkv[:, off:off + wiq].reshape(t, -1, cfg.index_dim)
-                ik = qkv[:, off + wiq:off + wiq + wik].reshape(t, 1, cfg.index_dim)
-                iq = _rope(_norm(iq, w[p + "iq_norm"], cfg.eps), pos, cfg.rotary_dim, cfg.rope_theta)
-                ik = _rope(_norm(ik, w[p + "ik_norm"], cfg.eps), pos, cfg.rotary_dim, cfg.rope_theta)[:, 0]
-                allowed, m = _selection_mask(iq, ik, cfg, t)
+            if spec.computes_topk(i) or allowed is None:
+                off, wiq = wq + wk + wv, sp.index_heads * sp.index_dim
+                iq = qkv[:, off:off + wiq].reshape(t, -1, sp.index_dim)
+                ik = qkv[:, off + wiq:off + wiq + sp.index_dim].reshape(t, 1, sp.index_dim)
+                iq = _rope(_norm(iq, w[p + "iq_norm"], eps), pos, *rot)
+                ik = _rope(_norm(ik, w[p + "ik_norm"], eps), pos, *rot)[:, 0]
+                allowed, m = _selection_mask(iq, ik, sp, t)
                 margin = min(margin, m)
             mask = allowed
-        o = _attend(q, k, v, mask, cfg.head_dim ** -0.5)
+        o = _attend(q, k, v, mask, hd ** -0.5)
         x = x + o.reshape(t, -1) @ w[p + "o_proj"].double().T
-        b = _norm(x, w[p + "post_norm"], cfg.eps)
-        if cfg.mlp_kinds[i] == "dense":
-            f = _act(b @ w[p + "gate_up"].double().T, cfg.swiglu_alpha, cfg.swiglu_limit) @ w[p + "down"].double().T
+        b = _norm(x, w[p + "post_norm"], eps)
+        if spec.mlp_types[i] != "moe":
+            f = _act(b @ w[p + "gate_up"].double().T, spec) @ w[p + "down"].double().T
         else:
-            f = _moe(b, w, p, cfg, dims)
+            f = _moe(b, w, p, spec, spec.experts, model.fused_shared)
         x = x + f
-    return _norm(x, w["norm"], cfg.eps) @ w["lm_head"].double().T, margin
+    return _norm(x, w["norm"], eps) @ w["lm_head"].double().T, margin

@@ -5,9 +5,9 @@ histograms, rooflines, serving estimates) is a group-by over it.
 
 Columns (units: elements, FLOPs, bytes; NaN where not applicable):
 
-- ``layer``: decoder layer, -1 for embedding/head ops. ``op``: name (input_norm, qkv_proj, indexer_qk_proj,
-  qk_norm, rope, cache_write, indexer, topk, attention, o_proj, allreduce_attn, post_attn_norm, gate_up_proj,
-  act, down_proj, router, moe_gate_up, moe_act, moe_down, shared_gate_up, shared_act, shared_down,
+- ``layer``: decoder layer, -1 for embedding/head ops. ``op``: name (input_norm, qkv_proj (on M3 sparse
+  layers the one fused q/k/v/index GEMM), qk_norm, rope, cache_write, indexer, topk, attention, o_proj,
+  allreduce_attn, post_attn_norm, gate_up_proj, act, down_proj, router, moe_gate_up, moe_act, moe_down, shared_gate_up, shared_act, shared_down,
   moe_dispatch, moe_combine, allreduce_ffn, embedding, allreduce_embed, final_norm, lm_head, logits_gather;
   ``<gemm op>_quant`` (dynamic activation quantisation before a GEMM with quantised weights), moe_align (sort
   the (token, expert) pairs), moe_sum (weighted top-k combine); attention output gate: attn_gate;
@@ -34,11 +34,14 @@ Columns (units: elements, FLOPs, bytes; NaN where not applicable):
   request per step),
   ``bytes_comm`` (on-the-wire bytes per GPU = ``comm_payload`` x ``comm_factor``; ``comm_algo`` ring:
   factor 2(p-1)/p for all-reduce, gather/all2all: (p-1)/p; ``comm_group`` = p).
+- ``fused_into``: the op whose kernel this op runs inside, where vLLM's AMD model fuses it (``post_attn_norm``
+  -> ``allreduce_attn`` at TP > 1); empty otherwise.
 
 Per-expert token counts come from a routing model (balanced, Zipf, recorded) and are never materialised
 per step; long workloads go through :mod:`m3lab.workload.shapes`.
 """
-from m3lab.optable.builder import COLUMNS, build_optable
+from m3lab.optable.builder import build_optable
+from m3lab.optable.ops import COLUMNS
 from m3lab.optable.routing import Routing, balanced, make_routing, recorded, zipf
 
 __all__ = ["COLUMNS", "Routing", "balanced", "build_optable", "make_routing", "recorded", "zipf"]

@@ -1,21 +1,24 @@
-"""Assemble the OpTable: one row per op per layer of one engine step, on one GPU (see ``m3lab.optable``)."""
+"""Assemble the OpTable: one row per op per layer of one engine step, on one GPU (see ``m3lab.optable``).
+
+MiniMax M3 as vLLM 0.33.0's AMD model runs it (``vllm/models/minimax_m3/amd/model.py``): sparse layers project
+q, k, v, index q and index k with ONE GEMM in one weight format (``qkv_proj``, 2560 columns per rank at TP4);
+index-sharing reuse layers skip the index q/k norm, index RoPE and index-key cache write but keep the GEMM's
+index columns; per layer two all-reduces at TP > 1: the post-attention one fused with the post-attention
+Gemma norm (``fused_allreduce_gemma_rms_norm``, column ``fused_into`` on ``post_attn_norm``) and an explicit FFN
+one, followed by the next layer's fused residual add + norm (``input_norm``, its own kernel).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from m3lab.optable import ops
+from m3lab.optable.ops import COLUMNS
 from m3lab.optable.counts import AttentionCounts, attention_counts
 from m3lab.optable.routing import Routing, make_routing
 from m3lab.spec.model import ATTN_LINEAR, ATTN_SPARSE, MLP_MOE, ModelSpec, load_model
 from m3lab.spec.plan import ParallelPlan
 from m3lab.spec.quant import QuantScheme, dtype_bytes, load_quant
 from m3lab.workload.step import EngineStep
-
-COLUMNS = ("layer", "op", "kind", "m", "n", "k", "experts", "topk", "hidden", "inter", "routed_tokens",
-           "experts_active", "tokens_per_expert_max", "q_tokens", "ctx_tokens", "keys_attended",
-           "selected_blocks", "heads_q", "heads_kv", "head_dim", "act_dtype", "w_dtype", "flops",
-           "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm", "comm_payload", "comm_factor", "comm_algo",
-           "comm_group")
 
 
 @dataclass(frozen=True)
@@ -41,42 +44,42 @@ def _gemm(op: str, m: float, n: int, k: int, w_dtype: str, kind: str = "gemm") -
     return quant + [ops.gemm(op, m, n, k, w_dtype, kind=kind)]
 
 
-def _qk_norm_weights(m: ModelSpec, p: ParallelPlan, sparse: bool) -> int:
-    """q/k-norm weight elements read per layer on one rank (+ the index q/k norms of a sparse layer)."""
+def _qk_norm_weights(m: ModelSpec, p: ParallelPlan, own_index: bool) -> int:
+    """q/k-norm weight elements read per layer on one rank (+ the index q/k norms where the index branch runs)."""
     w = {"per_head": 2 * m.head_dim,
          "per_layer": (p.heads_q_local(m) + p.heads_kv_local(m)) * m.head_dim}.get(m.qk_norm, 0)
-    return w + (2 * m.sparse.index_dim if sparse else 0)
+    return w + (2 * m.sparse.index_dim if own_index else 0)
 
 
 def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
     m, p, q, T = c.model, c.plan, c.quant, c.T
     H, hd = m.hidden, m.head_dim
     hq, hkv = p.heads_q_local(m), p.heads_kv_local(m)
-    w_qkv, w_idx = q.weight_dtype("attn_qkv"), q.weight_dtype("indexer_qk")
+    w_qkv = q.weight_dtype("attn_qkv")
     kvb, ib = dtype_bytes(q.kv_dtype), dtype_bytes(q.index_dtype)
     rows = [ops.elementwise("input_norm", "norm", T * H, reads=2, writes=2, flops_per=4, m=T, hidden=H,
                             weight_elems=H)]
     if m.mla is not None:
         return rows + _mla_rows(c, sparse, computes_topk)
     ih = p.index_heads_local(m) if sparse else 0
-    idx_w = (ih + 1) * m.sparse.index_dim if sparse else 0
-    fused_idx = sparse and w_idx == w_qkv
-    gate = hq * hd if m.attn_output_gate else 0   # Qwen3.5: q_proj also emits a sigmoid gate per channel
-    rows += _gemm("qkv_proj", T, (hq + 2 * hkv) * hd + gate + (idx_w if fused_idx else 0), H, w_qkv)
-    if sparse and not fused_idx:
-        rows += _gemm("indexer_qk_proj", T, idx_w, H, w_idx)
+    own_index = sparse and computes_topk   # reuse layers skip index norm, RoPE, cache write (amd/model.py:1024-1101)
+    idx_w = (ih + 1) * m.sparse.index_dim if own_index else 0
+    gate = hq * hd if m.attn_output_gate else 0   # Qwen3.5: q_proj also emits a per-channel sigmoid gate
+    # ONE GEMM, one weight format: q, k, v (+ index q, index k on every sparse layer, reuse layers included)
+    rows += _gemm("qkv_proj", T, sum(p.qkv_widths(m, sparse)) + gate, H, w_qkv)
     normed = (hq + hkv) * hd + idx_w
     if m.qk_norm:
         rows.append(ops.elementwise("qk_norm", "norm", T * normed, reads=1, writes=1, flops_per=4, m=T,
-                                    weight_elems=_qk_norm_weights(m, p, sparse)))
+                                    weight_elems=_qk_norm_weights(m, p, own_index)))
     if m.rotary_dim:
-        rot = (hq + hkv + (ih + 1 if sparse else 0)) * m.rotary_dim
+        rot = (hq + hkv + (ih + 1 if own_index else 0)) * m.rotary_dim
         rows.append(ops.elementwise("rope", "rope", T * rot, reads=1, writes=1, flops_per=3, m=T))
     kv_tok = 2 * hkv * hd * kvb                          # main K/V bytes per token per layer on this rank
     idx_tok = m.sparse.index_dim * ib if sparse else 0   # index-key bytes per token (replicated)
+    idx_write = m.sparse.index_dim if own_index else 0   # the index cache exists on every sparse layer (memory)
     rows.append(ops.row("cache_write", "cache_write", m=T, act_dtype="bf16", w_dtype=q.kv_dtype, flops=0.0,
-                        bytes_compute=T * (2 * hkv * hd + (m.sparse.index_dim if sparse else 0)) * 2.0,
-                        bytes_weight=0.0, bytes_kv=T * (kv_tok + idx_tok), bytes_comm=0.0))
+                        bytes_compute=T * (2 * hkv * hd + idx_write) * 2.0, bytes_weight=0.0,
+                        bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0))
     cnt = c.counts
     if sparse and computes_topk:
         sp = m.sparse
@@ -212,8 +215,11 @@ def _linear_attention_rows(c: _Ctx) -> list[dict]:
 def _ffn_rows(c: _Ctx, moe: bool) -> list[dict]:
     m, p, q, T = c.model, c.plan, c.quant, c.T
     H = m.hidden
+    # on AMD the post-attention all-reduce runs fused with this norm (fused_allreduce_gemma_rms_norm,
+    # amd/model.py:1377-1379); at TP1 there is no all-reduce and the norm is its own kernel
+    fused_ar = {"fused_into": "allreduce_attn"} if p.tp > 1 else {}
     rows = [ops.elementwise("post_attn_norm", "norm", T * H, reads=2, writes=2, flops_per=4, m=T, hidden=H,
-                            weight_elems=H)]
+                            weight_elems=H, **fused_ar)]
     if not moe:
         inter = m.dense_inter // p.tp
         w = q.weight_dtype("dense_mlp")
@@ -224,7 +230,7 @@ def _ffn_rows(c: _Ctx, moe: bool) -> list[dict]:
     rows.append(ops.gemm("router", T, m.experts, H, m.router_dtype if m.router_dtype == "fp32"
                          else q.weight_dtype("router"), kind="router"))
     w_routed, w_shared = q.weight_dtype("routed_expert"), q.weight_dtype("shared_expert")
-    fused = p.fuses_shared(m) and w_shared == w_routed
+    fused = p.fuses_shared(m, q)   # asked for, no EP, one expert format (ParallelPlan.shared_fusion_reason)
     inter = p.expert_inter_local(m)
     routed = float(r.routed_tokens(T, p.ep)[0])
     active = float(r.active_experts(T, p.ep)[0])
@@ -271,10 +277,10 @@ def _class_rows(c: _Ctx, key: tuple) -> list[dict]:
         rows = _linear_attention_rows(c)
     else:
         rows = _attention_rows(c, attn == ATTN_SPARSE, computes_topk)
-    if c.plan.tp > 1:
+    if c.plan.tp > 1:  # post-attention all-reduce (o_proj reduce_results=False), fused with post_attn_norm
         rows.append(ops.allreduce("allreduce_attn", c.T, m.hidden, c.plan.tp))
     rows += _ffn_rows(c, moe)
-    if c.plan.tp > 1:
+    if c.plan.tp > 1:  # FFN all-reduce, explicit on AMD (FusedMoE / dense down_proj reduce_results=True)
         rows.append(ops.allreduce("allreduce_ffn", c.T, m.hidden, c.plan.tp))
     return rows
 
@@ -302,7 +308,7 @@ def _edge_rows(c: _Ctx) -> tuple[list[dict], list[dict]]:
     return head, tail
 
 
-_TEXT_COLUMNS = ("op", "kind", "act_dtype", "w_dtype", "comm_algo")
+_TEXT_COLUMNS = ("op", "kind", "act_dtype", "w_dtype", "comm_algo", "fused_into")
 
 
 def _frame(templates: list[dict], index, layers):

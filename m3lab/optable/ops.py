@@ -12,14 +12,32 @@ Each function returns a dict of OpTable columns (see :mod:`m3lab.optable`). Conv
 """
 from __future__ import annotations
 
-from m3lab.spec.quant import QUANTIZED, dtype_bytes, gemm_act_dtype, scale_bytes_per_element, weight_bytes
+from m3lab.errors import M3LabError
+from m3lab.spec.dtypes import QUANTIZED, dtype_bytes, gemm_act_dtype, scale_bytes
+from m3lab.spec.gemm_cost import gemm_cost
 
+# The OpTable's columns, in order (meanings and units: m3lab.optable). Rows may leave any of them out (NaN).
+COLUMNS = ("layer", "op", "kind", "m", "n", "k", "experts", "topk", "hidden", "inter", "routed_tokens",
+           "experts_active", "tokens_per_expert_max", "q_tokens", "ctx_tokens", "keys_attended",
+           "selected_blocks", "heads_q", "heads_kv", "head_dim", "act_dtype", "w_dtype", "flops",
+           "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm", "comm_payload", "comm_factor", "comm_algo",
+           "comm_group", "fused_into")
+_KNOWN = frozenset(COLUMNS)
 ACT = "bf16"
 OUT_BYTES = dtype_bytes(ACT)
 
 
+def check_columns(cols) -> None:
+    """Raise M3LabError naming any key of ``cols`` that is not an OpTable column (a misspelt column)."""
+    unknown = sorted(set(cols) - _KNOWN)
+    if unknown:
+        raise M3LabError(f"OpTable row has unknown column(s) {unknown}", field="columns",
+                         hint="use the names in m3lab.optable.ops.COLUMNS")
+
+
 def row(op: str, kind: str, **cols) -> dict:
-    """One OpTable row (missing numeric columns become NaN in the frame)."""
+    """One OpTable row; every keyword must be a column of :data:`COLUMNS` (missing ones become NaN)."""
+    check_columns(cols)
     return {"op": op, "kind": kind, **cols}
 
 
@@ -31,29 +49,31 @@ def needs_act_quant(w_dtype: str) -> bool:
 def act_quant(op: str, m: float, k: int, w_dtype: str) -> dict:
     """Quantise the input x [m, k] (bf16) of GEMM ``op`` to its activation dtype (see module docstring)."""
     a = gemm_act_dtype(w_dtype)
-    scales = m * k * scale_bytes_per_element(a) if scale_bytes_per_element(a) else m * dtype_bytes("fp32")
+    scales = m * k * scale_bytes(a) if scale_bytes(a) else m * dtype_bytes("fp32")
     return row(f"{op}_quant", "quant", m=m, k=k, act_dtype=a, w_dtype=w_dtype, flops=4.0 * m * k,
                bytes_compute=m * k * (OUT_BYTES + dtype_bytes(a)) + scales, bytes_weight=0.0, bytes_kv=0.0,
                bytes_comm=0.0)
 
 
 def gemm(op: str, m: float, n: int, k: int, w_dtype: str, kind: str = "gemm") -> dict:
+    """A GEMM y[m, n] = x[m, k] w[n, k]^T as vLLM runs it: activations in :func:`gemm_act_dtype` of the weights."""
     a_dtype = gemm_act_dtype(w_dtype)
-    a_bytes = dtype_bytes(a_dtype) + scale_bytes_per_element(a_dtype)
-    out_bytes = dtype_bytes("fp32") if a_dtype == "fp32" else OUT_BYTES
-    return row(op, kind, m=m, n=n, k=k, act_dtype=a_dtype, w_dtype=w_dtype, flops=2.0 * m * n * k,
-               bytes_compute=m * k * a_bytes + m * n * out_bytes, bytes_weight=weight_bytes(n * k, w_dtype),
-               bytes_kv=0.0, bytes_comm=0.0)
+    c = gemm_cost(m, n, k, w_dtype, a_dtype, out_dtype="fp32" if a_dtype == "fp32" else ACT)
+    return row(op, kind, m=m, n=n, k=k, act_dtype=a_dtype, w_dtype=w_dtype, flops=c.flops,
+               bytes_compute=c.bytes_compute, bytes_weight=c.bytes_weight, bytes_kv=0.0, bytes_comm=0.0)
 
 
 def grouped_gemm(op: str, routed: float, n: int, k: int, w_dtype: str, *, experts: int, topk: int, hidden: int,
                  inter: int, active_experts: float, max_load: float) -> dict:
-    """A MoE grouped GEMM over ``routed`` (token, expert) rows; weights of the touched experts are read."""
-    r = gemm(op, routed, n, k, w_dtype, kind="grouped_gemm")
-    r.update(experts=experts, topk=topk, hidden=hidden, inter=inter, routed_tokens=routed,
-             experts_active=active_experts, tokens_per_expert_max=max_load,
-             bytes_weight=weight_bytes(n * k, w_dtype) * active_experts)
-    return r
+    """A MoE grouped GEMM over ``routed`` (token, expert) rows; weights of the ``active_experts`` touched
+    experts are read (``Routing.active_experts``)."""
+    a_dtype = gemm_act_dtype(w_dtype)
+    c = gemm_cost(routed, n, k, w_dtype, a_dtype, out_dtype="fp32" if a_dtype == "fp32" else ACT,
+                  weights_read=active_experts)
+    return row(op, "grouped_gemm", m=routed, n=n, k=k, act_dtype=a_dtype, w_dtype=w_dtype, flops=c.flops,
+               bytes_compute=c.bytes_compute, bytes_weight=c.bytes_weight, bytes_kv=0.0, bytes_comm=0.0,
+               experts=experts, topk=topk, hidden=hidden, inter=inter, routed_tokens=routed,
+               experts_active=active_experts, tokens_per_expert_max=max_load)
 
 
 def elementwise(op: str, kind: str, elements: float, *, reads: float, writes: float, flops_per: float,

@@ -5,6 +5,7 @@
 - :mod:`m3lab.spec.plan`: :class:`ParallelPlan` (TP/EP/DP/role) and local sizes
 - :mod:`m3lab.spec.quant`: :class:`QuantScheme`, ``load_quant``
 - :mod:`m3lab.spec.memory`: parameter counts, weight bytes per GPU, KV bytes per token
+- :mod:`m3lab.spec.vllm_config`: MiniMax M3 configs parsed through vLLM's own config class (needs vLLM)
 """
 from m3lab.spec.hardware import Hardware, list_hardware, load_hardware
 from m3lab.spec.model import ModelSpec, list_models, load_model

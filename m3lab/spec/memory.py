@@ -181,7 +181,10 @@ def weight_bytes_breakdown(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme 
     """Weight bytes per GPU by weight group, MX scale bytes included (norms counted as bf16)."""
     q = load_quant(quant)
     elems = local_weight_elements(m, plan)
-    out = {k: weight_bytes(v, q.weight_dtype(k)) for k, v in elems.items() if k != "norms"}
+    # M3's index q/k projections are columns of the one fused qkv GEMM and share its format
+    fused_index = m.sparse is not None and m.sparse.style == "block"
+    dtype = {k: q.weight_dtype("attn_qkv" if k == "indexer_qk" and fused_index else k) for k in elems if k != "norms"}
+    out = {k: weight_bytes(v, dtype[k]) for k, v in elems.items() if k != "norms"}
     out["norms"] = weight_bytes(elems["norms"], "bf16")
     return out
 
@@ -199,7 +202,7 @@ def memory_facts(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme | str = "b
     return {
         "model": m.name, "tp": plan.tp, "ep": plan.ep, "quant": q.name, "kv_dtype": q.kv_dtype,
         "index_dtype": q.index_dtype,
-        "params_total": params_total(m), "params_active": params_active(m),
+        "params_total": params_total(m), "params_active": params_active(m), "mtp_modules": m.mtp_modules,
         "params_active_with_lm_head": params_active(m, lm_head=True),
         "kv_bytes_per_token": whole.total, "kv_bytes_per_token_main": whole.main,
         "kv_bytes_per_token_index": whole.index,

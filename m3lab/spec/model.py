@@ -24,8 +24,13 @@ from m3lab.errors import M3LabError
 CONFIG_DIR = Path(__file__).with_name("configs")
 ATTN_DENSE, ATTN_SPARSE, ATTN_LINEAR = "dense", "sparse", "linear"
 MLP_DENSE, MLP_MOE = "dense", "moe"
-# Runtime index-sharing overrides vLLM copies from the VL wrapper into text_config (reference §5).
-_INDEX_SHARING_KEYS = ("use_index_cache", "index_topk_freq", "index_topk_pattern", "index_skip_topk_offset")
+# M3 index sharing: vLLM on ROCm reads these from text_config only and rejects them at the top level of the VL
+# config (MiniMaxM3SparseForConditionalGenerationConfig.INDEX_CACHE_KEYS, vllm/model_executor/models/config.py:790-808).
+_INDEX_SHARING_KEYS = ("use_index_cache", "index_topk_freq", "index_skip_topk_offset")
+# vLLM's MiniMaxM3TextConfig defaults where the checkpoint omits a key (vllm/transformers_utils/configs/minimax_m3.py).
+M3_MAX_POSITION_DEFAULT = 524288
+M3_MTP_MODULES_DEFAULT = 1
+M3_SWIGLU_BETA_DEFAULT = 1.0
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class SparseConfig:
     init_blocks: int = 0      # forced first blocks
     index_topk_freq: int = 1  # 1: every sparse layer computes its own top-k
     index_skip_topk_offset: int = 0
-    index_topk_pattern: tuple[str, ...] | None = None  # per sparse ordinal; "S" marks a reuser
+    index_topk_pattern: tuple[str, ...] | None = None  # DSA (GLM indexer_types) per sparse ordinal; "S" reuses
     index_value: bool = False  # sparse_disable_index_value == 0: index branch has v/o projections
     style: str = "block"       # "block": M3 block top-k; "dsa": DeepSeek sparse attention (token top-k, MLA)
     index_q_replicated: bool = False  # DSA: every TP rank computes all index q heads (replicated projections)
@@ -112,6 +117,7 @@ class ModelSpec:
     act: str = "silu"
     swiglu_alpha: float | None = None
     swiglu_limit: float | None = None
+    swiglu_beta: float | None = None     # SwiGLU-OAI: gate * sigmoid(alpha * gate) * (up + beta)
     routed_scaling: float = 1.0
     scoring: str = "softmax"
     router_dtype: str = "bf16"
@@ -119,6 +125,8 @@ class ModelSpec:
     qk_norm: str = ""          # "" (none), "per_head" (one [head_dim] weight) or "per_layer" ([heads*head_dim])
     tie_embeddings: bool = False
     max_position: int = 0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # e.g. YaRN, as sorted (key, value) pairs
+    mtp_modules: int = 0       # multi-token-prediction modules (M3: num_mtp_modules; vLLM's default is 1)
     source: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -147,6 +155,15 @@ class ModelSpec:
     @property
     def dense_mlp_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.mlp_types) if t == MLP_DENSE)
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        """``rope_scaling`` as the config's dict (None when the config has none)."""
+        return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    def computes_topk(self, layer: int) -> bool:
+        """True for a sparse layer that runs its own indexer and top-k (False: it reuses another layer's)."""
+        return self.topk_source().get(layer) == layer
 
     @property
     def topk_layers(self) -> tuple[int, ...]:
@@ -192,6 +209,12 @@ class ModelSpec:
         return self.heads_q * self.head_dim
 
     # ---- variants ---------------------------------------------------------------------------------
+    def with_layers(self, n: int) -> ModelSpec:
+        """The first ``n`` layers only (e.g. a GPU run at full width over a few layers)."""
+        if not 1 <= int(n) <= self.layers:
+            raise M3LabError(f"layers must be between 1 and {self.layers}, got {n}", field="layers")
+        return dataclasses.replace(self, layers=int(n), attn_types=self.attn_types[:n], mlp_types=self.mlp_types[:n])
+
     def with_index_sharing(self, freq: int, offset: int = 0) -> ModelSpec:
         """The same model with vLLM's ``use_index_cache`` top-k reuse (``index_topk_freq``, offset)."""
         if self.sparse is None:
@@ -320,8 +343,47 @@ def _index_value(disable_v: Any, attn: tuple[str, ...]) -> bool:
     return any(not disable_v[i] for i, a in enumerate(attn) if a == ATTN_SPARSE and i < len(disable_v))
 
 
+def _frozen(value: Any) -> Any:
+    """A JSON value made hashable (dicts -> sorted pairs, lists -> tuples)."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _not_a_vllm_option(key: str) -> M3LabError:
+    return M3LabError(f"config field {key!r} is not a vLLM option for MiniMax M3", field=key,
+                      hint="use text_config use_index_cache + index_topk_freq (+ index_skip_topk_offset)")
+
+
+def _m3_index_sharing(t: dict) -> dict:
+    """Index sharing as vLLM's AMD model reads it from the text config (``_should_skip_index_topk``,
+    vllm/models/minimax_m3/amd/model.py:169-190): only with ``use_index_cache``; freq <= 1 means none."""
+    if not t.get("use_index_cache", False):
+        return {"index_topk_freq": 1, "index_skip_topk_offset": 0}
+    freq = _get(t, "index_topk_freq", default=1) or 1
+    return {"index_topk_freq": max(int(freq), 1), "index_skip_topk_offset": _get(t, "index_skip_topk_offset", default=0)}
+
+
 def _minimax_m3(t: dict) -> dict:
+    """MiniMax M3 text config read as vLLM 0.33.0's AMD model reads it (vllm/models/minimax_m3/amd/model.py)."""
+    for where in (t, t.get("sparse_attention_config") or {}):
+        if isinstance(where, dict) and "index_topk_pattern" in where:
+            raise _not_a_vllm_option("index_topk_pattern")
     base = _common(t)
+    # RoPE: get_rope(head_dim, partial_rotary_factor) (amd/model.py:201-239); rotary_dim is not read.
+    # transformers>=5 nests theta, factor and scaling in rope_parameters.
+    rope = t.get("rope_parameters") if isinstance(t.get("rope_parameters"), dict) else {}
+    factor = _get({**rope, **t}, "partial_rotary_factor", default=0.5, kind=float)
+    base["rotary_dim"] = int(round(base["head_dim"] * factor))
+    base["max_position"] = _get(t, "max_position_embeddings", default=M3_MAX_POSITION_DEFAULT)
+    scaling = t.get("rope_scaling")
+    if scaling is None and rope.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    if scaling is not None and not isinstance(scaling, dict):
+        raise M3LabError("config field 'rope_scaling' must be an object (e.g. YaRN)", field="rope_scaling")
+    base["rope_scaling"] = _frozen(scaling) if scaling else None
     layers = base["layers"]
     sp_cfg = t.get("sparse_attention_config") or {}
     if not isinstance(sp_cfg, dict):
@@ -342,20 +404,17 @@ def _minimax_m3(t: dict) -> dict:
         raise M3LabError("config field 'moe_layer_freq' (or 'mlp_layer_types') is missing", field="moe_layer_freq")
     sparse = None
     if ATTN_SPARSE in attn:
-        pattern = merged.get("index_topk_pattern")
-        use_cache = bool(merged.get("use_index_cache", False))
         disable_v = merged.get("sparse_disable_index_value", 1)
         sparse = SparseConfig(
             index_heads=_positive(merged, "sparse_num_index_heads", "index_n_heads"),
             index_dim=_positive(merged, "sparse_index_dim", "index_head_dim"),
             block_size=_positive(merged, "sparse_block_size", "index_block_size"),
             topk_blocks=_positive(merged, "sparse_topk_blocks", "index_topk_blocks"),
-            local_blocks=_get(merged, "sparse_local_block", "index_local_blocks", default=1),
+            # the AMD model defaults a missing sparse_local_block to 0 (amd/model.py:797)
+            local_blocks=_get(merged, "sparse_local_block", "index_local_blocks", default=0),
             init_blocks=_get(merged, "sparse_init_block", "index_init_blocks", default=0),
-            index_topk_freq=_positive(merged, "index_topk_freq") if use_cache and "index_topk_freq" in merged else 1,
-            index_skip_topk_offset=_get(merged, "index_skip_topk_offset", default=0) if use_cache else 0,
-            index_topk_pattern=tuple(pattern) if (use_cache and pattern) else None,
             index_value=_index_value(disable_v, attn),
+            **_m3_index_sharing(t),
         )
         if sparse.index_heads != base["heads_kv"]:
             raise M3LabError(f"sparse_num_index_heads ({sparse.index_heads}) must equal num_key_value_heads "
@@ -364,10 +423,13 @@ def _minimax_m3(t: dict) -> dict:
     n_shared = _get(t, "n_shared_experts", default=0)
     return dict(base, family="minimax_m3", attn_types=attn, mlp_types=mlp, sparse=sparse,
                 dense_inter=_get(t, "dense_intermediate_size", default=inter), expert_inter=inter,
-                shared_inter=_get(t, "shared_intermediate_size", default=inter) * n_shared,
+                # vLLM sizes the shared expert intermediate_size x n_shared_experts (amd/model.py:437-445)
+                shared_inter=inter * n_shared,
                 experts=_positive(t, "num_local_experts", "num_experts"), topk=_positive(t, "num_experts_per_tok"),
                 n_shared=n_shared, swiglu_alpha=_get(t, "swiglu_alpha", default=1.702, kind=float),
                 swiglu_limit=_get(t, "swiglu_limit", default=7.0, kind=float),
+                swiglu_beta=_get(t, "swiglu_beta", default=M3_SWIGLU_BETA_DEFAULT, kind=float),
+                mtp_modules=_get(t, "num_mtp_modules", default=M3_MTP_MODULES_DEFAULT),
                 routed_scaling=_get(t, "routed_scaling_factor", default=1.0, kind=float),
                 scoring=str(t.get("scoring_func", "sigmoid")), router_dtype="fp32",
                 router_bias=bool(t.get("use_routing_bias", False)))
@@ -435,6 +497,7 @@ def _deepseek(t: dict) -> dict:
     n_shared = _get(t, "n_shared_experts", default=0)
     inter = _positive(t, "moe_intermediate_size")
     return dict(base, family="deepseek", attn_types=(ATTN_DENSE,) * layers, mlp_types=mlp, mla=mla,
+                mtp_modules=_get(t, "num_nextn_predict_layers", default=0),
                 head_dim=mla.qk_nope_head_dim + mla.qk_rope_head_dim, rotary_dim=mla.qk_rope_head_dim,
                 dense_inter=_positive(t, "intermediate_size"), expert_inter=inter, shared_inter=inter * n_shared,
                 n_shared=n_shared, experts=_positive(t, "n_routed_experts"), topk=_positive(t, "num_experts_per_tok"),
@@ -513,13 +576,18 @@ def parse_hf_config(config: dict, name: str | None = None, source: str = "") -> 
     if text is not None and not isinstance(text, dict):
         raise M3LabError("config field 'text_config' must be an object", field="text_config")
     t = dict(text) if text else dict(config)
-    for key in _INDEX_SHARING_KEYS:  # vLLM copies these top-level overrides into text_config
-        if text and key in config:
-            t[key] = config[key]
     model_type = str(config.get("model_type") or t.get("model_type") or "")
     if not model_type and any("MiniMaxM3" in a for a in config.get("architectures", []) or []):
         model_type = "minimax_m3"
     parser = _FAMILIES.get(model_type) or (_minimax_m3 if model_type.startswith("minimax_m3") else None)
+    misplaced = [k for k in (*_INDEX_SHARING_KEYS, "index_topk_pattern") if text and k in config]
+    if parser is _minimax_m3 and misplaced:
+        if "index_topk_pattern" in misplaced:
+            raise _not_a_vllm_option("index_topk_pattern")
+        moved = json.dumps({"text_config": {k: config[k] for k in misplaced}})
+        raise M3LabError(f"config field {misplaced[0]!r} is at the top level, where vLLM on ROCm rejects it "
+                         f"(MiniMax M3 reads index sharing from text_config only)", field=misplaced[0],
+                         hint=f"move it into text_config: --hf-overrides '{moved}'")
     if parser is None:
         raise M3LabError(f"config field 'model_type' is {model_type or 'missing'!r}: not supported",
                          field="model_type", hint=f"supported: {', '.join(sorted(_FAMILIES))}")

@@ -6,13 +6,22 @@ Rules as vLLM applies them:
 - index q heads shard exactly like the KV heads (M3); DSA index q heads are replicated (vLLM's indexer uses
   replicated projections); the single index-key head is replicated on every rank.
 - Gated DeltaNet (linear attention) key and value heads shard by TP (both must be divisible).
+- M3 sparse layers project q, k, v, index q and index k with ONE fused GEMM (vLLM
+  ``MinimaxM3QKVParallelLinearWithIndexer``, ``vllm/model_executor/layers/linear.py:1374-1445``): index q shards
+  like the KV heads, or is replicated on every rank with the indexer context parallelism
+  (``minimax_m3_indexer_cp``, ``replicate_index_q``, ``vllm/models/minimax_m3/amd/model.py:681-698``).
 - MoE: with ep == 1 every rank holds all experts at inter / tp (TP-MoE); with ep > 1 each rank holds
-  experts / ep whole experts. A fused shared expert adds ``n_shared`` rows to the grouped GEMM on every rank.
+  experts / ep whole experts. The shared expert is a TP-sharded MergedColumnParallelLinear (shared_inter / tp)
+  whatever the EP degree (``amd/model.py:286-300``). Shared-expert fusion (the shared expert as an extra row of
+  the routed grouped GEMM) is opt-in (``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS``), off under EP and off when
+  routed and shared experts have different weight formats (``amd/model.py:404-424``).
 - Embedding and LM head are vocab-parallel: ceil(vocab padded to 64 / tp) rows per rank.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from m3lab.errors import M3LabError
 from m3lab.spec.model import ModelSpec
@@ -33,7 +42,8 @@ class ParallelPlan:
     ep: int = 1
     dp: int = 1
     role: str = "both"
-    fused_shared_expert: bool = True
+    fused_shared_expert: bool = False  # asked for (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS); see fuses_shared
+    indexer_cp: bool = False           # --attention-config minimax_m3_indexer_cp: index q replicated per rank
 
     @property
     def world(self) -> int:
@@ -86,36 +96,74 @@ class ParallelPlan:
         return max(1, self.tp // model.heads_kv)
 
     def index_heads_local(self, model: ModelSpec) -> int:
-        """Index q heads per rank: sharded exactly like the KV heads (M3); all of them for DSA (replicated)."""
-        if model.sparse is not None and model.sparse.index_q_replicated:
+        """Index q heads per rank: sharded exactly like the KV heads (M3); all of them for DSA and under the
+        M3 indexer context parallelism (replicated)."""
+        if model.sparse is not None and (model.sparse.index_q_replicated or self.indexer_cp):
             return model.index_heads
         return max(1, model.index_heads // self.tp)
+
+    def qkv_widths(self, model: ModelSpec, sparse: bool) -> tuple[int, ...]:
+        """Output columns per rank of the fused projection: (q, k, v) on dense layers, (q, k, v, index q,
+        index k) on M3 sparse layers (one GEMM, one weight format; the index key is replicated).
+        M3 at TP4: (2048, 128, 128, 128, 128) = 2560 columns; TP1: 9856."""
+        hd, kv = model.head_dim, self.heads_kv_local(model)
+        qkv = (self.heads_q_local(model) * hd, kv * hd, kv * hd)
+        if not sparse:
+            return qkv
+        d = model.sparse.index_dim
+        return (*qkv, self.index_heads_local(model) * d, d)
 
     def linear_heads_local(self, model: ModelSpec) -> tuple[int, int]:
         """Gated DeltaNet (key heads, value heads) per rank."""
         return model.linear.key_heads // self.tp, model.linear.value_heads // self.tp
 
     # ---- MoE ---------------------------------------------------------------------------------------
-    def fuses_shared(self, model: ModelSpec) -> bool:
-        """True when the shared expert(s) run as extra rows of the routed grouped GEMM."""
-        return (self.fused_shared_expert and model.n_shared > 0 and model.expert_inter > 0
-                and model.shared_inter == model.n_shared * model.expert_inter)
+    def shared_fusion_reason(self, model: ModelSpec, quant: Any = None) -> str | None:
+        """Why the shared expert is NOT fused into the routed grouped GEMM (None when it is).
+
+        vLLM's rule (``vllm/models/minimax_m3/amd/model.py:404-424``): fusion is asked for with
+        ``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=1`` (default 0, ``vllm/envs.py:1384``), needs shared experts,
+        is off under expert parallelism, and needs the routed and shared experts in the same quant config
+        (``is_shared_expert_quant_fse_compatible``, ``quantization/utils/config_utils.py``). ``quant``: a
+        QuantScheme or preset name (None: formats not checked). The shared expert must also be expert-sized.
+        """
+        if not self.fused_shared_expert:
+            return "not asked for (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=0, vLLM's default)"
+        if model.n_shared <= 0 or model.expert_inter <= 0:
+            return f"{model.name} has no shared expert"
+        if self.ep > 1:
+            return f"off under expert parallelism (ep={self.ep}): vLLM fuses only with enable_expert_parallel off"
+        if model.shared_inter != model.n_shared * model.expert_inter:
+            return (f"shared expert width {model.shared_inter} is not n_shared x expert width "
+                    f"{model.n_shared} x {model.expert_inter}")
+        if quant is not None:
+            from m3lab.spec.quant import load_quant
+            q = load_quant(quant)
+            routed, shared = q.weight_dtype("routed_expert"), q.weight_dtype("shared_expert")
+            if routed != shared:
+                return f"routed experts ({routed}) and shared expert ({shared}) have different weight formats"
+        return None
+
+    def fuses_shared(self, model: ModelSpec, quant: Any = None) -> bool:
+        """True when the shared expert(s) run as extra rows of the routed grouped GEMM (see
+        :meth:`shared_fusion_reason`)."""
+        return self.shared_fusion_reason(model, quant) is None
 
     def experts_local(self, model: ModelSpec) -> int:
         """Routed experts held per rank."""
         return model.experts // self.ep
 
-    def expert_rows_local(self, model: ModelSpec) -> int:
+    def expert_rows_local(self, model: ModelSpec, quant: Any = None) -> int:
         """Rows of the local grouped GEMM: local routed experts (+ n_shared when fused)."""
-        return self.experts_local(model) + (model.n_shared if self.fuses_shared(model) else 0)
+        return self.experts_local(model) + (model.n_shared if self.fuses_shared(model, quant) else 0)
 
     def expert_inter_local(self, model: ModelSpec) -> int:
         """Expert intermediate width per rank: inter / tp under TP-MoE, whole under EP."""
         return model.expert_inter if self.ep > 1 else model.expert_inter // self.tp
 
     def shared_inter_local(self, model: ModelSpec) -> int:
-        """Shared-expert width per rank (replicated whole under EP, column-parallel otherwise)."""
-        return model.shared_inter if self.ep > 1 else model.shared_inter // self.tp
+        """Shared-expert width per rank: column-parallel over tp, under EP as well (``amd/model.py:286-300``)."""
+        return model.shared_inter // self.tp
 
     # ---- vocabulary --------------------------------------------------------------------------------
     def vocab_local(self, model: ModelSpec) -> int:
@@ -123,4 +171,19 @@ class ParallelPlan:
 
     def describe(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "role": self.role,
-                "fused_shared_expert": self.fused_shared_expert}
+                "fused_shared_expert": self.fused_shared_expert, "indexer_cp": self.indexer_cp}
+
+
+def as_plan(plan: Any) -> ParallelPlan:
+    """A ParallelPlan from a ParallelPlan, a dict of its fields, or None (its defaults: one GPU, shared expert
+    not fused)."""
+    if plan is None:
+        return ParallelPlan()
+    if isinstance(plan, dict):
+        known = {f.name for f in dataclasses.fields(ParallelPlan)}
+        unknown = sorted(set(plan) - known)
+        if unknown:
+            raise M3LabError(f"unknown plan field {unknown[0]!r}", field=unknown[0],
+                             hint=f"one of {', '.join(sorted(known))}")
+        return ParallelPlan(**plan)
+    return plan

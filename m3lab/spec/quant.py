@@ -1,10 +1,14 @@
 """Quantisation schemes: which dtype each weight group uses, plus the KV and index-key cache dtypes.
 
 Weight groups (``MODULES``): attention q/k/v and o projections, the indexer q/k projections, the dense MLP,
-the shared expert, the routed experts, the router gate, the embedding and the LM head. Presets follow the
-MiniMax M3 checkpoints (reference §1): ``mxfp8`` = MiniMaxAI/MiniMax-M3-MXFP8 (indexer q/k stay bf16, so
-vLLM splits the fused projection), ``mxfp4`` = amd/MiniMax-M3-MXFP4 (only routed + shared experts MXFP4).
-MX formats carry one E8M0 scale byte per 32 elements along K, counted in :func:`weight_bytes`.
+the shared expert, the routed experts, the router gate, the embedding and the LM head. On MiniMax M3 the index
+q/k projections are part of the one fused q/k/v/index GEMM and take ``attn_qkv``'s format (vLLM builds one
+``MinimaxM3QKVParallelLinearWithIndexer`` with one quant method, ``vllm/models/minimax_m3/amd/model.py:686-698``);
+``indexer_qk`` is the separate indexer projections of DeepSeek sparse attention (GLM). Presets follow the
+MiniMax M3 checkpoints (reference §1): ``mxfp8`` = MiniMaxAI/MiniMax-M3-MXFP8 (every linear but the router,
+embedding and LM head: its ``ignored_layers`` do not list the index projections), ``mxfp4`` =
+amd/MiniMax-M3-MXFP4 (only routed + shared experts MXFP4).
+Bytes per element and block scales: :mod:`m3lab.spec.dtypes`.
 """
 from __future__ import annotations
 
@@ -14,44 +18,15 @@ from types import MappingProxyType
 from typing import Mapping
 
 from m3lab.errors import M3LabError
+# Bytes per dtype live in m3lab.spec.dtypes; re-exported for the modules that read them with the presets.
+from m3lab.spec.dtypes import DTYPE_BYTES, MX_BLOCK, NVFP4_BLOCK, QUANTIZED, dtype_bytes, gemm_act_dtype, weight_bytes  # noqa: F401
 
-# Bytes per element of the payload (scales excluded).
-DTYPE_BYTES: Mapping[str, float] = MappingProxyType({
-    "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1, "mxfp4": 0.5, "nvfp4": 0.5, "int32": 4,
-})
-MX_BLOCK = 32      # elements per E8M0 scale byte (OCP MX)
-NVFP4_BLOCK = 16   # elements per fp8 scale byte (NVFP4)
-QUANTIZED = frozenset({"fp8", "mxfp8", "mxfp4", "nvfp4"})
 CACHE_DTYPES = ("bf16", "fp16", "fp8")
 _CACHE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
                   "float8_e4m3fn": "fp8", "e4m3": "fp8"}
 
 MODULES = ("attn_qkv", "attn_o", "indexer_qk", "dense_mlp", "shared_expert", "routed_expert", "router",
            "embedding", "lm_head")
-
-
-def dtype_bytes(dtype: str) -> float:
-    """Payload bytes per element of ``dtype``."""
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise M3LabError(f"unknown dtype {dtype!r}", field="dtype",
-                         hint=f"use one of {', '.join(DTYPE_BYTES)}") from None
-
-
-def scale_bytes_per_element(dtype: str) -> float:
-    """Block-scale bytes per weight element (MX: 1/32, NVFP4: 1/16; per-tensor fp8 scales ~0)."""
-    return {"mxfp8": 1 / MX_BLOCK, "mxfp4": 1 / MX_BLOCK, "nvfp4": 1 / NVFP4_BLOCK}.get(dtype, 0.0)
-
-
-def weight_bytes(elements: float, dtype: str) -> float:
-    """Bytes of ``elements`` weights stored as ``dtype``, block scales included."""
-    return elements * (dtype_bytes(dtype) + scale_bytes_per_element(dtype))
-
-
-def gemm_act_dtype(w_dtype: str) -> str:
-    """Activation dtype a GEMM with weights ``w_dtype`` consumes (dynamic activation quantisation)."""
-    return w_dtype if w_dtype in QUANTIZED else ("fp32" if w_dtype == "fp32" else "bf16")
 
 
 def normalize_cache_dtype(dtype: str, field_name: str = "kv_dtype") -> str:
@@ -96,9 +71,10 @@ QUANT_SCHEMES: Mapping[str, QuantScheme] = MappingProxyType({
     "fp8": QuantScheme("fp8", _all("fp8", *_LINEARS),
                        source="FP8 e4m3 per-channel checkpoints (e.g. EmbeddedLLM/MiniMax-M3-FP8-dynamic): every "
                               "linear except router, embedding and LM head; fused qkv+indexer as AITER tunes it"),
-    "mxfp8": QuantScheme("mxfp8", _all("mxfp8", "attn_qkv", "attn_o", "dense_mlp", "shared_expert", "routed_expert"),
-                         source="MiniMaxAI/MiniMax-M3-MXFP8 (reference §1): indexer q/k, router, embedding, "
-                                "LM head unquantised"),
+    "mxfp8": QuantScheme("mxfp8", _all("mxfp8", *_LINEARS),
+                         source="MiniMaxAI/MiniMax-M3-MXFP8 (reference §1; its quantization_config ignored_layers): "
+                                "every linear incl. the index q/k projections of the fused qkv GEMM is MXFP8; "
+                                "router, embedding and LM head unquantised"),
     "mxfp4": QuantScheme("mxfp4", _all("mxfp4", "shared_expert", "routed_expert"),
                          source="amd/MiniMax-M3-MXFP4 (reference §1): Quark excludes self_attn, router, LM head and "
                                 "the dense MLP; routed and shared experts MXFP4"),

@@ -2,7 +2,7 @@
 
 :class:`ServingConfig` holds the switches that only vLLM's launch line sets: the ROCm AITER environment
 flags (``vllm/envs.py:138-162,1267-1403``), the shuffled KV-cache layout, indexer context parallelism
-(``--attention-config``), ``--monokernel``, speculative decoding, the CUDA-graph mode, ``--moe-backend``
+``--monokernel``, speculative decoding, the CUDA-graph mode, ``--moe-backend``
 and ``--max-model-len``. Its defaults are vLLM 0.33.0's (a test compares each with ``vllm.envs``).
 
 Facts that already have an owner stay there and are rendered through it (one fact, one place):
@@ -13,7 +13,8 @@ Facts that already have an owner stay there and are rendered through it (one fac
   (``--hf-overrides '{"text_config": {"use_index_cache": true, "index_topk_freq": 4}}'``);
 - KV and index-key cache dtypes: ``QuantScheme.kv_dtype`` / ``index_dtype``
   (``--kv-cache-dtype``, ``--attention-config '{"indexer_kv_dtype": ...}'``);
-- TP / EP / DP: ``ParallelPlan`` (``-tp``, ``--enable-expert-parallel``, ``-dp``).
+- TP / EP / DP and indexer context parallelism: ``ParallelPlan`` (``-tp``, ``--enable-expert-parallel``, ``-dp``,
+  ``--attention-config '{"minimax_m3_indexer_cp": true}'``).
 
 :class:`Deployment` = model + hardware + plan + quant + serving. ``Deployment.to_vllm()`` gives the
 environment and ``vllm serve`` arguments; :func:`parse_vllm` reads them back (round-trip tested).
@@ -71,7 +72,6 @@ class ServingConfig:
     skinny_gemm: bool = True              # VLLM_ROCM_USE_SKINNY_GEMM (envs.py:1394)
     shuffle_kv_cache: bool = False        # VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT (envs.py:1402)
     model_runner_v2: bool | None = None   # VLLM_USE_V2_MODEL_RUNNER; None: VllmConfig.use_v2_model_runner decides
-    indexer_cp: bool = False              # --attention-config minimax_m3_indexer_cp (config/attention.py:116)
     monokernel: bool = False              # --monokernel (config/kernel.py:299)
     moe_backend: str = "auto"             # --moe-backend (config/kernel.py:305)
     spec_method: str | None = None        # --speculative-config method
@@ -173,7 +173,7 @@ class Deployment:
         out: dict[str, Any] = {}
         if self.quant.index_dtype != "bf16":
             out["indexer_kv_dtype"] = self.quant.index_dtype
-        if self.serving.indexer_cp:
+        if self.plan.indexer_cp:
             out["minimax_m3_indexer_cp"] = True
         return out
 
@@ -285,7 +285,7 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
         elif flag in ("--attention-config", "-ac"):
             ac = _json_arg(flag, value)
             index_dtype = ac.pop("indexer_kv_dtype", "bf16")
-            serving["indexer_cp"] = bool(ac.pop("minimax_m3_indexer_cp", False))
+            plan["indexer_cp"] = bool(ac.pop("minimax_m3_indexer_cp", False))
             if ac:
                 raise M3LabError(f"--attention-config keys {sorted(ac)} are not modelled", field=flag)
         elif flag == "--hf-overrides":

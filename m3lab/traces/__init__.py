@@ -14,12 +14,13 @@ Only pandas and PyYAML are imported here (no plotting); figures live in :mod:`m3
 from m3lab.traces.aiter_log import read_aiter_log, summarize_aiter_log
 from m3lab.traces.dispatch import (DispatchTraceWriter, read_dispatch_header, read_dispatch_trace,
                                    rejections)
-from m3lab.traces.events import (COLUMNS, load_trace, short_kernel_name, sniff_format, summarize,
-                                 summary_totals)
+from m3lab.traces.events import summarize, summary_totals
 from m3lab.traces.expectations import Expectation, Expectations, list_shipped
 from m3lab.traces.kineto import read_kineto
+from m3lab.traces.load import load_trace, sniff_format
 from m3lab.traces.recorded import recorded_traces
 from m3lab.traces.rocprof import read_rocprof_csv, read_rocprof_json
+from m3lab.traces.table import COLUMNS, short_kernel_name
 from m3lab.traces.verify import Verification, verify
 
 __all__ = ["recorded_traces", "COLUMNS", "DispatchTraceWriter", "Expectation", "Expectations", "Verification", "list_shipped",

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # the MXFP8 decode tiles' M bound
 from m3lab.traces.dispatch import DispatchTraceWriter
 
 KV_HEADS, Q_HEADS, HEAD_DIM, HIDDEN, EXPERTS, EXPERT_INTER, DENSE_LAYERS = 4, 64, 128, 6144, 128, 3072, 3
 DENSE_INTER, INDEX_FREQ, TOPK = 12288, 4, 4
-DECODE_M_MAX = 64  # vLLM's MXFP8 decode tiles cover M <= 64
 FALLBACK = "torch"  # the dispatcher's name for the plain-torch path
 # path names of m3lab/dispatch/registry.py
 SPARSE_PAGED = "attention.aiter_sparse_pa"
@@ -68,7 +68,7 @@ def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32,
             if sparse:
                 attn_shapes["blocks"] = [kv_local, tokens, 16]
             why = ("sparse-attention layer (got dense layer)" if not sparse else None if kv_local == 1 else
-                   f"one KV head per rank (got {kv_local} KV heads per rank)")
+                   f"one KV head per rank (got {kv_local} KV heads per rank at tp={tp})")
             w.write("attention", layer=layer, shapes=attn_shapes, dtypes={"q": "bfloat16", "k_cache": "bfloat16"},
                     path=FALLBACK if why else SPARSE_PAGED,
                     kernels=["m3lab.model.attention.attention_varlen"] if why else ["pa_decode_gluon"],

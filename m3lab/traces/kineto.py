@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from m3lab.errors import M3LabError
-from m3lab.traces.events import make_events
+from m3lab.traces.table import make_events
 from m3lab.traces.files import read_json
 
 # category spellings of older profilers -> the current ones

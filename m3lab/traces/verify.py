@@ -18,7 +18,8 @@ from typing import Any
 import pandas as pd
 
 from m3lab.errors import M3LabError
-from m3lab.traces.events import load_trace, make_events, short_kernel_name, trace_format
+from m3lab.traces.load import load_trace
+from m3lab.traces.table import make_events, short_kernel_name, trace_format
 from m3lab.traces.expectations import Expectation, Expectations
 
 RESULT_COLUMNS = ("id", "description", "source", "status", "expected", "ran", "why", "calls", "share")

@@ -14,16 +14,17 @@ import pandas as pd
 import torch
 
 from ..kernels.gemm import launcher
-from ..kernels.gemm.tables import (CONFIG_DIR, GemmConfig, device_name, heuristic_config, load_table, table_path,
-                                   write_table)
+from ..kernels.gemm.tables import (CONFIG_DIR, CROSSOVER_MAX_M, DECODE_MAX_M, GEMV_MAX_M, GemmConfig, device_name,
+                                   heuristic_config, load_table, table_path, write_table)
 from ..kernels.gemm.reference import linear_ref
+from ..spec.dtypes import element_bytes
 
-DECODE_MS = (1, 2, 4, 8, 16, 32, 64, 128)
+DECODE_MS = tuple(1 << i for i in range(CROSSOVER_MAX_M.bit_length()))     # 1, 2, 4, ..., CROSSOVER_MAX_M
 PREFILL_MS = (2048, 4096, 8192)
-# Decode candidates, from the H200 runs (traces/bench/gemm_tune_NVIDIA_H200.csv, columns commit/note):
-# c4f8001 (B): 64x128 or 32x128 tiles, 5-6 stages, SPLIT_K 4-8 won most points but streamed <= 2.9 TB/s.
-# 8da033f+G: BLOCK_M 128 at M = 128 lost to two 64-row tiles (27.7 vs 22.7 us, N 2560); unsplit 64-row tiles
-# won N = 6144; the gemv kernel won M = 1 (MX) and lost 2-5x at M >= 8, hence GEMV_MAX_M = 4.
+# Decode candidates, from the H200 tuning runs (traces/bench/gemm_tune_NVIDIA_H200.csv): 64x128 or 32x128
+# tiles, 5-6 stages, SPLIT_K 4-8 won most points but streamed <= 2.9 TB/s; BLOCK_M 128 at M = 128 lost to two
+# 64-row tiles (27.7 vs 22.7 us, N 2560); unsplit 64-row tiles won N = 6144; the gemv kernel won M = 1 (MX)
+# and lost 2-5x at M >= 8 (tables.GEMV_MAX_M).
 # splitk (BLOCK_N, BLOCK_K, num_stages, num_warps) by BLOCK_M; M > 32 also tries half its BLOCK_M.
 SPLITK_TILES = {16: ((64, 128, 6, 4), (64, 128, 5, 4), (32, 128, 6, 4), (64, 256, 4, 4), (32, 256, 6, 4),
                      (128, 128, 5, 8), (64, 512, 3, 4), (32, 512, 4, 4), (64, 256, 4, 8)),
@@ -32,14 +33,12 @@ SPLITK_TILES = {16: ((64, 128, 6, 4), (64, 128, 5, 4), (32, 128, 6, 4), (64, 256
                 128: ((64, 128, 4, 4), (128, 128, 3, 8), (64, 64, 6, 4), (128, 64, 5, 8))}
 # gemv (BLOCK_N, BLOCK_K, num_warps, num_stages), M <= GEMV_MAX_M, weight formats bf16/mxfp8/mxfp4
 GEMV_TILES = ((16, 256, 4, 3), (8, 512, 4, 3), (32, 256, 8, 3), (16, 512, 8, 1), (32, 512, 8, 2))
-GEMV_MAX_M = 4
 FILLS = (1, 2, 4)                # programs per SM the split count aims at
 SMEM_BYTES = 220 * 1024          # H200: 227 KiB per block; a candidate whose pipeline buffers exceed it is not tried
 # prefill: tiled (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), GROUP_M 8. MX prefill dequantises W
 # once and runs the bf16 kernel (launcher.DEQUANT_PREFILL), so MX tables take the bf16 winner.
 PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
                  (64, 256, 64, 4, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4))
-W_BYTES = {"bf16": 2.0, "fp8": 1.0, "mxfp8": 1.0 + 1 / 32, "mxfp4": 0.5 + 1 / 32}
 
 
 def _pow2_ceil(v: float) -> int:
@@ -53,9 +52,11 @@ def _splits(tiles: int, k: int, bk: int, sms: int) -> list[int]:
 
 
 def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -> list[GemmConfig]:
-    """Candidate configs of M's regime (decode for M <= 128)."""
-    if m > DECODE_MS[-1]:
-        return [GemmConfig("tiled", bm, bn, bk, 8, 1, nw, ns) for bm, bn, bk, nw, ns in PREFILL_TILES]
+    """Candidate configs of M's regime (tables.py): decode kernels for M <= DECODE_MAX_M, the tiled kernel
+    above CROSSOVER_MAX_M, both in between."""
+    tiled = [GemmConfig("tiled", bm, bn, bk, 8, 1, nw, ns) for bm, bn, bk, nw, ns in PREFILL_TILES]
+    if m > CROSSOVER_MAX_M:
+        return tiled
     out = []
     if m <= GEMV_MAX_M and w_format != "fp8":
         bm = _pow2_ceil(m)
@@ -65,10 +66,12 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
     top = max(16, min(128, _pow2_ceil(m)))
     for bm in ([top // 2, top] if top > 32 else [top]):
         for bn, bk, ns, nw in SPLITK_TILES[bm]:
-            if ns * bk * (bn * W_BYTES[w_format] + 2 * bm) > SMEM_BYTES:
+            if ns * bk * (bn * element_bytes(w_format) + 2 * bm) > SMEM_BYTES:
                 continue
             for split in _splits(math.ceil(n / bn) * math.ceil(m / bm), k, bk, sms):
                 out.append(GemmConfig("splitk", bm, bn, bk, 1, split, nw, ns))
+    if m > DECODE_MAX_M:
+        out += tiled
     return list(dict.fromkeys(out))
 
 
@@ -150,7 +153,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
               config_dir: Path = CONFIG_DIR, budget_s: float = 240.0, log=print, workers: int = 12) -> pd.DataFrame:
     """Tune every (shape, format, M) within the budget; write one table per (N, K, format). -> all timings.
 
-    shapes: (N, K) pairs, normally :func:`default_shapes` (the OpTable's distinct GEMMs of M3 at TP4).
+    shapes: (N, K) pairs, normally :func:`m3lab.bench.gemm.model_gemm_shapes` (the OpTable's distinct GEMMs).
     Candidates are compiled in parallel first (``workers`` processes); MX formats at prefill M take the
     bf16 winner (the launcher dequantises W, then runs the bf16 kernel), timed once for the record.
     """
@@ -180,7 +183,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
                     log(f"tune: budget {budget_s:.0f}s spent; N={n} K={k} {w_format} M={m} keeps the heuristic")
                     break
                 cands = [c for c in plan[(w_format, n, k, m)] if (w_format, c, k) not in failed]
-                if w_format in launcher.MX_FORMATS and m > DECODE_MS[-1] and m in tables.get((n, k, "bf16"), {}):
+                if w_format in launcher.MX_FORMATS and m > CROSSOVER_MAX_M and m in tables.get((n, k, "bf16"), {}):
                     cands = [tables[(n, k, "bf16")][m]]
                 rows = tune_point(m, n, k, w_format, cands, checked)
                 all_rows += rows
@@ -197,26 +200,4 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     return df
 
 
-def model_gemm_shapes(model: str = "minimax-m3", tp: int = 4, quant: str = "bf16") -> tuple[tuple[int, int], ...]:
-    """The model's distinct dense GEMM shapes (N, K) per rank, from the OpTable (kind == "gemm")."""
-    from ..optable import build_optable
-    from ..spec.model import load_model
-    from ..spec.plan import ParallelPlan
-    from ..spec.quant import load_quant
-    from ..workload.step import EngineStep
-    spec = load_model(model)
-    df = build_optable(spec, ParallelPlan(tp=tp).validate(spec), load_quant(quant), EngineStep.decode(1, 1))
-    nk = df[df["kind"] == "gemm"][["n", "k"]].drop_duplicates().astype(int)
-    return tuple(sorted((int(n), int(k)) for n, k in nk.itertuples(index=False)))
-
-
-def default_shapes() -> tuple[tuple[int, int], ...]:
-    """MiniMax M3 at TP4 from the OpTable; the hard-coded m3lab.bench.gemm.M3_TP4_SHAPES if it cannot be built."""
-    try:
-        return model_gemm_shapes()
-    except Exception:   # the OpTable is optional for tuning: the five shapes are known
-        from ..bench.gemm import M3_TP4_SHAPES
-        return M3_TP4_SHAPES
-
-
-__all__ = ["candidates", "default_shapes", "heuristic_config", "model_gemm_shapes", "tune_gemm", "tune_point"]
+__all__ = ["candidates", "heuristic_config", "tune_gemm", "tune_point"]

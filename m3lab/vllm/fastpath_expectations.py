@@ -25,6 +25,7 @@ ATTN_WHERE = {"decode": "'blocks' in shapes and q[0] == seq_lens[0]",
               "prefill": "'blocks' in shapes and q[0] != seq_lens[0]"}
 INDEXER_WHERE = {"decode": "iq[0] == cu_seqlens_q[0] - 1", "prefill": "iq[0] != cu_seqlens_q[0] - 1"}
 GEMM_WHERE = {"decode": "x[0] <= 64", "prefill": "x[0] > 64"}
+TOPK_WHERE = {"decode": "positions[0] <= 64", "prefill": "positions[0] > 64"}  # the top-k op sees rows only
 _KERNEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -101,11 +102,16 @@ def expectations_for(dep: Deployment, name: str | None = None) -> dict[str, Any]
                 item.update(op="attention", layers=_range(list(dep.model.sparse_layers)), where=ATTN_WHERE[phase])
             elif d.op == "indexer":
                 item.update(op="indexer", layers=_range(_layers(dep, "sparse")), where=INDEXER_WHERE[phase])
-                if not any(i["op"] == "topk" for i in items):
-                    items.append({"id": "topk", "description": f"the top-k of the indexer's path: at decode taken from "
-                                  f"vLLM's fused call, at prefill the bitonic top-k ({_cite(d)})", "op": "topk",
-                                  "layers": _range(_layers(dep, "sparse")),
-                                  "path": ["topk.triton_decode", "topk.triton_prefill"]})
+                fused = phase == "decode"  # vLLM's decode call selects too; at prefill the top-k is its own launch
+                topk_kernels = [k for k in kernels if "topk" in k and not fused]
+                kernels = [k for k in kernels if fused or "topk" not in k]
+                top: dict[str, Any] = {"id": f"topk_{phase}", "description": f"{phase}: the top-k of the indexer's path"
+                                       f"{' (selected inside the indexer call)' if fused else ''} ({_cite(d)})",
+                                       "op": "topk", "layers": _range(_layers(dep, "sparse")),
+                                       "where": TOPK_WHERE[phase], "path": f"topk.triton_{phase}", "optional": True}
+                if topk_kernels:
+                    top["kernels"] = topk_kernels
+                items.append(top)
             elif d.op in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "shared_gate_up", "shared_down"):
                 if any(i.get("path") == path and i["op"] == GEMM_OPS for i in items):
                     continue

@@ -284,8 +284,8 @@ def indexer(f: Facts, kind: str) -> Decision:
         msa_check = Check("MSA indexer usable (fp8 index cache, gfx950, AITER sparse PA)",
                           f.msa_reason or "yes", f.msa, _c("msa_reason"))
         if f.msa:
-            cp = f.s.indexer_cp and f.tp > 1 and sp.index_heads % f.tp == 0 and sp.index_heads // f.tp == f.kv_heads
-            checks = (msa_check, Check("minimax_m3_indexer_cp (MSA-CP)", int(f.s.indexer_cp), cp, _c("msa_cp")))
+            cp = f.plan.indexer_cp and f.tp > 1 and sp.index_heads % f.tp == 0 and sp.index_heads // f.tp == f.kv_heads
+            checks = (msa_check, Check("minimax_m3_indexer_cp (MSA-CP)", int(f.plan.indexer_cp), cp, _c("msa_cp")))
             kernels = (("pa_sparse_block_score_decode" if f.decode else "pa_sparse_block_score_prefill"),
                        "pa_sparse_block_topk_cp" if cp and f.decode else "pa_sparse_block_topk")
             return Decision("indexer", kind, "A2" + ("/A4" if cp else ""), "msa_fp8" + ("_cp" if cp else ""), kernels,
@@ -297,7 +297,7 @@ def indexer(f: Facts, kind: str) -> Decision:
                                   _c("indexer_select"))), _c("indexer_select"), status="refused",
                             note=f"vLLM raises NotImplementedError: indexer_kv_dtype={f.index_dtype!r} requires CUDA fp8 "
                                  "support (on ROCm an fp8 index cache works only through the MSA indexer)")
-        if f.s.indexer_cp:
+        if f.plan.indexer_cp:
             ok = f.tp >= 2
             checks = (msa_check, Check("indexer CP: ROCm, tp > 1, bf16 index cache", f"tp={f.tp}", ok, _c("indexer_cp")))
             if not ok:
@@ -476,7 +476,7 @@ def norms(f: Facts, kind: str) -> Decision:
 
 # ---- MoE (G3, M1-M3) ----------------------------------------------------------------------------------
 def fse(f: Facts) -> tuple[bool, list[Check], str]:
-    """Shared-expert fusion as vLLM resolves it: (on, checks, why off)."""
+    """Shared-expert fusion as vLLM resolves it: (on, checks, why off); the rule is ``ParallelPlan``'s."""
     asked = bool(f.plan.fused_shared_expert)
     rfmt, sfmt = f.quant.weight_dtype("routed_expert"), f.quant.weight_dtype("shared_expert")
     checks = [Check("VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS (plan.fused_shared_expert)", int(asked), asked,
@@ -485,14 +485,10 @@ def fse(f: Facts) -> tuple[bool, list[Check], str]:
               Check("routed and shared experts in the same quant format", f"{rfmt} / {sfmt}", rfmt == sfmt, _c("fse_quant"))]
     if not f.p.rocm:
         return False, checks[:1], "the NVIDIA model has no shared-expert fusion"
+    why = f.plan.shared_fusion_reason(f.model, f.quant)
     if not asked:
         return False, checks, ""
-    if f.plan.ep > 1:
-        return False, checks, "fusion is disabled under expert parallelism (the shared slot is appended to the " \
-                              "routed top-k, which the EP expert map does not handle)"
-    if rfmt != sfmt:
-        return False, checks, f"routed ({rfmt}) and shared ({sfmt}) experts have different quant configs"
-    return True, checks, ""
+    return why is None, checks, why or ""
 
 
 def router(f: Facts, kind: str) -> Decision:
@@ -663,7 +659,7 @@ def all_decisions(res: Resolution) -> list[Decision]:
         out.append(_gemm(f, "down_proj", "dense", dfmt, t, m.hidden, m.dense_inter // f.tp))
     # sparse layers: computing top-k, and reusing it under index sharing
     kinds = ["sparse"] + (["sparse_reuse"] if m.sparse.index_topk_freq > 1 and f.p.rocm else [])
-    replicate = f.s.indexer_cp and f.msa
+    replicate = f.plan.indexer_cp and f.msa
     for kind in kinds:
         out.append(_gemm(f, "qkv_proj", kind, qfmt, t, qkv_width(f, True, replicate), m.hidden,
                          note="fused q|k|v|index_q|index_k" + (" (reuse layers still compute the index columns)"

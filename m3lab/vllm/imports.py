@@ -8,6 +8,9 @@ where its CUDA stack is absent:
 - ``HF_HUB_OFFLINE=1`` (configs are read from local files only);
 - empty stand-ins for ``vllm._C`` / ``vllm._C_stable_libtorch`` when the compiled op libraries are absent
   (vLLM's platform module imports them only to register ops that the Triton kernels do not use);
+- where those stand-ins are in place on a GPU, vLLM's import-time CUTLASS capability queries
+  (``vllm._custom_ops.cutlass_*supported*``) answer False and ``vllm.vllm_flash_attn`` is a stand-in whose
+  functions say they need the compiled extensions (vLLM's CUDA branches import both at module level);
 - ``vllm.models.minimax_m3`` registered as a bare package, so importing ``.common.ops`` or ``.amd.ops`` runs
   their harmless ``__init__`` files but not the package's, which imports the whole model (and torchvision).
 
@@ -35,7 +38,13 @@ def _has_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _stand_in_compiled_ops() -> None:
+_CUTLASS_QUERIES = ("cutlass_scaled_mm_supports_fp8", "cutlass_scaled_mm_supports_block_fp8",
+                    "cutlass_group_gemm_supported")
+
+
+def _stand_in_compiled_ops() -> bool:
+    """Empty modules for the compiled op libraries that are absent; True if any was stood in."""
+    stood_in = False
     for name in _COMPILED:
         if name in sys.modules:
             continue
@@ -45,6 +54,33 @@ def _stand_in_compiled_ops() -> None:
             found = False
         if not found:
             sys.modules[name] = types.ModuleType(name)
+            stood_in = True
+    return stood_in
+
+
+_FLASH_ATTN = "vllm.vllm_flash_attn"
+_FLASH_ATTN_NAMES = ("compile_flash_attn_varlen_func_from_specs", "flash_attn_varlen_func",
+                     "get_scheduler_metadata", "fa_version_unsupported_reason", "is_fa_version_supported")
+
+
+def _unavailable(name: str):
+    def fn(*args, **kwargs):
+        raise RuntimeError(f"{name} needs vLLM's compiled extensions, which are not installed here")
+    return fn
+
+
+def _no_compiled_kernels_on_gpu() -> None:
+    """CUTLASS capability queries answer False; vLLM's flash-attention package is a stand-in that says so."""
+    ops = importlib.import_module("vllm._custom_ops")
+    for name in _CUTLASS_QUERIES:
+        if hasattr(ops, name):
+            setattr(ops, name, lambda *args, **kwargs: False)
+    if _FLASH_ATTN not in sys.modules:
+        fa = types.ModuleType(_FLASH_ATTN)
+        for name in _FLASH_ATTN_NAMES:
+            setattr(fa, name, _unavailable(name))
+        fa.FA2_AVAILABLE = fa.FA3_AVAILABLE = False
+        sys.modules[_FLASH_ATTN] = fa
 
 
 def _bare_m3_package() -> None:
@@ -68,7 +104,8 @@ def prepare(feature: str = "reading vLLM's MiniMax M3 code") -> None:
             os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    _stand_in_compiled_ops()
+    if _stand_in_compiled_ops() and _has_gpu():
+        _no_compiled_kernels_on_gpu()
     _bare_m3_package()
     _prepared = True
 

@@ -8,7 +8,8 @@ sharding rule — concatenated along the output rows.
 """
 from dataclasses import dataclass
 
-from m3lab.model.config import M3Config
+from m3lab.spec.model import ATTN_SPARSE, MLP_DENSE, ModelSpec
+from m3lab.spec.plan import ParallelPlan
 
 PREFIX = "language_model.model."
 HEAD = "language_model.lm_head.weight"
@@ -30,27 +31,33 @@ class Part:
     rule: str
 
 
-def attn_parts(cfg: M3Config, i: int) -> dict[str, list[Part]]:
-    """Internal attention weights of layer i -> HF parts."""
+def attn_parts(model: ModelSpec, plan: ParallelPlan, i: int) -> dict[str, list[Part]]:
+    """Internal attention weights of layer i -> HF parts. On sparse layers the index q/k projections are loaded
+    into the one fused qkv weight (``amd/model.py:1603-1612``): index q shards like the KV heads (replicated
+    with the indexer context parallelism), index k is replicated."""
     a = f"{PREFIX}layers.{i}.self_attn."
+    qkv = [Part(a + "q_proj", Q_HEADS), Part(a + "k_proj", KV_HEADS), Part(a + "v_proj", KV_HEADS)]
+    if model.attn_types[i] == ATTN_SPARSE:
+        qkv += [Part(a + "index_q_proj", REPLICATE if plan.indexer_cp else KV_HEADS),
+                Part(a + "index_k_proj", REPLICATE)]
     out = {
-        f"layers.{i}.qkv": [Part(a + "q_proj", Q_HEADS), Part(a + "k_proj", KV_HEADS), Part(a + "v_proj", KV_HEADS)],
+        f"layers.{i}.qkv": qkv,
         f"layers.{i}.o_proj": [Part(a + "o_proj", ROW)],
         f"layers.{i}.q_norm": [Part(a + "q_norm", REPLICATE)],
         f"layers.{i}.k_norm": [Part(a + "k_norm", REPLICATE)],
         f"layers.{i}.input_norm": [Part(f"{PREFIX}layers.{i}.input_layernorm", REPLICATE)],
         f"layers.{i}.post_norm": [Part(f"{PREFIX}layers.{i}.post_attention_layernorm", REPLICATE)],
     }
-    if cfg.attn_kinds[i] == "sparse":
-        out[f"layers.{i}.indexer_qk"] = [Part(a + "index_q_proj", KV_HEADS), Part(a + "index_k_proj", REPLICATE)]
+    if model.attn_types[i] == ATTN_SPARSE:
         out[f"layers.{i}.iq_norm"] = [Part(a + "index_q_norm", REPLICATE)]
         out[f"layers.{i}.ik_norm"] = [Part(a + "index_k_norm", REPLICATE)]
     return out
 
 
-def mlp_parts(cfg: M3Config, i: int) -> dict[str, list[Part]]:
-    """Dense MLP (layers 0-2) or the MoE's router and shared expert (experts are handled apart)."""
-    if cfg.mlp_kinds[i] == "dense":
+def mlp_parts(model: ModelSpec, i: int) -> dict[str, list[Part]]:
+    """Dense MLP (layers 0-2) or the MoE's router and shared expert (experts are handled apart). The shared
+    expert is TP-sharded (column / row parallel) also under EP (``amd/model.py:286-300``)."""
+    if model.mlp_types[i] == MLP_DENSE:
         m = f"{PREFIX}layers.{i}.mlp."
         return {f"layers.{i}.gate_up": [Part(m + "gate_proj", COL), Part(m + "up_proj", COL)],
                 f"layers.{i}.down": [Part(m + "down_proj", ROW)]}
@@ -74,10 +81,11 @@ def global_parts() -> dict[str, list[Part]]:
             "lm_head": [Part(HEAD.removesuffix(".weight"), VOCAB)]}
 
 
-def hf_shapes(cfg: M3Config) -> dict[str, tuple[int, ...]]:
+def hf_shapes(model: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every HF text-backbone tensor name (with ``.weight``/bias suffix) -> its full (unquantised) shape."""
-    c, out = cfg, {}
+    c, out = model, {}
     d, h = c.head_dim, c.hidden
+    ix, idim = (c.sparse.index_heads, c.sparse.index_dim) if c.sparse is not None else (0, 0)
     out[PREFIX + "embed_tokens.weight"] = (c.vocab, h)
     out[PREFIX + "norm.weight"] = (h,)
     out[HEAD] = (c.vocab, h)
@@ -88,11 +96,10 @@ def hf_shapes(cfg: M3Config) -> dict[str, tuple[int, ...]]:
                     a + "q_norm.weight": (d,), a + "k_norm.weight": (d,),
                     f"{PREFIX}layers.{i}.input_layernorm.weight": (h,),
                     f"{PREFIX}layers.{i}.post_attention_layernorm.weight": (h,)})
-        if c.attn_kinds[i] == "sparse":
-            out.update({a + "index_q_proj.weight": (c.index_heads * c.index_dim, h),
-                        a + "index_k_proj.weight": (c.index_dim, h),
-                        a + "index_q_norm.weight": (c.index_dim,), a + "index_k_norm.weight": (c.index_dim,)})
-        if c.mlp_kinds[i] == "dense":
+        if c.attn_types[i] == ATTN_SPARSE:
+            out.update({a + "index_q_proj.weight": (ix * idim, h), a + "index_k_proj.weight": (idim, h),
+                        a + "index_q_norm.weight": (idim,), a + "index_k_norm.weight": (idim,)})
+        if c.mlp_types[i] == MLP_DENSE:
             m = f"{PREFIX}layers.{i}.mlp."
             out.update({m + "gate_proj.weight": (c.dense_inter, h), m + "up_proj.weight": (c.dense_inter, h),
                         m + "down_proj.weight": (h, c.dense_inter)})

@@ -3,7 +3,8 @@
 :func:`random_hf_tensors` makes every text-backbone tensor of a config (``names.hf_shapes``) in one
 of the published formats: ``bf16``; ``mxfp8`` (MiniMaxAI/MiniMax-M3-MXFP8: float8_e4m3fn payload +
 ``weight_scale_inv`` E8M0 for every linear except embedding, LM head and router; ``bf16_indexer``
-keeps the index projections BF16 as vLLM's comment describes); ``mxfp4`` (amd/MiniMax-M3-MXFP4,
+keeps the index projections BF16: a mixed checkpoint that vLLM's one fused q/k/v/index projection cannot load,
+and that ``m3lab.weights.loader`` refuses); ``mxfp4`` (amd/MiniMax-M3-MXFP4,
 Quark: packed uint8 + ``weight_scale`` for the routed and shared experts only).
 :func:`write_checkpoint` writes them as sharded safetensors plus ``model.safetensors.index.json``.
 """
@@ -15,7 +16,7 @@ from safetensors.torch import save_file
 
 from m3lab.errors import M3LabError
 from m3lab.kernels.mx.reference import quantize_mxfp4, quantize_mxfp8
-from m3lab.model.config import M3Config
+from m3lab.spec.model import ModelSpec
 from m3lab.weights.checkpoint import INDEX
 from m3lab.weights.names import hf_shapes
 
@@ -31,14 +32,14 @@ def _quantised(name: str, fmt: str, bf16_indexer: bool) -> bool:
     return not (bf16_indexer and ".index_" in name)
 
 
-def random_hf_tensors(cfg: M3Config, fmt: str = "bf16", *, seed: int = 0, bf16_indexer: bool = False,
+def random_hf_tensors(model: ModelSpec, fmt: str = "bf16", *, seed: int = 0, bf16_indexer: bool = False,
                       norm_std: float = 0.1) -> dict[str, torch.Tensor]:
-    """HF name -> tensor for every text-backbone tensor of ``cfg`` (random values, real names and dtypes)."""
+    """HF name -> tensor for every text-backbone tensor of ``model`` (random values, real names and dtypes)."""
     if fmt not in FORMATS:
         raise M3LabError(f"checkpoint format {fmt!r} is not one of {FORMATS}", field="fmt")
     gen = torch.Generator().manual_seed(seed)
     out = {}
-    for name, shape in hf_shapes(cfg).items():
+    for name, shape in hf_shapes(model).items():
         t = torch.randn(shape, generator=gen)
         if len(shape) == 1:
             out[name] = (t * (0.01 if "bias" in name else norm_std)).to(

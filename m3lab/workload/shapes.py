@@ -132,8 +132,7 @@ def shape_histograms(model, plan: ParallelPlan | None = None, quant="bf16", work
     rt = make_routing(routing, model.experts, model.topk) if model.is_moe else None
     gframes, tpe = [], pd.DataFrame({"tokens": [], "expert_steps": []})
     if rt is not None:
-        fused = plan.fuses_shared(model) and quant.weight_dtype("shared_expert") == quant.weight_dtype("routed_expert")
-        shared_rows = model.n_shared if fused else 0
+        shared_rows = model.n_shared if plan.fuses_shared(model, quant) else 0
         routed = rt.routed_tokens(t_vals, plan.ep) + t_vals * shared_rows
         for row in grouped.itertuples(index=False):
             gframes.append(pd.DataFrame({"op": row.op, "experts": row.experts, "topk": row.topk, "hidden": row.hidden,
@@ -164,11 +163,18 @@ def shape_histograms(model, plan: ParallelPlan | None = None, quant="bf16", work
         dg["num_tokens"] = dg.tokens_values.map(len)
     else:
         dg = pd.DataFrame(columns=["op", "experts", "topk", "hidden", "inter", "dtype", "tokens_values", "num_tokens"])
-    meta = {"model": model.name, "plan": plan.describe(), "quant": quant.name, "isl": workload.isl,
+    meta = {"model": model.name, "plan": plan.describe(), "quant": quant.name,
+            "shared_expert_fusion": shared_fusion(model, plan, quant), "isl": workload.isl,
             "osl": workload.osl, "concurrency": workload.concurrency, "num_requests": workload.n_requests,
             "routing": rt.name if rt is not None else None, "num_runs": int(runs.repeat.size),
             "kind": "projected (analytic schedule and routing model)"}
     return ShapeReport(gemm_m, grouped_h, tpe, att, sel, distinct, dg, runs.num_steps, meta)
+
+
+def shared_fusion(model: ModelSpec, plan: ParallelPlan, quant) -> dict:
+    """Whether the shared expert runs fused into the routed grouped GEMM: asked (the plan), fused, and why not."""
+    reason = plan.shared_fusion_reason(model, quant)
+    return {"asked": plan.fused_shared_expert, "fused": reason is None, "reason": reason}
 
 
 def _tokens_per_expert(rt, t_vals, t_steps, ep: int, seed: int):
@@ -197,7 +203,9 @@ def sharding_table(model, tps=(1, 2, 4, 8)):
         p = ParallelPlan(tp=tp).validate(model)
         row = {"tp": tp, "heads_q": p.heads_q_local(model), "heads_kv": p.heads_kv_local(model),
                "kv_replication": p.kv_replication(model), "vocab_local": p.vocab_local(model)}
+        row.update(qkv_dense=sum(p.qkv_widths(model, sparse=False)))
         if model.sparse is not None:
-            row.update(index_heads=p.index_heads_local(model), index_key_heads=1, index_key_replication=tp)
+            row.update(index_heads=p.index_heads_local(model), index_key_heads=1, index_key_replication=tp,
+                       qkv_sparse=sum(p.qkv_widths(model, sparse=True)))
         rows.append(row)
     return pd.DataFrame(rows)

@@ -1,0 +1,69 @@
+"""MiniMax M3 configs parsed through vLLM's own config class, read the way vLLM 0.33.0's AMD model reads them.
+
+:func:`vllm_text_config` returns vLLM's ``MiniMaxM3TextConfig`` for a ``config.json`` dict (through
+``MiniMaxM3Config(**config)``, ``vllm/transformers_utils/configs/minimax_m3.py``), so keys the checkpoint omits
+take vLLM's defaults. :func:`spec_via_vllm` turns it into a :class:`~m3lab.spec.model.ModelSpec` with the rules of
+``vllm/models/minimax_m3/amd/model.py``; ``m3lab.spec.model.parse_hf_config`` must give the same ModelSpec
+(tested on every shipped M3 config). Needs vLLM (``m3lab.vllm.install``); import cost a few seconds on a CPU.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from m3lab.errors import M3LabError
+from m3lab.spec.model import (ATTN_DENSE, ATTN_SPARSE, MLP_DENSE, MLP_MOE, ModelSpec, SparseConfig, _frozen,
+                              _index_value)
+
+CONFIG_MODULE = "vllm.transformers_utils.configs.minimax_m3"
+
+
+def vllm_text_config(config: dict) -> Any:
+    """vLLM's ``MiniMaxM3TextConfig`` of a MiniMax M3 ``config.json`` dict (VL wrapper or bare text config)."""
+    from m3lab.vllm.imports import vllm_module
+
+    mod = vllm_module(CONFIG_MODULE, feature="parsing MiniMax M3 configs with vLLM's config class")
+    if not isinstance(config, dict):
+        raise M3LabError("config must be a JSON object (a Hugging Face config.json)", field="config")
+    if "text_config" in config:
+        return mod.MiniMaxM3Config(**config).text_config
+    return mod.MiniMaxM3TextConfig(**config)
+
+
+def spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> ModelSpec:
+    """A ModelSpec built from vLLM's parse of ``config``, field by field as the AMD model reads it."""
+    t = vllm_text_config(config)
+    n = int(t.num_hidden_layers)
+    sp_cfg = t.sparse_attention_config or {}
+    freq = sp_cfg.get("sparse_attention_freq")
+    sparse_ids = {i for i, f in enumerate(freq or []) if f != 0}              # amd/model.py:150-158
+    attn = tuple(ATTN_SPARSE if i in sparse_ids else ATTN_DENSE for i in range(n))
+    moe_freq = getattr(t, "moe_layer_freq", None)                             # amd/model.py:193-198
+    mlp = tuple(MLP_MOE if moe_freq is None or moe_freq[i] != 0 else MLP_DENSE for i in range(n))
+    use_cache = bool(getattr(t, "use_index_cache", False))                    # amd/model.py:169-190
+    topk_freq = int(getattr(t, "index_topk_freq", 1) or 1) if use_cache else 1
+    offset = int(getattr(t, "index_skip_topk_offset", 0) or 0) if use_cache else 0
+    sparse = None
+    if sparse_ids:
+        sparse = SparseConfig(                                                # amd/model.py:663-668,788-801
+            index_heads=int(sp_cfg["sparse_num_index_heads"]), index_dim=int(sp_cfg["sparse_index_dim"]),
+            block_size=int(sp_cfg["sparse_block_size"]), topk_blocks=int(sp_cfg["sparse_topk_blocks"]),
+            local_blocks=int(sp_cfg.get("sparse_local_block", 0)), init_blocks=int(sp_cfg.get("sparse_init_block", 0)),
+            index_topk_freq=max(topk_freq, 1), index_skip_topk_offset=offset,
+            index_value=_index_value(sp_cfg.get("sparse_disable_index_value", 1), attn))
+    scaling = getattr(t, "rope_scaling", None)                                # amd/model.py:216-239
+    n_shared = int(getattr(t, "n_shared_experts", 0) or 0)
+    return ModelSpec(
+        name=name or str(config.get("_name_or_path") or config.get("model_type") or "minimax_m3"),
+        family="minimax_m3", hidden=int(t.hidden_size), layers=n, heads_q=int(t.num_attention_heads),
+        heads_kv=int(t.num_key_value_heads), head_dim=int(t.head_dim), vocab=int(t.vocab_size),
+        attn_types=attn, mlp_types=mlp, dense_inter=int(t.dense_intermediate_size),
+        expert_inter=int(t.intermediate_size), shared_inter=int(t.intermediate_size) * n_shared,  # :437-445
+        experts=int(t.num_local_experts), topk=int(t.num_experts_per_tok), n_shared=n_shared, sparse=sparse,
+        rope_theta=float(t.rope_theta), rotary_dim=int(round(int(t.head_dim) * float(t.partial_rotary_factor))),
+        norm_eps=float(t.rms_norm_eps), act=str(t.hidden_act), swiglu_alpha=float(t.swiglu_alpha),
+        swiglu_limit=float(t.swiglu_limit), swiglu_beta=float(t.swiglu_beta),
+        routed_scaling=float(t.routed_scaling_factor), scoring=str(t.scoring_func), router_dtype="fp32",
+        router_bias=bool(t.use_routing_bias), qk_norm=str(t.qk_norm_type or "per_head") if t.use_qk_norm else "",
+        tie_embeddings=bool(t.tie_word_embeddings), max_position=int(t.max_position_embeddings),
+        rope_scaling=_frozen(scaling) if scaling else None, mtp_modules=int(t.num_mtp_modules), source=source,
+        extra={"model_type": str(config.get("model_type") or t.model_type)})
