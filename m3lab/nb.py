@@ -14,8 +14,8 @@ import html
 import math
 from typing import Any
 
-#: Distinct colours for up to 24 series (plotly's Dark24 + Light24 would repeat hues; Alphabet does not).
-PALETTE_NAME = "Alphabet"
+#: 24 distinct colours (plotly's default palette has 10, so a legend of 11+ series repeats them).
+PALETTE_NAME = "Dark24"
 #: A list cell with more items than this is shown as "N values: first … last" with the list folded.
 LIST_ITEMS_SHOWN = 12
 
@@ -89,6 +89,14 @@ def _cell(v: Any, bytes_col: bool) -> str:
             return ""
         return f"{int(f):,}" if f.is_integer() and abs(f) < 1e15 else format_number(f)
     return html.escape(str(v))
+
+
+def facts(values: dict, name: str = "value"):
+    """A flat dict of facts (``memory_facts``, a summary) as a two-column table, byte counts in GB / MB."""
+    import pandas as pd
+    rows = [{"fact": k, name: format_bytes(v) if is_bytes_column(k) and isinstance(v, (int, float)) else v}
+            for k, v in values.items()]
+    return pd.DataFrame(rows).set_index("fact")
 
 
 def frame_html(df) -> str:

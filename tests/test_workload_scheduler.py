@@ -61,7 +61,7 @@ def test_runs_collapse_and_expand_consistently():
 
 
 def test_8k_1k_conc128_about_10k_steps():
-    n = sum(r.repeat for r in Scheduler().runs(Workload(8192, 1024, 128)))
+    n = sum(r.repeat for r in Scheduler().runs(Workload(8192, 1024, 128, num_requests=1280)))
     assert 9_500 < n < 11_000
 
 

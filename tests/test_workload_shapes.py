@@ -64,7 +64,7 @@ def test_8k_1k_conc128_under_2s():
     """Acceptance 4 (also printed by ``python -m m3lab.bench.shapes_speed``)."""
     shape_histograms("minimax-m3", ParallelPlan(tp=4), "bf16", Workload(256, 8, 4))  # warm imports
     t0 = time.perf_counter()
-    rep = shape_histograms("minimax-m3", ParallelPlan(tp=4), "bf16", Workload(8192, 1024, 128))
+    rep = shape_histograms("minimax-m3", ParallelPlan(tp=4), "bf16", Workload(8192, 1024, 128, num_requests=1280))
     elapsed = time.perf_counter() - t0
     assert 9_500 < rep.num_steps < 11_000
     assert elapsed < 2.0, f"{elapsed:.2f} s"

@@ -27,7 +27,20 @@ def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small 
          save: Optional[str] = typer.Option(None, help="write the result table to this CSV"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Check every kernel against its reference (and its speed against the baseline); one exit code."""
+    from pathlib import Path
+
     from m3lab.gates.runner import run_gates, summary
+    if save and not Path(save).resolve().parent.is_dir():
+        raise M3LabError(f"--save {save}: folder {Path(save).parent} does not exist", field="save",
+                         hint="create it first, or save elsewhere")
+    if only:
+        import fnmatch
+
+        from m3lab.gates.registry import all_gates
+        names = list(all_gates())
+        if not any(fnmatch.fnmatch(n, pat) for pat in only for n in names):
+            raise M3LabError(f"no gate matches --only {' '.join(only)}", field="only",
+                             hint=f"gates: {', '.join(sorted(names))}")
     df = run_gates(device, names=only, perf=perf, baseline=baseline, threshold=threshold)
     if save:
         df.to_csv(save, index=False)

@@ -13,6 +13,7 @@ USER_ERROR_EXIT = 2
 
 
 INTERRUPTED_EXIT = 130
+BROKEN_PIPE_EXIT = 141   # 128 + SIGPIPE, what a shell reports for a writer whose reader left
 
 
 class _Group(TyperGroup):
@@ -25,6 +26,11 @@ class _Group(TyperGroup):
         except M3LabError as err:
             typer.secho(f"Error: {err}", err=True, fg="red")
             raise typer.Exit(USER_ERROR_EXIT) from None
+        except BrokenPipeError:  # `m3lab list | head`: the reader left; end quietly, as a SIGPIPE would
+            import os
+            import sys
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(BROKEN_PIPE_EXIT) from None
         except OSError as err:
             typer.secho(f"Error: {os_error_line(err)}", err=True, fg="red")
             raise typer.Exit(USER_ERROR_EXIT) from None
@@ -50,6 +56,23 @@ def os_error_line(err: OSError) -> str:
 
 app = typer.Typer(cls=_Group, help="m3lab: the MiniMax M3 serving performance workbench.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib import metadata
+        try:
+            version = metadata.version("m3lab")
+        except metadata.PackageNotFoundError:
+            version = "unknown (not installed; running from a source tree)"
+        typer.echo(f"m3lab {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print m3lab's version and exit.")) -> None:
+    """m3lab: the MiniMax M3 serving performance workbench."""
 
 
 def _register_all() -> None:

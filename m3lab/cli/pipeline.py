@@ -28,7 +28,7 @@ def run(
     resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR",
                                           help="Re-run the unfinished steps of this run folder, with its parameters "
                                                "(changed by any -p)."),
-    quiet: bool = typer.Option(False, "--quiet", help="No per-cell progress bars."),
+    progress: bool = typer.Option(False, "--progress/--quiet", help="Show papermill's per-cell progress bars."),
 ) -> None:
     """Run a pipeline of notebooks with papermill and print where the run folder is."""
     from m3lab.pipeline.runner import RunInterrupted, resume_run, run_pipeline
@@ -37,9 +37,9 @@ def run(
     try:
         if resume is not None:
             name = _pipeline_name(pipeline) if pipeline is not None else None
-            result = resume_run(resume, param, pipeline=name, progress=not quiet)
+            result = resume_run(resume, param, pipeline=name, progress=progress)
         else:
-            result = run_pipeline(pipeline or DEFAULT_PIPELINE, param, out, progress=not quiet)
+            result = run_pipeline(pipeline or DEFAULT_PIPELINE, param, out, progress=progress)
     except RunInterrupted as stop:
         typer.secho(f"interrupted: resume with: m3lab run --resume {stop.run_dir}", err=True, fg="yellow")
         raise typer.Exit(INTERRUPTED_EXIT) from None
@@ -71,7 +71,7 @@ def sweep(
                                               help="The Ray cluster for --executor ray ('auto': a running one)."),
     executor: Optional[str] = typer.Option(None, "--executor", help="local or ray (default: the grid file's, else "
                                                                     "local; ray when --address is given)"),
-    quiet: bool = typer.Option(False, "--quiet", help="No per-cell progress bars."),
+    progress: bool = typer.Option(False, "--progress/--quiet", help="Show papermill's per-cell progress bars."),
 ) -> None:
     """Run a pipeline once per point of a parameter grid; end with one comparison table across the points."""
     from m3lab.pipeline.runner import RunInterrupted
@@ -84,12 +84,12 @@ def sweep(
             g = load_grid(pipeline)
             axes = {**g.axes, **(parse_axes(grid) if grid else {})}
             record = run_sweep(g.pipeline, axes, g.overrides + list(param), out, ray_address=ray_address or g.address,
-                               progress=not quiet, executor=executor or g.executor, ray_options=g.ray or None)
+                               progress=progress, executor=executor or g.executor, ray_options=g.ray or None)
         else:
             if not grid:
                 raise M3LabError("a sweep needs a grid", field="--grid", hint="-g KEY=V1,V2, or a grid file")
             record = run_sweep(pipeline or DEFAULT_PIPELINE, parse_axes(grid), param, out, ray_address=ray_address,
-                               progress=not quiet, executor=executor)
+                               progress=progress, executor=executor)
     except RunInterrupted as stop:
         typer.secho(f"interrupted: resume that point with: m3lab run --resume {stop.run_dir}", err=True, fg="yellow")
         raise typer.Exit(INTERRUPTED_EXIT) from None

@@ -155,6 +155,7 @@ def coerce(param: Parameter, value: Any, where: str) -> Any:
     else:
         ok = True
     if not ok:
-        raise M3LabError(f"{where}: parameter {param.name!r} takes a {param.type_name} "
+        article = "an" if param.type_name[0] in "aeiou" else "a"
+        raise M3LabError(f"{where}: parameter {param.name!r} takes {article} {param.type_name} "
                          f"(default {default!r}), got {value!r} ({type(value).__name__})")
     return value

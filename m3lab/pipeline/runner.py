@@ -6,7 +6,8 @@ Run folder ``runs/<pipeline>-<YYYYmmdd-HHMMSS>/`` (files: :mod:`m3lab.pipeline.r
 - ``artifacts/<step>/<name>.parquet|json``: what steps saved through :mod:`m3lab.artifacts`;
 - ``summary.json``: parameters, environment (versions, git commit, device), each step's status,
   duration and artifacts, and the run's status (``running``, ``ok``, ``failed`` or ``interrupted``);
-- ``report.html``: every executed notebook in one self-contained page (:mod:`m3lab.pipeline.report`).
+- ``report.html``: every executed notebook in one self-contained page (:mod:`m3lab.pipeline.report`);
+- ``kernel.log``: what the notebook kernels' processes printed to stderr (their logs, not cell output).
 
 Every file is written atomically (an executed notebook replaces its old copy only once it is complete and
 readable), ``summary.json`` is rewritten after each step, and a lock keeps a second run or resume out of a
@@ -31,9 +32,10 @@ from m3lab.pipeline.run_folder import SUMMARY, RunLock, load_summary, new_run_di
 from m3lab.pipeline.spec import DEFAULT_PIPELINE, Pipeline, Step, load_pipeline, notebooks_dir
 
 KERNEL = "python3"
-# The kernel's own log (not the notebook's output) at ERROR: ipykernel warns on every start that its local
-# TCP sockets are unencrypted, which is noise for a kernel bound to localhost by papermill.
-KERNEL_ARGS = ["--Application.log_level=ERROR"]
+# The kernel process's own stderr (its log: a warning about its localhost TCP sockets at every start, and
+# tracebacks from its message loop when a run is interrupted) goes here, not to the terminal; what the
+# notebook's cells print stays in the executed notebook.
+KERNEL_LOG = "kernel.log"
 
 
 @dataclass
@@ -178,9 +180,11 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         try:
             with _step_env(run_dir, step.name), atomic_path(run_dir / entry["output"]) as tmp:
                 try:
-                    pm.execute_notebook(str(step.notebook), str(tmp), parameters=summary["parameters"][step.name],
-                                        kernel_name=KERNEL, progress_bar=progress, cwd=str(run_dir),
-                                        language="python", log_output=False, extra_arguments=KERNEL_ARGS)
+                    with open(run_dir / KERNEL_LOG, "ab") as kernel_log:
+                        pm.execute_notebook(str(step.notebook), str(tmp),
+                                            parameters=summary["parameters"][step.name], kernel_name=KERNEL,
+                                            progress_bar=progress, cwd=str(run_dir), language="python",
+                                            log_output=False, kernel_manager_class=_kernel_manager(kernel_log))
                 except PapermillExecutionError as err:
                     if err.ename == "KeyboardInterrupt":
                         raise KeyboardInterrupt from None
@@ -219,6 +223,18 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         write_json(run_dir / SUMMARY, summary)
     _report_quietly(run_dir, echo)
     return RunResult(run_dir, summary)
+
+
+def _kernel_manager(stderr):
+    """jupyter_client's kernel manager, starting the kernel with its stderr going to ``stderr`` (a file)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class LoggedKernelManager(AsyncKernelManager):
+        async def start_kernel(self, **kw):
+            kw.setdefault("stderr", stderr)
+            return await super().start_kernel(**kw)
+
+    return LoggedKernelManager
 
 
 def _check_complete(path: Path) -> None:

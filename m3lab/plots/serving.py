@@ -95,13 +95,16 @@ def disaggregation_bars(table: pd.DataFrame, title: str) -> go.Figure:
     modes = list(dict.fromkeys(table["mode"]))
     fig = make_subplots(rows=1, cols=len(modes), subplot_titles=modes, shared_yaxes=True)
     colours = {"prefill": "#b05a2f", "decode": "#2f6fb0"}
+    shown: set = set()
     for col, mode in enumerate(modes, start=1):
         sub = table[table["mode"] == mode]
         for side, part in sub.groupby("limited_by", sort=False):
             fig.add_trace(go.Bar(x=part["ratio"], y=part["output_tokens_per_s_per_gpu"], name=f"limited by {side}",
-                                 marker_color=colours.get(side, "#999999"), legendgroup=side, showlegend=col == 1,
+                                 marker_color=colours.get(side, "#999999"), legendgroup=side,
+                                 showlegend=side not in shown,
                                  text=[f"{v:.0f}" for v in part["output_tokens_per_s_per_gpu"]],
                                  textposition="outside"), row=1, col=col)
+            shown.add(side)
         fig.update_xaxes(title_text="prefill:decode workers", type="category",
                          categoryorder="array", categoryarray=list(dict.fromkeys(sub["ratio"])), row=1, col=col)
     fig.update_yaxes(title_text="output tokens/s per GPU", rangemode="tozero", row=1, col=1)

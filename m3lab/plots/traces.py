@@ -25,7 +25,7 @@ def time_share_bar(summary: pd.DataFrame, *, top: int = 15, device: str | None =
     rows = summary.head(top).iloc[::-1]
     attribution = rows[list(_ATTRIBUTION_COLOURS)].idxmax(axis=1)
     fig = go.Figure(go.Bar(
-        x=rows["share"] * 100, y=rows["short_name"], orientation="h",
+        x=rows["share"] * 100, y=_unique(rows["short_name"]), orientation="h",
         marker_color=[_ATTRIBUTION_COLOURS[a] for a in attribution],
         customdata=list(zip(rows["count"], rows["total_us"], attribution, rows["name"].str[:200])),
         hovertemplate="%{y}<br>%{x:.1f}% of kernel time, %{customdata[0]} calls, "
@@ -34,6 +34,17 @@ def time_share_bar(summary: pd.DataFrame, *, top: int = 15, device: str | None =
                       xaxis_title="share of summed GPU kernel time (%)", height=max(300, 28 * len(rows) + 120),
                       margin=dict(l=20, r=20, t=60, b=40))
     return fig
+
+
+def _unique(names: pd.Series) -> list[str]:
+    """Shortened kernel names made unique (``name``, ``name (2)``…): different template instantiations can share
+    a short name, and equal category labels would stack their bars into one."""
+    seen: dict[str, int] = {}
+    out = []
+    for n in names.astype(str):
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
+    return out
 
 
 def timeline(events: pd.DataFrame, *, max_events: int = 5000, device: str | None = None,

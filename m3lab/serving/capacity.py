@@ -50,8 +50,8 @@ class Capacity:
                 f"concurrency {concurrency} needs {need:,} KV tokens per GPU{state} but only "
                 f"{self.kv_capacity_tokens:,} fit at gpu_memory_utilization {self.gpu_memory_utilization} "
                 f"(weights {self.weight_bytes_per_gpu / 1e9:.1f} GB/GPU)", field="concurrency",
-                hint=f"the largest that fits is {self.max_concurrency}; lower --concurrency, raise --tp, "
-                     f"or use an fp8 KV cache")
+                hint=f"the largest that fits is {self.max_concurrency}; lower the concurrency, raise tp, or use an "
+                     f"fp8 KV cache: kv_dtype fp8 (m3lab estimate --kv-dtype fp8, m3lab run -p kv_dtype=fp8)")
 
 
 MLA_SPARSE_BLOCK = 64         # DSA (token-level sparse MLA) KV block: vLLM's sparse FlashMLA page size

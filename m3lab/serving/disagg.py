@@ -206,7 +206,8 @@ def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, deco
     from m3lab.cost.model import cost_label, resolve_calibration
     from m3lab.pd.geometry import pd_plan
     from m3lab.serving.capacity import capacity
-    from m3lab.serving.estimate import REQUESTS_PER_SLOT, _spec_steps
+    from m3lab.serving.estimate import spec_decode_steps
+    from m3lab.workload.scheduler import REQUESTS_PER_SLOT
     from m3lab.serving.step_cost import StepCoster
     from m3lab.spec.hardware import load_hardware
     from m3lab.spec.model import load_model
@@ -227,7 +228,7 @@ def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, deco
     max_seqs = min(max_num_seqs, cap.max_concurrency)
     if max_seqs < 1:
         cap.check(1)
-    osl_steps = _spec_steps(osl, spec_tokens, accept_len)
+    osl_steps = spec_decode_steps(osl, spec_tokens, accept_len)
     handoff, _ = pd_plan(m, tp, decode_tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype,
                          prefill_layout=prefill_layout, decode_layout=decode_layout, bandwidth=kv_link_bw)
     cal = resolve_calibration(hw, calibration)

@@ -1,0 +1,111 @@
+"""What the serving estimate shows must be true: a measured or published number only beside an estimate of
+the same deployment, and every parameter (concurrency above all) changes what it claims to."""
+import re
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+from m3lab import published
+from m3lab.plots import serving as ps
+from m3lab.serving import estimate as se
+from m3lab.workload.scheduler import MIN_REQUESTS_PER_SLOT, default_num_requests
+
+CLAIM = re.compile(r"\bmeasured\b|\bpublished\b", re.I)
+PUBLISHED_CASE = dict(model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp8", isl=8192, osl=1024, concurrency=32)
+
+
+def _labels(fig) -> list[str]:
+    """Every text a reader sees as a label: the title, trace names, bar categories, subplot titles."""
+    out = [fig.layout.title.text or ""] + [a.text or "" for a in fig.layout.annotations]
+    for trace in fig.data:
+        out.append(trace.name or "")
+        if getattr(trace, "x", None) is not None:
+            out += [str(v) for v in trace.x]
+    return out
+
+
+@pytest.mark.parametrize("change", [dict(tp=8), dict(model="llama-3.1-8b", tp=1), dict(concurrency=8),
+                                    dict(quant="mxfp4"), dict(isl=1024), dict(kv_dtype="fp8"),
+                                    dict(spec_tokens=3, accept_len=2.7)])
+def test_notebook10_functions_show_no_measurement_for_another_deployment(change):
+    est = se.estimate(**{**PUBLISHED_CASE, **change})
+    table = se.compare_with_published(est)
+    assert "measured" not in table.columns and "measured_over_ceiling" not in table.columns
+    assert {"ceiling", "calibrated"} <= set(table.columns)
+    fig = ps.measured_vs_estimate(table, se.comparison_title(est))
+    claims = [t for t in _labels(fig) if CLAIM.search(t)]
+    assert not claims, claims
+    sweep = se.add_published(se.sweep(est.config["model"], "mi355x", [1, 16], **{
+        k: v for k, v in {**PUBLISHED_CASE, **change}.items() if k not in ("model", "hardware", "concurrency")}),
+        est.config)
+    assert set(sweep["source"]) == {"ceiling", "calibrated"}
+    for fig in (ps.throughput_vs_concurrency(sweep, "t"), ps.latency_vs_concurrency(sweep, "t")):
+        assert not [t for t in _labels(fig) if CLAIM.search(t)]
+
+
+def test_the_published_deployment_shows_its_measurement():
+    est = se.estimate(**PUBLISHED_CASE)
+    table = se.compare_with_published(est)
+    assert table["measured"].tolist() == [342.4, 0.67, 22.1]
+    assert table["measured_over_ceiling"].notna().tolist() == [True, False, False]  # throughput only
+    assert "measured on MI355X (published)" in se.comparison_title(est)
+    points = se.add_published(se.sweep("minimax-m3", "mi355x", [8, 32], tp=4, quant="mxfp8", isl=8192, osl=1024),
+                              est.config)
+    assert points[points.source.str.startswith("measured")]["concurrency"].tolist() == [32]
+
+
+def test_num_requests_follows_concurrency_and_raising_it_changes_the_result():
+    args = dict(PUBLISHED_CASE)
+    at = {}
+    for c in (64, 128):
+        est = se.estimate(**{**args, "concurrency": c})
+        assert est.config["num_requests"] == default_num_requests(c) and est.config["steady_state"]
+        at[c] = est.summary()
+    assert at[128]["ttft_s"] != at[64]["ttft_s"] and at[128]["tpot_ms"] > at[64]["tpot_ms"]
+    assert at[128]["output_tokens_per_s_per_gpu"] > at[64]["output_tokens_per_s_per_gpu"]
+
+
+def test_a_run_too_short_for_steady_state_warns():
+    with pytest.warns(se.ShortRunWarning, match="steady state"):
+        est = se.estimate(**{**PUBLISHED_CASE, "concurrency": 64, "num_requests": 64})
+    assert est.config["steady_state"] is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", se.ShortRunWarning)
+        se.estimate(**{**PUBLISHED_CASE, "num_requests": MIN_REQUESTS_PER_SLOT * 32})
+
+
+def test_requests_per_slot_is_defined_once(repo_dir):
+    out = subprocess.run(["grep", "-rnE", r"^\s*(REQUESTS_PER_SLOT|requests_per_slot)\s*[:=]|requests_per_slot:",
+                          "m3lab", "notebooks"], cwd=repo_dir, capture_output=True, text=True).stdout
+    defs = [line for line in out.splitlines() if "m3lab/workload/scheduler.py" not in line]
+    assert not defs, defs
+    assert "num_requests = 64" not in "".join(p.read_text() for p in Path(repo_dir, "notebooks").glob("*.ipynb"))
+
+
+def test_published_measurement_matches_every_deployment_field():
+    cfg = {"model": "minimax-m3", "quant": "mxfp8", "kv_dtype": "bf16", "hardware": "mi355x", "tp": 4, "ep": 1,
+           "isl": 8192, "osl": 1024, "concurrency": 32, "spec_tokens": 0}
+    assert published.measurement_for(cfg)["after"]["ttft_s"] == 0.67
+    for key, other in (("hardware", "h200"), ("ep", 4), ("osl", 2048), ("spec_tokens", 3), ("kv_dtype", "fp8")):
+        assert published.measurement_for({**cfg, key: other}) is None, key
+
+
+@pytest.mark.slow
+def test_pipeline_concurrency_128_and_64_give_different_ttft_in_the_summary_artifacts(tmp_path):
+    import json
+
+    from m3lab.pipeline.runner import run_pipeline
+    from m3lab.pipeline.spec import notebooks_dir
+
+    yaml = tmp_path / "serving.yaml"
+    yaml.write_text(f"name: serving\nsteps:\n  - notebook: {notebooks_dir() / '10_serving_estimates.ipynb'}\n")
+    ttft = {}
+    for c in (64, 128):
+        res = run_pipeline(yaml, [f"concurrency={c}"], tmp_path / "runs", progress=False, echo=lambda s: None)
+        assert res.ok, res.failed_step
+        art = json.loads((res.run_dir / "artifacts" / "serving_estimates" / "serving_estimate.json").read_text())
+        assert art["concurrency"] == c and art["num_requests"] == default_num_requests(c) and art["steady_state"]
+        ttft[c] = art["ttft_s"]
+    assert ttft[64] != ttft[128]
