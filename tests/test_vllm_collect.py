@@ -12,7 +12,8 @@ from m3lab.vllm import install
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "m3lab" / "serving" / "data" / "inferencex_atom_mtp_tp4_conc64_isl8192_osl1024.json"
-H200_TRACE = REPO / "traces" / "profiler" / "m3_tp4_L0-4_h200_1957bf5.kineto.json.gz"
+# the reference model's H200 profiler trace with vLLM's kernels as its fast paths (committed; newest by name last)
+H200_TRACE = sorted((REPO / "traces" / "profiler").glob("m3_tp4_L0-4_h200_*.kineto.json.gz"))[-1]
 needs_vllm = pytest.mark.skipif(not install.available(), reason="vLLM 0.33.0 is installed by the set-up and CI")
 
 
@@ -58,6 +59,7 @@ def test_collect_bench_and_profile_into_artifacts_with_fast_path_verdict(tmp_pat
     checked = fast[fast["source"] == "kineto"]
     assert set(checked["id"]) >= {"attention_decode", "indexer_decode"}  # the resolver's kernels, checked in the trace
     assert verdict["ok"] == bool(not fast["status"].isin(["fail", "missing"]).any() and len(checked))
+    assert verdict["ok"], fast[fast["status"] != "pass"][["id", "status", "why"]].to_string()  # the real H200 paths
     assert summary["fastpaths"] == verdict
 
 

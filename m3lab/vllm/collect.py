@@ -12,7 +12,7 @@ What lands in ``<run>/``:
 - artifact ``vllm/vllm_measured`` (JSON): the headline numbers of the first result (so a sweep's comparison
   table and later notebooks see them as scalars), labelled measured;
 - artifact ``vllm/vllm_kernels`` (parquet): time per kernel in each profiler trace (Kineto JSON from vLLM's
-  torch profiler, rocprofv3 CSV/JSON), read by :func:`m3lab.traces.events.load_trace`;
+  torch profiler, rocprofv3 CSV/JSON), read by :func:`m3lab.traces.load_trace`;
 - artifact ``vllm/vllm_fastpaths`` (parquet) and ``vllm/vllm_fastpaths_verdict`` (JSON): when a deployment is
   named, the fast paths the resolver expects for it (:func:`m3lab.vllm.fastpath_expectations.expectations_for`)
   verified against the traces (:func:`m3lab.traces.verify.verify`).
@@ -102,7 +102,8 @@ def kernel_table(traces: Sequence[Path]):
     kernel time), ``name`` (full name)."""
     import pandas as pd
 
-    from m3lab.traces.events import load_trace, short_kernel_name, trace_format
+    from m3lab.traces import load_trace, short_kernel_name
+    from m3lab.traces.table import trace_format
 
     frames = []
     for path in traces:
