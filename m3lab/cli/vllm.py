@@ -89,7 +89,8 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
 
 @vllm_app.command("collect")
 def collect(run_dir: Path = typer.Argument(..., help="run folder to add the measurements to (created if absent)"),
-            bench: List[Path] = typer.Option([], "--bench", help="a vllm bench serve --save-result JSON, or its --result-dir; repeatable"),
+            bench: List[Path] = typer.Option([], "--bench", help="a vllm bench serve --save-result JSON, or its "
+                                                                   "--result-dir; repeatable"),
             profile: List[Path] = typer.Option([], "--profile", help="a profiler folder or trace file; repeatable"),
             preset: Optional[str] = typer.Option(None, "--preset", help="the deployment that ran: enables the "
                                                                          "fast-path verification"),

@@ -71,7 +71,8 @@ def load_grid(path: str | Path) -> GridFile:
         raise M3LabError(f"grid file {p}: must be a mapping with 'pipeline' and 'axes'", field="GRID")
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
-        raise M3LabError(f"grid file {p}: unknown field(s) {unknown}", field=unknown[0], hint=f"allowed: {', '.join(FIELDS)}")
+        raise M3LabError(f"grid file {p}: unknown field(s) {unknown}", field=unknown[0],
+                         hint=f"allowed: {', '.join(FIELDS)}")
     axes_raw = raw.get("axes")
     if not isinstance(axes_raw, dict) or not axes_raw:
         raise M3LabError(f"grid file {p}: 'axes' must map each parameter to its values", field="axes",

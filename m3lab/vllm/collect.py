@@ -202,7 +202,8 @@ def _save(run: Path, name: str, obj: Any) -> os.PathLike:
 
 def measured(run: str | Path | None = None) -> dict[str, Any]:
     """In a notebook: what ``m3lab vllm collect`` brought into ``run`` (default: the current run):
-    ``{"bench": DataFrame | None, "kernels": DataFrame | None, "fastpaths": DataFrame | None, "verdict": dict | None}``."""
+    ``{"bench": DataFrame | None, "kernels": DataFrame | None, "fastpaths": DataFrame | None,
+    "verdict": dict | None}``."""
     from m3lab import artifacts
 
     out: dict[str, Any] = {}

@@ -10,8 +10,8 @@ only a launch needs:
 - the port, and ``--profiler-config`` with a torch-profiler directory when a profile is wanted
   (``vllm/config/profiler.py:67``; ``vllm bench serve --profile`` then starts and stops it);
 - for prefill/decode disaggregation: one instance per replica, each on its own GPUs and ports, the KV
-  connector in ``--kv-transfer-config`` (vLLM transfers nothing without one: ``KVTransferConfig.is_kv_transfer_instance``,
-  ``vllm/config/kv_transfer.py:127``), NIXL side-channel ports, and the proxy that routes a request to a
+  connector in ``--kv-transfer-config`` (vLLM transfers nothing without one:
+  ``KVTransferConfig.is_kv_transfer_instance``, ``vllm/config/kv_transfer.py:127``), NIXL side-channel ports, and the proxy that routes a request to a
   prefill and then a decode instance (vLLM's ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``,
   prefill ports from 8100, decode from 8200, the proxy on 8000, as there).
 
@@ -241,7 +241,9 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
                 env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_SIDE_CHANNEL_PORT + len(instances))
             port = next_port[dep.plan.role]
             next_port[dep.plan.role] += 1
-            profile = f"{launch.profile_dir}/{dep.plan.role}-{r}" if launch.profile_dir and disagg else launch.profile_dir
+            profile = launch.profile_dir
+            if profile and disagg:  # one folder per instance: their traces would mix
+                profile = f"{profile}/{dep.plan.role}-{r}"
             instances.append(Instance(deployment=dep.name, role=dep.plan.role, replica=r, node=node, devices=devices,
                                       port=port, env=env, argv=_serve_args(dep, launch, model, port, profile)))
             used += n
@@ -331,7 +333,8 @@ _PARSERS: dict[str, Any] = {}
 
 def vllm_parser(command: str) -> Any:
     """The installed vLLM's argument parser of ``"serve"`` (``vllm/entrypoints/common/cli_args.py:make_arg_parser``,
-    as ``vllm/entrypoints/cli/serve.py:172`` builds it) or ``"bench serve"`` (``vllm/benchmarks/serve.py:add_cli_args``)."""
+    as ``vllm/entrypoints/cli/serve.py:172`` builds it) or ``"bench serve"``
+    (``vllm/benchmarks/serve.py:add_cli_args``)."""
     if command not in _PARSERS:
         from m3lab.vllm.imports import vllm_module
         argparse_utils = vllm_module("vllm.utils.argparse_utils", "checking commands with vLLM's parser")
