@@ -59,8 +59,9 @@ def _pipeline_name(pipeline: str) -> str:
 
 
 def sweep(
-    pipeline: Optional[str] = typer.Argument(None, help="A built-in pipeline name or a pipeline .yaml file; "
-                                                        "default: checklist."),
+    pipeline: Optional[str] = typer.Argument(None, help="A built-in pipeline name, a pipeline .yaml file, or a "
+                                                        "grid .yaml (pipeline, axes, overrides, executor: see "
+                                                        "m3lab.pipeline.grid_file); default: checklist."),
     grid: List[str] = typer.Option([], "-g", "--grid", metavar="KEY=V1,V2",
                                    help="KEY=V1,V2 or KEY=[V1, V2]: one axis of the grid. Repeatable, once per KEY. "
                                         "Not needed with a grid file (PIPELINE = a YAML with 'axes')."),
