@@ -45,6 +45,10 @@ def test_collect_bench_and_profile_into_artifacts_with_fast_path_verdict(tmp_pat
     assert bench.loc[0, "output_tokens_per_s_per_gpu"] == pytest.approx(raw["output_throughput"] / 8)
     assert bench.loc[0, "median_tpot_ms"] == pytest.approx(raw["median_tpot_ms"])
     assert bench.loc[0, "label"] == "measured" and bench.loc[0, "source"] == "vllm/bench/plan-c64.json"
+    head = got["measured"]
+    assert head["label"].startswith("measured") and head["gpus"] == 8
+    assert (head["ttft_s"], head["tpot_ms"]) == (pytest.approx(raw["median_ttft_ms"] / 1e3),
+                                                 pytest.approx(raw["mean_tpot_ms"]))
     assert (run / "vllm" / "bench" / "plan-c64.json").is_file()
     assert (run / "vllm" / "profile" / "rank0.pt.trace.json.gz").is_file()
 
@@ -139,3 +143,18 @@ def test_moe_tables_vllm_shipped_against_the_shared_samples(shared_dir):
     assert h200["theirs"] == "E=128,N=384,device_name=NVIDIA_H200.json"  # the sample is vLLM's own table
     assert h200["same_tile"] == h200["compared"] == len(h200["m_ours"]) > 0
     assert "NVIDIA_H100_80GB_HBM3" in h200["theirs_other_devices"]
+
+
+def test_measured_beside_the_estimate(tmp_path):
+    from m3lab.serving.estimate import estimate
+    from m3lab.vllm.collect import beside_estimate, collect
+
+    est = estimate("minimax-m3-mxfp8", "mi355x", tp=4, quant="mxfp8", isl=1024, osl=64, concurrency=8,
+                   num_requests=16)
+    with pytest.raises(M3LabError, match="no vLLM measurement"):
+        beside_estimate(est, tmp_path / "run")
+    collect(tmp_path / "run", [BENCH], gpus=4)
+    table = beside_estimate(est, tmp_path / "run").set_index("metric")
+    raw = json.loads(BENCH.read_text())
+    assert table.loc["output tokens/s/GPU", "measured"] == pytest.approx(raw["output_throughput"] / 4)
+    assert table.loc["mean TPOT", "measured"] == pytest.approx(raw["mean_tpot_ms"])

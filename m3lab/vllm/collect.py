@@ -10,7 +10,8 @@ What lands in ``<run>/``:
   from ``--gpus``, else from the file's ``gpus`` metadata (``m3lab vllm plan`` writes it), else from the
   deployment;
 - artifact ``vllm/vllm_measured`` (JSON): the headline numbers of the first result (so a sweep's comparison
-  table and later notebooks see them as scalars), labelled measured;
+  table and later notebooks see them as scalars), labelled measured; :func:`beside_estimate` puts them beside
+  an estimate of the same deployment;
 - artifact ``vllm/vllm_kernels`` (parquet): time per kernel in each profiler trace (Kineto JSON from vLLM's
   torch profiler, rocprofv3 CSV/JSON), read by :func:`m3lab.traces.load_trace`;
 - artifact ``vllm/vllm_fastpaths`` (parquet) and ``vllm/vllm_fastpaths_verdict`` (JSON): when a deployment is
@@ -22,6 +23,7 @@ What lands in ``<run>/``:
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -168,8 +170,11 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
             rows.append(row)
         save("vllm_bench", pd.DataFrame(rows))
         first = rows[0]
-        save("vllm_measured", {"label": "measured (vllm bench serve)", "source": first["source"],
-                               **{k: v for k, v in first.items() if isinstance(v, (int, float)) and v is not None}})
+        headline = {k: v for k, v in first.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        # the keys m3lab.serving.estimate.compare_with_measured reads: median TTFT, mean TPOT
+        headline.update(ttft_s=first["median_ttft_s"], tpot_ms=first["mean_tpot_ms"],
+                        label="measured (vllm bench serve)")
+        save("vllm_measured", {k: v for k, v in headline.items() if not (isinstance(v, float) and math.isnan(v))})
     if traces:
         save("vllm_kernels", kernels)
         summary["kernels"] = int(len(kernels))
@@ -202,15 +207,27 @@ def _save(run: Path, name: str, obj: Any) -> os.PathLike:
 
 def measured(run: str | Path | None = None) -> dict[str, Any]:
     """In a notebook: what ``m3lab vllm collect`` brought into ``run`` (default: the current run):
-    ``{"bench": DataFrame | None, "kernels": DataFrame | None, "fastpaths": DataFrame | None,
-    "verdict": dict | None}``."""
+    ``{"bench": DataFrame | None, "measured": dict | None, "kernels": DataFrame | None,
+    "fastpaths": DataFrame | None, "verdict": dict | None}``."""
     from m3lab import artifacts
 
     out: dict[str, Any] = {}
-    for key, name in (("bench", "vllm_bench"), ("kernels", "vllm_kernels"), ("fastpaths", "vllm_fastpaths"),
-                      ("verdict", "vllm_fastpaths_verdict")):
+    for key, name in (("bench", "vllm_bench"), ("measured", "vllm_measured"), ("kernels", "vllm_kernels"),
+                      ("fastpaths", "vllm_fastpaths"), ("verdict", "vllm_fastpaths_verdict")):
         try:
             out[key] = artifacts.load(name, step=STEP, run=run)
         except M3LabError:
             out[key] = None
     return out
+
+
+def beside_estimate(est: Any, run: str | Path | None = None):
+    """The estimate ``est`` (:func:`m3lab.serving.estimate.estimate` of the same deployment and workload) with the
+    collected measurement beside it (:func:`m3lab.serving.estimate.compare_with_measured`)."""
+    from m3lab.serving.estimate import compare_with_measured
+
+    got = measured(run)["measured"]
+    if got is None:
+        raise M3LabError("no vLLM measurement in this run", field="run",
+                         hint="m3lab vllm collect RUN_DIR --bench FILE first")
+    return compare_with_measured(est, got)
