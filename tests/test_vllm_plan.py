@@ -110,11 +110,15 @@ def test_cli_plan_json_and_bad_input():
     from m3lab.cli.main import app
 
     runner = CliRunner()
-    res = runner.invoke(app, ["vllm", "plan", "--preset", "mxfp8-tp4-optimised", "--concurrency", "64", "--json"])
+    res = runner.invoke(app, ["vllm", "plan", "--preset", "mxfp8-tp4-optimised", "--concurrency", "64", "--check",
+                              "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert doc["instances"][0]["argv"][:3] == ["vllm", "serve", "MiniMaxAI/MiniMax-M3-MXFP8"]
-    assert "--max-concurrency 64" in doc["bench"] and doc["check"] is None
+    assert "--max-concurrency 64" in doc["bench"] and doc["check"] == []
+    res = runner.invoke(app, ["vllm", "plan", "--preset", "mxfp4-tp2", "--model-path", "/models/m3 fp4", "--check"])
+    assert res.exit_code == 0 and "vllm serve '/models/m3 fp4'" in res.output  # quoted for the shell
+    assert "checked with vLLM's parser and vllm.envs: ok" in res.output
     res = runner.invoke(app, ["vllm", "plan", "--model", "minimax-m3-mxfp8", "--quant", "mxfp8", "--tp", "8",
                               "--set", "aiter=1", "--set", "kv_dtype=fp8"])
     assert res.exit_code == 0, res.output
