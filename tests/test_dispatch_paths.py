@@ -31,11 +31,11 @@ def test_tp2_names_the_one_kv_head_per_rank_condition(traces):
     assert len(att) == 4  # 2 sparse layers x 2 steps
     for _, row in att.iterrows():
         assert row["path"] == "torch"
-        (why,) = _rejected(row, "sparse_attn.paged_page16")
+        (why,) = _rejected(row, "attention.aiter_sparse_pa")
         assert "one KV head per rank" in why and "got 2 KV heads per rank at tp=2" in why
     v = verify(Expectations.load("minimax_m3_tp4"), traces["tp2"])
     assert not v.ok
-    res = v.results.set_index("id").loc["sparse_attention_paged"]
+    res = v.results.set_index("id").loc["attention_decode"]
     assert res["status"] == "fail" and "one KV head per rank" in res["why"]
 
 
@@ -45,34 +45,34 @@ def test_tp4_passes_the_plan_conditions_and_fails_only_on_the_device(traces):
     assert header["plan"]["tp"] == 4 and header["commit"] == "test" and header["device"] == "meta"
     att = df[(df.op == "attention") & (df.layer >= 3)]
     for _, row in att.iterrows():
-        (why,) = _rejected(row, "sparse_attn.paged_page16")
-        assert why.startswith("runs on a GPU") and "got meta" in why
+        (why,) = _rejected(row, "attention.aiter_sparse_pa")
+        assert why.startswith("runs on hip") and "got meta" in why
+        assert any(r["path"].startswith("attention.triton_sparse") and "CUDA" in r["condition"] for r in row["rejected"])
     dense_att = df[(df.op == "attention") & (df.layer < 3)]
-    assert all("sparse-attention layer" in _rejected(r, "sparse_attn.paged_page16")[0] for _, r in dense_att.iterrows())
+    assert all("sparse-attention layer" in _rejected(r, "attention.aiter_sparse_pa")[0] for _, r in dense_att.iterrows())
 
 
 def test_fused_moe_has_129_experts_and_no_shared_mlp(traces):
     df = read_dispatch_trace(traces["tp4"])
     moe = df[df.op == "moe_gate_up"]
     assert len(moe) == 4 and all(s["w"][0] == 129 and s["ids"][1] == 5 for s in moe.shapes)
-    assert all(_rejected(r, "moe.fused_shared_grouped_gemm")[0].startswith("runs on a GPU") for _, r in moe.iterrows())
+    assert all(_rejected(r, "moe.triton_fused_moe")[0].startswith("runs on cuda/hip") for _, r in moe.iterrows())
     assert not df.op.isin(["shared_gate_up", "shared_down"]).any()
     unfused = read_dispatch_trace(traces["tp4_unfused"])
     moe = unfused[unfused.op == "moe_gate_up"]
     assert all(s["w"][0] == 128 for s in moe.shapes)
-    assert all("shared expert fused" in _rejected(r, "moe.fused_shared_grouped_gemm")[0] for _, r in moe.iterrows())
     assert (unfused.op == "shared_gate_up").sum() == 4
 
 
-def test_decode_tile_table_condition_is_about_m(traces):
+def test_gemm_paths_name_the_weight_format_and_m(traces):
     df = read_dispatch_trace(traces["tp4"])
     gemms = df[df.op.isin(["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])]
     for _, row in gemms.iterrows():
-        (why,) = _rejected(row, "gemm.decode_tile_table")
-        if row["shapes"]["x"][0] <= 64:
-            assert why.startswith("runs on a GPU")
-        else:
-            assert why == f"decode-sized M <= 64 (got M={row['shapes']['x'][0]})"
+        (why,) = _rejected(row, "gemm.mxfp8_dot_scaled_decode")
+        m = row["shapes"]["x"][0]
+        assert why == "weights mxfp8 (got bf16)"
+        assert _rejected(row, "gemm.unquantized") == ["runs on cuda (got meta)"]
+        assert m in (1, 2, 500)
 
 
 def test_a_registered_fast_path_runs_when_its_conditions_hold():
@@ -102,13 +102,27 @@ def test_unimplemented_path_and_registry_errors():
     reg = m3_registry()
     ctx = CallContext("moe_gate_up", 3, "grouped_gemm", {}, {}, "cuda", {"fused_shared_expert": True},
                       {"experts": 129, "routed_experts": 128, "w_format": "mxfp8"})
-    assert "not implemented yet" in reg.paths["moe.fused_shared_grouped_gemm"].first_failure(ctx)
+    assert "not implemented yet" in reg.paths["moe.triton_mxfp8_native"].first_failure(ctx)
     with pytest.raises(M3LabError, match="unknown fast path"):
         reg.register_impl("nope", lambda: None)
     with pytest.raises(M3LabError, match="already declared"):
-        reg.declare(reg.paths["indexer.index_topk"])
+        reg.declare(reg.paths["indexer.triton_decode"])
     names = {row["path"] for row in reg.table()}
-    assert {"sparse_attn.paged_page16", "moe.fused_shared_grouped_gemm", "gemm.decode_tile_table"} <= names
+    assert {"attention.aiter_sparse_pa", "attention.triton_sparse_decode", "indexer.triton_decode",
+            "topk.triton_prefill", "gemm.mxfp8_dot_scaled_decode", "moe.triton_mxfp8_native",
+            "norm.triton_gemma_rmsnorm", "activation.triton_swiglu_oai"} <= names
+    assert not any(n in names for n in ("sparse_attn.paged_page16", "indexer.index_topk"))  # invented names gone
+
+
+def test_registry_paths_are_the_resolvers_paths():
+    """Every registry path the expectations generator maps a resolver decision to is declared."""
+    from m3lab.vllm.fastpath_expectations import SHIPPED, expectations_for_preset
+    names = set(m3_registry().paths)
+    for preset in SHIPPED.values():
+        for item in expectations_for_preset(preset)["expectations"]:
+            paths = item.get("path", [])
+            for p in [paths] if isinstance(paths, str) else paths:
+                assert p in names, (preset, item["id"], p)
 
 
 def test_mini_model_records_every_op_on_cpu():

@@ -113,9 +113,10 @@ def verify_cmd(traces: List[Path] = typer.Argument(..., help="one or more traces
     """Check fast-path expectations; exit 1 when one fails (or nothing could be checked)."""
     from rich.console import Console
 
-    from m3lab.traces import Expectations, verify
+    from m3lab.traces import verify
+    from m3lab.vllm.fastpath_expectations import load_expectations  # shipped, a YAML path, or preset:<name>
 
-    result = verify(Expectations.load(expect), *traces)
+    result = verify(load_expectations(expect), *traces)
     if as_json:
         echo_json(result.to_dict())
     else:

@@ -25,7 +25,7 @@ import torch
 
 from m3lab.dispatch.capture import build_traced_model, run_steps
 from m3lab.dispatch.dispatcher import plan_dict
-from m3lab.dispatch.registry import attach_repo_kernels, attach_vllm_kernels, m3_registry
+from m3lab.dispatch.registry import attach_repo_kernels, m3_registry
 
 LAYOUT = "triton"  # vLLM's Triton KV layout [blocks, kv_heads, 128, 2*head_dim]: its kernels read it in place
 
@@ -39,6 +39,7 @@ def _device_slug(device: str) -> str:
 def _attach(registry, model, device: str, with_kernels: bool, vllm_kernels: bool) -> dict[str, str]:
     status = attach_repo_kernels(registry) if with_kernels else {}
     if vllm_kernels and device.startswith("cuda"):
+        from m3lab.vllm.reference_kernels import attach_vllm_kernels
         sp = model.model.sparse
         status.update(attach_vllm_kernels(registry, topk=sp.topk_blocks, init_blocks=sp.init_blocks,
                                           local_blocks=sp.local_blocks))

@@ -6,11 +6,12 @@ vLLM's, restricted to what one reference call can see (the op's shapes, dtypes, 
 deployment-wide switches (``VLLM_ROCM_USE_AITER``, the shuffled KV layout, the index-cache dtype) are the
 resolver's business. Implementations attach by name:
 
-- :func:`attach_vllm_kernels`: vLLM's own Triton kernels (sparse attention, indexer score + top-k, Gemma
+- ``m3lab.vllm.reference_kernels.attach_vllm_kernels``: vLLM's own Triton kernels (sparse attention, indexer score + top-k, Gemma
   RMSNorm, SwiGLU-OAI) and its CUDA unquantized GEMM, on a CUDA device (:mod:`m3lab.vllm.reference_kernels`);
 - :func:`attach_repo_kernels`: this repo's kernels (:data:`REPO_KERNELS`); :data:`KERNEL_SLOTS` names the
   repo kernel family each not-yet-implemented path waits for. ``register_impl(name, fn)`` attaches one.
 """
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from m3lab.dispatch.fastpath import CallContext, Condition, FastPath
@@ -22,6 +23,23 @@ KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # MiniMaxM3
 NORM_OPS = ("input_norm", "post_attn_norm", "final_norm")
 ACT_OPS = ("act", "shared_act")  # dense MLP and unfused shared expert (N3); the MoE activation is inside the experts
 GEMM_OPS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "shared_gate_up", "shared_down", "lm_head")
+
+
+@dataclass
+class IndexerHandoff:
+    """What the last indexer call of a fast path left for the layer's top-k op (the reference model splits
+    score and top-k into two ops; vLLM's decode indexer selects in the same call). Written by the indexer
+    implementation, read by the top-k paths' conditions and implementation."""
+
+    scores: Any = None                 # the scores tensor the indexer op returned
+    topk: Any = None                   # decode: the selection vLLM's call already made
+    prefill_args: tuple | None = None  # prefill: (cu_seqlens_q, prefix_lens, max_query_len) for the top-k
+
+    def matches(self, shape: list[int]) -> bool:
+        return self.scores is not None and list(self.scores.shape) == list(shape)
+
+
+INDEXER_HANDOFF = IndexerHandoff()
 
 
 def _path(name: str, ops: tuple[str, ...], description: str, conditions: tuple[Condition, ...],
@@ -88,14 +106,12 @@ def _indexer_paths() -> list[FastPath]:
 
     def from_vllm_indexer() -> Condition:
         def check(c: CallContext) -> bool:
-            from m3lab.vllm.reference_kernels import LAST_INDEXER
-            return LAST_INDEXER.matches(c.shapes["scores"])
+            return INDEXER_HANDOFF.matches(c.shapes["scores"])
         return Condition("scores from vLLM's indexer call of this layer", check, lambda c: "reference scores")
 
     def selected(want: bool) -> Condition:
         def check(c: CallContext) -> bool:
-            from m3lab.vllm.reference_kernels import LAST_INDEXER
-            return (LAST_INDEXER.topk is not None) is want
+            return (INDEXER_HANDOFF.topk is not None) is want
         word = "decode: vLLM's indexer call already selected" if want else "prefill: scores only, top-k to select"
         return Condition(word, check, lambda c: "the other phase")
 
@@ -215,7 +231,8 @@ KERNEL_SLOTS = {  # declared path -> the repo kernel family that implements it (
 }
 
 
-def _attach(registry: FastPathRegistry, impls: dict[str, tuple[str, str] | Callable[..., Any]]) -> dict[str, str]:
+def attach_impls(registry: FastPathRegistry, impls: dict[str, tuple[str, str] | Callable[..., Any]]) -> dict[str, str]:
+    """Attach implementations ({path: (module, function) or a callable}); -> {path: "ok" | error text}."""
     import importlib
     status = {}
     for path, target in impls.items():
@@ -230,17 +247,7 @@ def _attach(registry: FastPathRegistry, impls: dict[str, tuple[str, str] | Calla
 
 def attach_repo_kernels(registry: FastPathRegistry) -> dict[str, str]:
     """Attach the kernels of this repo that implement declared paths; -> {path: "ok" | error text}."""
-    return _attach(registry, REPO_KERNELS)
-
-
-def attach_vllm_kernels(registry: FastPathRegistry, *, topk: int = 16, init_blocks: int = 0,
-                        local_blocks: int = 1) -> dict[str, str]:
-    """Attach vLLM's own M3 Triton kernels (needs vLLM; on a CPU they only run in the Triton interpreter)."""
-    from m3lab.vllm import install
-    if not install.available():
-        return {"vllm": install.problem()}
-    from m3lab.vllm.reference_kernels import implementations
-    return _attach(registry, implementations(topk, init_blocks, local_blocks))
+    return attach_impls(registry, REPO_KERNELS)
 
 
 def m3_registry(with_kernels: bool = False) -> FastPathRegistry:

@@ -39,7 +39,6 @@ import yaml
 
 from m3lab.errors import M3LabError
 
-GENERATED_PREFIX = "preset:"  # expectations generated from m3lab.spec.serving presets by the resolver
 _FIELDS = ("id", "description", "op", "layers", "where", "path", "require", "kernels", "absent_ops",
            "absent_kernels", "min_share", "optional")
 
@@ -242,21 +241,18 @@ class Expectations:
 
     @classmethod
     def load(cls, path_or_name: str | Path) -> "Expectations":
-        """Load a YAML file, a shipped set by name (``"minimax_m3_tp4"``; see :func:`list_shipped`), or the set
-        the fast-path resolver generates for a serving preset (``"preset:mxfp8-tp4-optimised"``).
+        """Load a YAML file or a shipped set by name (``"minimax_m3_tp4"``; see :func:`list_shipped`). The sets the
+        fast-path resolver generates for a serving preset: ``m3lab.vllm.fastpath_expectations.load_expectations``.
 
         >>> exp = Expectations.load("minimax_m3_tp4")
         >>> [e.id for e in exp.items]
         """
-        if str(path_or_name).startswith(GENERATED_PREFIX):
-            from m3lab.vllm.fastpath_expectations import expectations_for_preset
-            return cls.from_dict(expectations_for_preset(str(path_or_name)[len(GENERATED_PREFIX):]), str(path_or_name))
         path = Path(path_or_name)
         if not path.is_file():
             shipped = _shipped_dir() / f"{path_or_name}.yaml"
             if not shipped.is_file():
                 raise M3LabError(f"expectations {path_or_name!r} not found", field="--expect",
-                                 hint="give a YAML path, preset:<serving preset> or one of: " + ", ".join(list_shipped()))
+                                 hint="give a YAML path, preset:<serving preset> (m3lab trace verify) or one of: " + ", ".join(list_shipped()))
             path = shipped
         try:
             doc = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -5,7 +5,7 @@ that the reference model can take (a path declared in ``m3lab.dispatch.registry`
 ``m3lab.traces.expectations``: the op and layers, the registry path that must have run, the kernels a
 profiler trace must show inside that op, and the structure the plan implies (129 experts and no separate
 shared MLP when vLLM fuses the shared expert). Nothing is hand-written: the kernel regexes are the resolver's
-kernel names. ``Expectations.load("preset:<name>")`` generates them on the fly; the shipped YAML files in
+kernel names. :func:`load_expectations` (``m3lab trace verify --expect preset:<name>``) generates them on the fly; the shipped YAML files in
 ``m3lab/traces/expectations`` are this module's output (:func:`write_shipped`, checked by a test).
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from m3lab.spec.serving import Deployment, load_preset
+from m3lab.traces.expectations import Expectations
 from m3lab.vllm.fastpaths import Decision, resolve
 
 PHASE_TOKENS = {"decode": 32, "prefill": 4096}
@@ -174,6 +175,17 @@ def _moe_structure(dep: Deployment) -> list[dict[str, Any]]:
         return [item]
     return [item, {"id": "shared_expert_mlp", "op": "shared_gate_up|shared_down",
                    "description": "the shared expert runs as its own MLP (fusion off)"}]
+
+
+GENERATED_PREFIX = "preset:"
+
+
+def load_expectations(name_or_path: str) -> Expectations:
+    """``preset:<serving preset>``: the expectations generated for it; anything else: ``Expectations.load``."""
+    text = str(name_or_path)
+    if text.startswith(GENERATED_PREFIX):
+        return Expectations.from_dict(expectations_for_preset(text[len(GENERATED_PREFIX):]), text)
+    return Expectations.load(name_or_path)
 
 
 def expectations_for_preset(name: str) -> dict[str, Any]:

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
+from m3lab.spec.serving import Deployment
 from m3lab.vllm.cite import Cite
-from m3lab.vllm.fastpaths import Check, Decision
-
-if TYPE_CHECKING:
-    from m3lab.vllm.fastpaths import Resolution
+from m3lab.vllm.fastpath_types import Check, Decision, Platform
 
 M3 = "models/minimax_m3/"
 AMD_MODEL = M3 + "amd/model.py"
@@ -100,6 +97,8 @@ CITES = {
     "nv_swiglu": Cite(NV_MODEL, "MiniMaxM3MLP.__init__", "SiluAndMulWithClamp("),
     "ffn_reduce": Cite(AMD_MODEL, "MiniMaxM3MLP.__init__", "reduce_results=reduce_results,"),
     "nv_deferred_ar": Cite(NV_MODEL, "MiniMaxM3DecoderLayer.forward"),
+    "nv_dense_attn": Cite(NV_MODEL, "MiniMaxM3Attention.__init__", "self.attn = Attention("),
+    "moe_select": Cite("model_executor/layers/fused_moe/oracle/unquantized.py", "select_unquantized_moe_backend"),
     "mono": Cite(MONO_SPEC, "DecodeConfig.refusal_reasons", 'reasons.append("requires --moe-backend aiter")'),
     "mono_select": Cite(MONO_SPEC, "specialized_decode_config", "reasons = spec.refusal_reasons(config)"),
     "lm_head": Cite(GEMM_UTILS, "rocm_unquantized_gemm_impl", "return torch.nn.functional.linear(x, weight, bias)"),
@@ -121,9 +120,9 @@ def _vllm(module: str):
 class Facts:
     """The inputs of vLLM's decisions for one resolution (derived once)."""
 
-    def __init__(self, res: Resolution):
-        d = res.deployment
-        self.res, self.d, self.p, self.s = res, d, res.platform, d.serving
+    def __init__(self, d: Deployment, platform: Platform, tokens: int, phase: str):
+        self.tokens = tokens
+        self.d, self.p, self.s = d, platform, d.serving
         self.model, self.plan, self.quant = d.model, d.plan, d.quant
         self.tp = d.plan.tp
         self.kv_heads = d.plan.heads_kv_local(d.model)
@@ -136,9 +135,9 @@ class Facts:
         self.msa_reason = self._msa_reason()
         self.msa = self.msa_reason is None
         self.emits_table = self.msa  # the MSA top-k writes the attend's page table
-        self.decode = res.phase == "decode"
-        self.rows_per_req = self.s.decode_query_len if self.decode else res.tokens
-        self.requests = max(1, res.tokens // self.rows_per_req) if self.decode else 1
+        self.decode = phase == "decode"
+        self.rows_per_req = self.s.decode_query_len if self.decode else tokens
+        self.requests = max(1, tokens // self.rows_per_req) if self.decode else 1
 
     def _msa_reason(self) -> str | None:
         """``msa_indexer_unsupported_reason`` at cp_world 1 (``amd/indexer_msa.py``)."""
@@ -344,7 +343,7 @@ def _rocm_triton_indexer(f: Facts, kind: str, msa_check: Check) -> Decision:
                             f"{chunks} kv chunks, high_batch={high}", True, _c("score_split")))
         score = "_decode_index_score_kernel"
     max_block = math.ceil(f.max_model_len / sp.block_size)
-    pol = ops._decode_topk_launch_policy(max_block, f.res.tokens, f.idx_heads, sp.topk_blocks, is_gfx950=f.p.gfx950)
+    pol = ops._decode_topk_launch_policy(max_block, f.tokens, f.idx_heads, sp.topk_blocks, is_gfx950=f.p.gfx950)
     checks.append(Check("fused top-k fast policy (gfx950, topk 16, <= 8192 blocks)", f"{pol[0]} chunks x {pol[1]} blocks",
                         pol[4], _c("topk_policy")))
     emit = f.pa_requested
@@ -405,7 +404,7 @@ def dense_attention(f: Facts) -> Decision:
     """A7: dense layers 0-2 run vLLM's generic Attention; the backend comes from the platform's priority list."""
     if not f.p.rocm:
         return Decision("attention", "dense", "A7", "cuda_default_backend", ("FlashAttention / FlashInfer (platform default)",),
-                        (Check("platform", "CUDA", True),), _c("cuda_gemm"),
+                        (Check("platform", "CUDA", True),), _c("nv_dense_attn"),
                         note="generic vLLM Attention; the CUDA backend choice is not resolved here")
     connector = f.plan.role != "both"
     order = ([] if connector else ["ROCM_ATTN"]) + (["ROCM_AITER_FA"] if f.aiter and f.s.aiter_mha else []) + \
@@ -437,9 +436,10 @@ def allreduce_norm(f: Facts, kind: str) -> Decision:
     if not f.p.rocm:
         return Decision("allreduce_norm", kind, "N2", "flashinfer_fused_ar_norm_or_nccl",
                         ("flashinfer trtllm fused allreduce+norm (when the workspace fits) or NCCL + gemma_fused_add_rmsnorm",),
-                        (Check("tp", f.tp, True),), _c("fused_ar_fi"),
-                        note="the NVIDIA model defers the FFN all-reduce into the next layer's norm")
-    bytes_ = f.res.tokens * f.model.hidden * 2
+                        (Check("tp", f.tp, True, _c("fused_ar_fi")),
+                         Check("FFN all-reduce deferred into the next layer's norm (NVIDIA model only)", True, True,
+                               _c("nv_deferred_ar"))), _c("fused_ar_fi"))
+    bytes_ = f.tokens * f.model.hidden * 2
     ok = f.aiter and f.s.aiter_custom_ar
     checks = (Check("VLLM_ROCM_USE_AITER ∧ VLLM_ROCM_USE_AITER_CUSTOM_AR", f"{int(f.aiter)}/{int(f.s.aiter_custom_ar)}",
                     ok, _c("fused_ar")),
@@ -493,7 +493,7 @@ def fse(f: Facts) -> tuple[bool, list[Check], str]:
 
 def router(f: Facts, kind: str) -> Decision:
     """G3: the fp32 router GEMM tiers."""
-    t = f.res.tokens
+    t = f.tokens
     if not f.p.rocm:
         return Decision("router", kind, "G3", "cuda_router_tiers", ("fp32 router GEMM tier (cuteDSL / fp32 kernel / cuBLAS)",),
                         (Check("tokens", t, True),), _c("router_fp32"), note="CUDA tiers not resolved in detail")
@@ -542,7 +542,7 @@ def experts(f: Facts, kind: str) -> list[Decision]:
     s, p = f.s, f.p
     if not p.rocm:
         out.append(Decision("experts", kind, "M2", f"cuda_{fmt}_moe", (f"vLLM CUDA {fmt} fused MoE",),
-                            (Check("weights", fmt, True),), _c("bf16_moe"), note="CUDA MoE backend not resolved", shape=rows))
+                            (Check("weights", fmt, True),), _c("moe_select"), note="CUDA MoE backend not resolved", shape=rows))
     elif fmt == "mxfp8":
         aiter_ok = p.supports_mx and f.aiter and s.aiter_moe and f.plan.ep == 1
         native_ok = p.supports_mx
@@ -581,10 +581,10 @@ def experts(f: Facts, kind: str) -> list[Decision]:
     if not on and f.model.n_shared:
         sfmt = f.quant.weight_dtype("shared_expert")
         inter = f.model.shared_inter // f.tp  # TP-sharded even under EP when tp > 1 (amd/model.py:286-300)
-        out.append(_gemm(f, "shared_gate_up", kind, sfmt, f.res.tokens, 2 * inter, f.model.hidden,
+        out.append(_gemm(f, "shared_gate_up", kind, sfmt, f.tokens, 2 * inter, f.model.hidden,
                          note="separate shared-expert MLP (fusion off)"))
         out.append(activation(f, kind, "shared"))
-        out.append(_gemm(f, "shared_down", kind, sfmt, f.res.tokens, f.model.hidden, inter))
+        out.append(_gemm(f, "shared_down", kind, sfmt, f.tokens, f.model.hidden, inter))
     return out
 
 
@@ -605,7 +605,7 @@ def monokernel(f: Facts) -> Decision | None:
     if reasons:
         return Decision("monokernel", "sparse", "M3", "refused", (), checks, _c("mono_select"), status="refused",
                         note="vLLM raises ValueError: MiniMax-M3 specialized decode unsupported: " + "; ".join(reasons))
-    rows = f.res.tokens
+    rows = f.tokens
     runs = f.decode and 1 <= rows <= 16 and f.s.cudagraph_mode != "PIECEWISE"
     return Decision("monokernel", "sparse", "M3", "mono_ffn" if runs else "stock_layers",
                     ("minimax_m3_mono_ffn_s{rows}_tp4".format(rows=rows),) if runs else (), checks, _c("mono_select"),
@@ -638,9 +638,10 @@ def _duck_vllm_config(f: Facts) -> SimpleNamespace:
 
 
 # ---- the whole model ----------------------------------------------------------------------------------
-def all_decisions(res: Resolution) -> list[Decision]:
-    f = Facts(res)
-    m, t = f.model, res.tokens
+def all_decisions(d: Deployment, platform: Platform, tokens: int, phase: str) -> list[Decision]:
+    """Every decision for one deployment and step (see :func:`m3lab.vllm.fastpaths.resolve`)."""
+    f = Facts(d, platform, tokens, phase)
+    m, t = f.model, tokens
     out: list[Decision] = []
     qfmt = f.quant.weight_dtype("attn_qkv")
     ofmt = f.quant.weight_dtype("attn_o")
@@ -677,6 +678,15 @@ def all_decisions(res: Resolution) -> list[Decision]:
         out.append(mono)
     out.append(norms(f, "model"))
     out.append(graphs(f))
-    out.append(_gemm(f, "lm_head", "model", "bf16", t if not f.decode else f.requests * f.rows_per_req,
-                     -(-m.vocab // 64) * 64 // f.tp, m.hidden, note="lm_head is BF16 in every M3 checkpoint"))
-    return out
+    sampled = f.requests * (f.rows_per_req if f.decode else 1)  # logits only at the sampled positions
+    out.append(_gemm(f, "lm_head", "model", "bf16", sampled, -(-m.vocab // 64) * 64 // f.tp, m.hidden,
+                     note="lm_head is BF16 in every M3 checkpoint; logits only for the sampled rows"))
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for d in out:  # one refusal is one start-up error, whichever layer kinds share it
+        if d.status == "refused":
+            if (d.op, d.note) in seen:
+                continue
+            seen.add((d.op, d.note))
+        unique.append(d)
+    return unique

@@ -10,7 +10,7 @@ installed vLLM (imported through :mod:`m3lab.vllm.imports`, never copied):
 - the indexer: ``common/ops/index_topk.py`` ``minimax_m3_index_decode`` (score + partial/merge top-k, one call)
   and ``minimax_m3_index_score`` + ``minimax_m3_index_topk`` (prefill). The reference model splits score and
   top-k into two ops, vLLM's decode fuses them: the ``indexer`` op runs vLLM's whole decode call and keeps its
-  top-k in :data:`LAST_INDEXER`; the following ``topk`` op returns it;
+  top-k in ``m3lab.dispatch.registry.INDEXER_HANDOFF``; the following ``topk`` op returns it;
 - ``amd/ops/gemma_rmsnorm.py`` ``gemma_rmsnorm`` and ``amd/ops/swiglu_oai.py`` ``swiglu_oai_split`` (on CUDA these
   run as peers: vLLM's NVIDIA model uses FlashInfer's norm and ``SiluAndMulWithClamp``).
 
@@ -19,11 +19,11 @@ iq [T, Hi, Di]; index_cache [NB, 128, Di]; block_tables [R, W]; seq_lens [R]; cu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from m3lab.dispatch.registry import INDEXER_HANDOFF, FastPathRegistry, attach_impls
 from m3lab.vllm.imports import m3_module
 
 
@@ -67,21 +67,6 @@ def sparse_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
     return out
 
 
-@dataclass
-class _IndexerState:
-    """What the last vLLM indexer call left for the following top-k op (same layer, same step)."""
-
-    scores: torch.Tensor | None = None
-    topk: torch.Tensor | None = None          # decode: already selected by vLLM's fused call
-    prefill_args: tuple[Any, ...] | None = None  # prefill: (cu_seqlens_q, prefix_lens, max_query_len)
-
-    def matches(self, shape: list[int]) -> bool:
-        return self.scores is not None and list(self.scores.shape) == list(shape)
-
-
-LAST_INDEXER = _IndexerState()
-
-
 def make_indexer(topk: int, init_blocks: int, local_blocks: int):
     """The ``indexer`` op on vLLM's kernels, for a model with these top-k settings (M3: 16, 0, 1)."""
 
@@ -96,12 +81,12 @@ def make_indexer(topk: int, init_blocks: int, local_blocks: int):
             score = torch.empty(heads, iq.shape[0], -(-nb // 16) * 16, dtype=torch.float32, device=iq.device)
             sel = ops.minimax_m3_index_decode(iq.contiguous(), index_cache, bt, sl, max_seq, topk, init_blocks,
                                               local_blocks, heads, rows, rows, score_out=score)
-            LAST_INDEXER.scores, LAST_INDEXER.topk, LAST_INDEXER.prefill_args = score, sel, None
+            INDEXER_HANDOFF.scores, INDEXER_HANDOFF.topk, INDEXER_HANDOFF.prefill_args = score, sel, None
             return score
         prefix = torch.tensor(starts, dtype=torch.int32, device=iq.device)
         cu = cu_seqlens_q.to(torch.int32).contiguous()
         score = ops.minimax_m3_index_score(iq.contiguous(), index_cache, bt, cu, sl, prefix, max(counts), max_seq, heads)
-        LAST_INDEXER.scores, LAST_INDEXER.topk, LAST_INDEXER.prefill_args = score, None, (cu, prefix, max(counts))
+        INDEXER_HANDOFF.scores, INDEXER_HANDOFF.topk, INDEXER_HANDOFF.prefill_args = score, None, (cu, prefix, max(counts))
         return score
 
     return indexer
@@ -109,7 +94,7 @@ def make_indexer(topk: int, init_blocks: int, local_blocks: int):
 
 def topk_blocks(scores, positions, *, block_size, topk, local_blocks, init_blocks):
     """The ``topk`` op: vLLM's decode selection (made by the indexer call) or its prefill bitonic top-k."""
-    state = LAST_INDEXER
+    state = INDEXER_HANDOFF
     if state.scores is not scores:
         raise RuntimeError("the vLLM top-k path needs the scores of vLLM's indexer call in the same layer")
     if state.topk is not None:
@@ -134,10 +119,19 @@ def unquantized_linear(x, w, w_scale=None, *, w_format="bf16"):
 
 
 def implementations(topk: int = 16, init_blocks: int = 0, local_blocks: int = 1) -> dict[str, Any]:
-    """Registry path name -> implementation, for :func:`m3lab.dispatch.registry.attach_vllm_kernels`."""
+    """Registry path name -> implementation, for :func:`attach_vllm_kernels`."""
     indexer = make_indexer(topk, init_blocks, local_blocks)
     return {"attention.triton_sparse_decode": sparse_attention, "attention.triton_sparse_prefill": sparse_attention,
             "indexer.triton_decode": indexer, "indexer.triton_prefill": indexer,
             "topk.triton_decode": topk_blocks, "topk.triton_prefill": topk_blocks,
             "norm.triton_gemma_rmsnorm": gemma_rmsnorm, "activation.triton_swiglu_oai": swiglu_oai,
             "gemm.unquantized": unquantized_linear}
+
+
+def attach_vllm_kernels(registry: FastPathRegistry, *, topk: int = 16, init_blocks: int = 0,
+                        local_blocks: int = 1) -> dict[str, str]:
+    """Attach vLLM's own M3 kernels to the registry's paths; -> {path: "ok" | error text}."""
+    from m3lab.vllm import install
+    if not install.available():
+        return {"vllm": install.problem()}
+    return attach_impls(registry, implementations(topk, init_blocks, local_blocks))

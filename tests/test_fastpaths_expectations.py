@@ -1,0 +1,73 @@
+"""Step 4 on the real paths: expectations generated from the resolver; the committed H200 traces pass them."""
+import glob
+
+import pytest
+import yaml
+
+from m3lab.errors import M3LabError
+from m3lab.traces import Expectations, verify
+from m3lab.traces.expectations import _shipped_dir
+from m3lab.vllm.fastpath_expectations import SHIPPED, expectations_for_preset, load_expectations, render_yaml
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_expectations_are_the_generators_output(name):
+    doc = expectations_for_preset(SHIPPED[name])
+    doc["name"] = name
+    assert (_shipped_dir() / f"{name}.yaml").read_text() == render_yaml(doc), "run write_shipped()"
+
+
+def test_generated_expectations_follow_the_resolver():
+    opt = {e.id: e for e in load_expectations("preset:mxfp8-tp4-optimised").items}
+    assert opt["attention_decode"].path[0].pattern == "attention.aiter_sparse_pa"
+    assert opt["moe_expert_table"].require.text == "w[0] == 129 and ids[1] == 5"
+    assert [p.pattern for p in opt["moe_expert_table"].absent_ops] == ["shared_gate_up", "shared_down"]
+    # index sharing every 4th sparse layer: the indexer runs on the computing layers only
+    assert opt["indexer_decode"].layers[2] == frozenset(range(3, 60, 4))
+    base = {e.id: e for e in load_expectations("preset:mxfp8-tp4-baseline").items}
+    assert base["attention_decode"].path[0].pattern == "attention.triton_sparse_decode"
+    assert "shared_expert_mlp" in base and base["moe_expert_table"].require.text == "w[0] == 128 and ids[1] == 4"
+    h200 = {e.id: e for e in load_expectations("preset:h200-bf16-tp4").items}
+    assert [k.pattern for k in h200["attention_decode"].kernels] == ["_gqa_sparse_decode_kernel",
+                                                                     "_merge_topk_attn_out_kernel"]
+
+
+def test_a_refused_preset_has_no_expectations():
+    with pytest.raises(M3LabError, match="unknown preset"):
+        load_expectations("preset:nope")
+
+
+def _committed():
+    (dispatch,) = glob.glob("traces/dispatch/m3_tp4_L0-4_h200_*.dispatch.jsonl.gz")
+    kineto = dispatch.replace("traces/dispatch/", "traces/profiler/").replace(".dispatch.jsonl.gz", ".kineto.json.gz")
+    return dispatch, kineto
+
+
+def test_committed_h200_traces_pass_the_generated_expectations(repo_dir, monkeypatch):
+    monkeypatch.chdir(repo_dir)
+    dispatch, kineto = _committed()
+    v = verify("minimax_m3_h200_tp4", dispatch, kineto)
+    assert v.ok, v.failed
+    res = v.results
+    kin = res[res.source == "kineto"].set_index("id")
+    assert {"attention_decode", "attention_prefill", "indexer_decode", "indexer_prefill", "topk_prefill"} <= set(kin.index)
+    assert (kin.status == "pass").all()
+    assert (res.status == "pass").sum() >= 14
+
+
+def test_cli_verifies_the_committed_traces(repo_dir, monkeypatch):
+    from typer.testing import CliRunner
+
+    from m3lab.cli.main import app
+    monkeypatch.chdir(repo_dir)
+    dispatch, kineto = _committed()
+    res = CliRunner().invoke(app, ["trace", "verify", dispatch, kineto, "--expect", "preset:h200-bf16-tp4"])
+    assert res.exit_code == 0, res.output
+    wrong = CliRunner().invoke(app, ["trace", "verify", dispatch, "--expect", "preset:mxfp8-tp4-optimised"])
+    assert wrong.exit_code == 1  # the MI355X deployment's paths did not run on the H200
+
+
+def test_generated_yaml_is_valid_yaml():
+    for name in SHIPPED:
+        doc = yaml.safe_load((_shipped_dir() / f"{name}.yaml").read_text())
+        assert doc["name"] == name and doc["expectations"]
