@@ -99,11 +99,21 @@ def facts(values: dict, name: str = "value"):
     return pd.DataFrame(rows).set_index("fact")
 
 
+#: Rows shown of a long DataFrame: the first and the last half of this many.
+MAX_ROWS = 200
+
+
 def frame_html(df) -> str:
-    """A DataFrame as an HTML table: every cell whole, byte columns in GB / MB, long lists folded."""
+    """A DataFrame as an HTML table: every cell whole, byte columns in GB / MB, long lists folded; a frame
+    longer than ``MAX_ROWS`` shows its first and last rows and says how many there are."""
+    import pandas as pd
+
+    note = ""
+    if len(df) > MAX_ROWS:
+        note = f"<p><small>{len(df):,} rows; the first and last {MAX_ROWS // 2} shown</small></p>"
+        df = pd.concat([df.head(MAX_ROWS // 2), df.tail(MAX_ROWS // 2)])
     shown = df.astype(object).copy()
     for j, col in enumerate(df.columns):
         shown.iloc[:, j] = [_cell(v, is_bytes_column(col)) for v in df.iloc[:, j]]
-    import pandas as pd
     with pd.option_context("display.max_colwidth", None):
-        return shown.to_html(escape=False, notebook=True, max_rows=200)
+        return shown.to_html(escape=False, notebook=True, max_rows=None) + note

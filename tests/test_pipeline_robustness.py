@@ -305,3 +305,16 @@ def test_a_run_folder_resumes_from_another_place_and_refuses_another_pipeline(to
     assert resume_run(again, ["scale=3"], **QUIET).ok
     out = cli.invoke(app, ["run", "kernels", "--resume", str(again)])
     _one_line_error(out, "pipeline 'toy'", "not 'kernels'")
+
+
+def test_run_into_a_full_disk_from_the_cli_has_no_traceback(toy, tmp_path):
+    disk = tmp_path / "tiny"
+    if not _mount(disk, "size=24k"):
+        pytest.skip("mount not permitted here")
+    try:
+        res = cli.invoke(app, ["run", str(toy["yaml"]), "-p", "big=100", "--out", str(disk)])
+        assert res.exit_code in (1, 2) and "Traceback" not in res.output, res.output
+        assert "No space left on device" in res.output
+        assert "resume" in res.output or res.exit_code == 2
+    finally:
+        _umount(disk)

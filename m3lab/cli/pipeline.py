@@ -127,8 +127,12 @@ def list_(
     tty = sys.stdout.isatty()
     width = shutil.get_terminal_size((100, 24)).columns if tty else None
     for p in listing["pipelines"]:
-        typer.echo(typer.style(p["name"], bold=True) if tty else p["name"], nl=False)
-        typer.echo(f": {p['description']}")
+        name = typer.style(p["name"], bold=True) if tty else p["name"]
+        desc = f": {p['description']}"
+        if width is not None:
+            desc = textwrap.fill(desc, width=max(40, width - 1), initial_indent=" " * len(p["name"]),
+                                 subsequent_indent="  ")[len(p["name"]):]
+        typer.echo(name + desc)
         for s in p["steps"]:
             typer.echo(f"  {s['name']}  ({s['notebook']})")
             for q in s["parameters"]:

@@ -92,7 +92,7 @@ def run_pipeline(pipeline: str | os.PathLike | Pipeline = DEFAULT_PIPELINE, over
         "steps": [_step_entry(i, s) for i, s in enumerate(pipe.steps)],
     }
     with RunLock(run_dir):
-        write_json(run_dir / SUMMARY, summary)
+        _write_summary(run_dir, summary)
         return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
 
 
@@ -137,7 +137,7 @@ def resume_run(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, pip
         summary["finished"] = None
         summary["resumed"] = summary.get("resumed", []) + [_now()]
         summary["environment"] = environment.describe()
-        write_json(run_dir / SUMMARY, summary)
+        _write_summary(run_dir, summary)
         return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
 
 
@@ -174,7 +174,7 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         entry = summary["steps"][i]
         echo(f"[{done + n}/{len(pipe.steps)}] {step.name} ({step.notebook.name})")
         entry.update(status="running", started=_now(), error=None)
-        write_json(run_dir / SUMMARY, summary)
+        _write_summary(run_dir, summary)
         t0 = time.perf_counter()
         error = None
         try:
@@ -216,11 +216,11 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
             echo(f"  step {step.name!r} failed: {error}")
             break
         echo(f"  ok in {entry['duration_s']:.1f} s, artifacts: {', '.join(entry['artifacts']) or 'none'}")
-        write_json(run_dir / SUMMARY, summary)
+        _write_summary(run_dir, summary)
     else:
         summary["status"] = "ok"
         summary["finished"] = _now()
-        write_json(run_dir / SUMMARY, summary)
+        _write_summary(run_dir, summary)
     _report_quietly(run_dir, echo)
     return RunResult(run_dir, summary)
 
@@ -243,6 +243,16 @@ def _check_complete(path: Path) -> None:
         nbformat.read(path, as_version=4)
     except Exception as err:  # truncated JSON, a missing file, an unreadable disk
         raise _Incomplete(f"{path.name}: {type(err).__name__}") from None
+
+
+def _write_summary(run_dir: Path, summary: dict) -> None:
+    """Rewrite summary.json; an OS error (a full or read-only disk) becomes one line saying how to go on."""
+    try:
+        write_json(run_dir / SUMMARY, summary)
+    except OSError as err:
+        raise M3LabError(f"cannot write {run_dir / SUMMARY}: {err.strerror or err}", field="run_dir",
+                         hint=f"free some space or make the folder writable, then: m3lab run --resume {run_dir}"
+                         ) from None
 
 
 def _write_quietly(run_dir: Path, summary: dict, echo) -> None:
