@@ -87,4 +87,5 @@ def test_norm_and_swiglu_match_the_references(rows, width):
     x, w = torch.randn(rows, width), torch.randn(width) * 0.1
     torch.testing.assert_close(rk.gemma_rmsnorm(x, w, 1e-6), gemma_rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-5)
     h = torch.randn(rows, 2 * width) * 4
-    torch.testing.assert_close(rk.swiglu_oai(h, 1.702, 7.0), swiglu_oai(h, 1.702, 7.0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rk.swiglu_oai(h, 1.702, 7.0, beta=1.0), swiglu_oai(h, alpha=1.702, limit=7.0, beta=1.0),
+                               rtol=1e-5, atol=1e-5)

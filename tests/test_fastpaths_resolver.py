@@ -13,7 +13,7 @@ from m3lab.spec import load_hardware
 from m3lab.spec.serving import deployment, load_preset
 from m3lab.vllm.cite import Cite
 from m3lab.vllm.fastpaths import resolve
-from m3lab.vllm.fastpath_rules import CITES
+from m3lab.vllm.fastpath_cites import CITES
 
 M3 = "models/minimax_m3/"
 # modules whose import needs what a CPU box lacks (torchvision for the M3 model files, a ROCm torch for the

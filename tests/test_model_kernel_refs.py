@@ -64,7 +64,7 @@ def test_indexer_picks_the_block_holding_the_max_key():
 
 def test_swiglu_oai_clamps_gate_above_and_up_both_ways():
     h = torch.tensor([[10.0, -3.0, 20.0, -20.0]])  # gate [10, -3], up [20, -20]
-    out = swiglu_oai(h)
+    out = swiglu_oai(h, alpha=1.702, limit=7.0, beta=1.0)
     g = torch.tensor([7.0, -3.0])
     u = torch.tensor([7.0, -7.0])
     torch.testing.assert_close(out[0], g * torch.sigmoid(1.702 * g) * (u + 1))
@@ -87,11 +87,12 @@ def test_fused_moe_equals_per_token_loop_and_shared_row():
     w13, w2 = torch.randn(e + 1, 2 * i, h) / h ** 0.5, torch.randn(e + 1, h, i) / i ** 0.5
     w, ids = route_sigmoid_bias(torch.randn(t, e), torch.zeros(e), k)
     w, ids = append_shared_expert(w, ids, e)
-    out = fused_moe_ref(x, w13, w2, w, ids)
+    act = dict(alpha=1.702, limit=7.0, beta=1.0)
+    out = fused_moe_ref(x, w13, w2, w, ids, **act)
     ref = torch.zeros(t, h)
     for r in range(t):
         for j in range(k + 1):
             ex = int(ids[r, j])
-            ref[r] += w[r, j] * (swiglu_oai(x[r] @ w13[ex].T) @ w2[ex].T)
+            ref[r] += w[r, j] * (swiglu_oai(x[r] @ w13[ex].T, **act) @ w2[ex].T)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     assert grouped_gemm_ref(x.to("meta"), w13.to("meta"), ids.to("meta")).shape == (t, k + 1, 2 * i)

@@ -50,3 +50,30 @@ def test_measurement_script_refuses_without_gpus():
     from m3lab.bench import collectives
     with pytest.raises(SystemExit, match="needs 2 GPUs"):
         collectives.main(["--out", "/dev/null"])
+
+
+def test_the_committed_h200_table_times_the_cost_models_allreduces():
+    """traces/bench/collectives.csv (two NVLink H200s) is committed, and a calibrated H200 TP2 step's all-reduces
+    take its measured time, not the bound; TP4 groups were not measured and keep the bound."""
+    import dataclasses
+
+    from m3lab.cost.calibration import load_calibration
+    from m3lab.cost.model import cost_step
+    from m3lab.workload.step import EngineStep
+
+    table = ct.load_table()
+    assert table is not None and set(table["op"]) >= {"allreduce", "p2p_kv"}
+    assert (table["device"] == "NVIDIA_H200").all() and set(table["world"]) == {2}
+    h200 = load_hardware("h200")
+    cal = dataclasses.replace(load_calibration("aiter-mi355x", "mi355x"), hardware="h200")  # any fitted calibration
+    for tp, measured in ((2, True), (4, False)):
+        df = cost_step("minimax-m3", h200, step=EngineStep.decode(8, 4096), tp=tp, quant="mxfp8",
+                       calibration=cal)
+        ar = df[df["kind"] == "allreduce"]
+        assert len(ar)
+        want = [ct.allreduce_us(p, int(g), h200, table) for p, g in zip(ar["comm_payload"], ar["comm_group"])]
+        if measured:
+            assert all(w is not None for w in want)
+            np.testing.assert_allclose(ar["t_us"].to_numpy(), np.array(want, dtype=float))
+        else:
+            assert all(w is None for w in want)

@@ -6,20 +6,21 @@ Experts: gate_up weight w13 [E, 2I, H] = [all gate rows ; all up rows] (not inte
 weight w2 [E, H, I]; act = SwiGLU-OAI: min(g, limit)·σ(alpha·min(g, limit))·(clip(u, ±limit) + 1).
 A fused shared expert is one more expert row (id E_routed) with weight 1.0 for every token.
 Weights may be MX-quantised: pass the scales and the format; they are dequantised per expert with
-``kernels/mx/reference.py``.
+``kernels/mx/reference.py``. The SwiGLU constants (alpha, limit, beta) are always passed by the caller:
+they are model facts (MiniMax M3: 1.702, 7.0, 1.0), held by the model description, not here.
 """
 import torch
 
-SWIGLU_ALPHA = 1.702
-SWIGLU_LIMIT = 7.0
 
+def swiglu_oai(h: torch.Tensor, *, alpha: float, limit: float, beta: float) -> torch.Tensor:
+    """SwiGLU-OAI on uninterleaved [..., 2I] = [gate | up] -> [..., I] (computed in fp32, returned in h.dtype).
 
-def swiglu_oai(h: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> torch.Tensor:
-    """SwiGLU-OAI on uninterleaved [..., 2I] = [gate | up] -> [..., I] (computed in fp32, returned in h.dtype)."""
+    act = min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, -limit, limit) + beta).
+    """
     g, u = h.float().chunk(2, dim=-1)
     g = g.clamp(max=limit)
     u = u.clamp(min=-limit, max=limit)
-    return (g * torch.sigmoid(alpha * g) * (u + 1.0)).to(h.dtype)
+    return (g * torch.sigmoid(alpha * g) * (u + beta)).to(h.dtype)
 
 
 def route_sigmoid_bias(logits: torch.Tensor, bias: torch.Tensor, topk: int,
@@ -45,7 +46,7 @@ def expert_weight(w: torch.Tensor, e: int, dtype: torch.dtype, scale: torch.Tens
     """One expert's weight [N, K] in ``dtype`` from a stacked [E, N, K] (mxfp4: [E, N, K/2]) tensor."""
     if fmt in ("bf16", "fp32", "fp16"):
         return w[e].to(dtype)
-    from ..mx import reference as mx  # helper B's MX math; imported lazily (sibling kernel folder)
+    from ..mx import reference as mx
     if fmt == "mxfp8":
         return mx.dequantize_mxfp8(w[e], scale[e], dtype=dtype)
     if fmt == "mxfp4":
@@ -82,10 +83,19 @@ def combine_ref(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor, *, w13_scale=None, w2_scale=None, fmt: str = "bf16",
-                  alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> torch.Tensor:
-    """Whole routed MoE: x [T, H], w13 [E, 2I, H], w2 [E, H, I], weights/ids [T, k] -> [T, H]."""
+                  ids: torch.Tensor, *, alpha: float, limit: float, beta: float, w13_scale=None, w2_scale=None,
+                  fmt: str = "bf16", act_format: str = "bf16", output_scale: float = 1.0) -> torch.Tensor:
+    """Whole routed MoE: x [T, H], w13 [E, 2I, H], w2 [E, H, I], weights/ids [T, k] -> [T, H].
+
+    The gate_up output is rounded to x.dtype before the activation and the activation before the down
+    GEMM, as the grouped kernels store them. ``act_format="mxfp8"``: the activation is quantised per 32
+    (OCP rule, kernels/mx) before the down GEMM, as vLLM's MXFP8 MoE does. ``output_scale`` multiplies
+    the result (vLLM's "scaled output" convention of the fused shared expert).
+    """
     h = grouped_gemm_ref(x, w13, ids, scale=w13_scale, fmt=fmt)
-    a = swiglu_oai(h, alpha, limit)
+    a = swiglu_oai(h, alpha=alpha, limit=limit, beta=beta)
+    if act_format == "mxfp8":
+        from ..mx import reference as mx
+        a = mx.dequantize_mxfp8(*mx.quantize_mxfp8(a.float()), dtype=a.dtype)
     y = grouped_gemm_ref(a, w2, ids, scale=w2_scale, fmt=fmt)
-    return combine_ref(y, weights)
+    return combine_ref(y, weights.float() * output_scale)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 # Modules that register gates on import. MoE and sparse-attention gates add their module here.
-GATE_MODULES = ("m3lab.gates.mx", "m3lab.gates.gemm")
+GATE_MODULES = ("m3lab.gates.mx", "m3lab.gates.gemm", "m3lab.gates.moe", "m3lab.gates.vllm_act")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class Case:
     dtype: str                                              # tolerance key: "float32" | "float16" | "bfloat16"
     run: Callable[[], tuple[torch.Tensor, torch.Tensor]]    # -> (kernel out, reference out)
     exact: bool = False                                     # codes: bit-identical or fail
+    finding: Callable[[], str] | None = None                # after run(): a documented difference, with its size
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,8 @@ def correctness_results(device: torch.device, names: list[str] | None = None) ->
                 got, ref = case.run()
                 value = checks.mismatch_fraction(got, ref) if case.exact else checks.rel_rms(got, ref)
                 detail = "NaN in output (unwritten or invalid)" if math.isnan(value) else ""
+                if case.finding is not None and not detail:
+                    detail = "finding: " + case.finding()
             except Exception as err:   # a crashing kernel fails its gate, the others still run
                 value, detail = math.nan, f"{type(err).__name__}: {str(err)[:200]}"
             out.append({**res, "value": value, "passed": checks.passes(value, limit), "detail": detail})

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from m3lab.dispatch import Dispatcher
-from m3lab.errors import M3LabError
 from m3lab.kernels.moe.reference import append_shared_expert, grouped_gemm_ref, swiglu_oai
 from m3lab.model.attention import attention_varlen, indexer_varlen, topk_blocks
 from m3lab.model.ffn import embedding, moe_down_combine, route
@@ -42,11 +41,6 @@ class M3Model:
     formats: dict[str, str] = field(default_factory=dict)
     dispatcher: Dispatcher = field(default_factory=Dispatcher)
     rank: int = 0   # TP rank (its vocabulary shard; under EP also its experts)
-
-    def __post_init__(self):
-        if self.model.swiglu_beta not in (None, 1.0):
-            raise M3LabError(f"swiglu_beta {self.model.swiglu_beta} is not supported by the reference SwiGLU-OAI "
-                             f"(it computes up + 1)", field="swiglu_beta", hint="use swiglu_beta 1.0 (vLLM's default)")
 
     @property
     def device(self) -> torch.device:
@@ -153,7 +147,7 @@ class M3Model:
     def _act(self, op: str, i: int, h: torch.Tensor) -> torch.Tensor:
         m = self.model
         return self._call(op, i, "activation", swiglu_oai, {"h": h}, {"m": h.shape[0]},
-                          {"alpha": m.swiglu_alpha, "limit": m.swiglu_limit})
+                          {"alpha": m.swiglu_alpha, "limit": m.swiglu_limit, "beta": m.swiglu_beta})
 
     def _moe(self, i: int, b: torch.Tensor) -> torch.Tensor:
         m, pl, p, t = self.model, self.plan, f"layers.{i}.", b.shape[0]

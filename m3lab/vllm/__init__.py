@@ -4,6 +4,12 @@
   a feature prints (once) when it is missing or too old.
 - :mod:`m3lab.vllm.imports`: importing vLLM's M3 code and kernels on a CPU box or a GPU box without its
   compiled extensions (the environment settings and the two import shims, applied before the first import).
+- :mod:`m3lab.vllm.fastpaths`: the fast-path resolver (``m3lab fastpaths``): for a deployment
+  (``m3lab.spec.serving``) and a step, the path vLLM takes for every op, its kernels, every condition and the
+  vLLM line that decides (rules in ``fastpath_rules`` / ``fastpath_attention``, citations in ``fastpath_cites``
+  and :mod:`m3lab.vllm.cite`); ``fastpath_expectations`` turns the answer into step-4 expectations,
+  ``fastpath_views`` into tables and figures.
+- :mod:`m3lab.vllm.reference_kernels`: vLLM's own M3 Triton kernels as the reference model's fast paths.
 
 Nothing here imports vLLM at import time.
 """

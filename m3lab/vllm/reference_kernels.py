@@ -108,9 +108,9 @@ def gemma_rmsnorm(x, w, eps=1e-6):
     return _ops("amd.ops.gemma_rmsnorm").gemma_rmsnorm(x, w, eps)
 
 
-def swiglu_oai(h, alpha, limit):
-    """vLLM's fp32 Triton SwiGLU-OAI on [T, 2I] = [gate | up] -> [T, I] (beta 1.0, M3's default)."""
-    return _ops("amd.ops.swiglu_oai").swiglu_oai_split(h, alpha=alpha, beta=1.0, limit=limit)
+def swiglu_oai(h, alpha, limit, beta=1.0):
+    """vLLM's fp32 Triton SwiGLU-OAI on [T, 2I] = [gate | up] -> [T, I] (beta: M3's swiglu_beta, vLLM default 1.0)."""
+    return _ops("amd.ops.swiglu_oai").swiglu_oai_split(h, alpha=alpha, beta=1.0 if beta is None else beta, limit=limit)
 
 
 def unquantized_linear(x, w, w_scale=None, *, w_format="bf16"):
