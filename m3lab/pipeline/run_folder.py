@@ -21,7 +21,6 @@ from m3lab.errors import M3LabError
 SUMMARY = "summary.json"
 REPORT = "report.html"
 LOCK = ".lock"
-STATUSES = ("pending", "running", "ok", "failed", "interrupted")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.,=+-]+")
 
 

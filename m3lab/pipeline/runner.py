@@ -16,6 +16,7 @@ folder in use. Paths in ``summary.json`` are relative, so a run folder can be re
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -29,7 +30,7 @@ from m3lab.pipeline import environment
 from m3lab.pipeline.params import resolve_parameters
 from m3lab.pipeline.report import build_report
 from m3lab.pipeline.run_folder import SUMMARY, RunLock, load_summary, new_run_dir, relative
-from m3lab.pipeline.spec import DEFAULT_PIPELINE, Pipeline, Step, load_pipeline, notebooks_dir
+from m3lab.pipeline.spec import DEFAULT_PIPELINE, Pipeline, Step, list_pipelines, load_pipeline, notebooks_dir
 
 KERNEL = "python3"
 # The kernel process's own stderr (its log: a warning about its localhost TCP sockets at every start, and
@@ -143,8 +144,6 @@ def resume_run(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, pip
 
 def _run_pipeline_of(summary: dict, run_dir: Path) -> Pipeline:
     """The run's pipeline: its file (stored relative to the run folder), else the built-in of that name."""
-    from m3lab.pipeline.spec import list_pipelines
-
     ref = summary.get("pipeline_file")
     if ref:
         path = Path(ref) if Path(ref).is_absolute() else run_dir / ref
@@ -158,7 +157,6 @@ def _run_pipeline_of(summary: dict, run_dir: Path) -> Pipeline:
 
 
 def _clear_artifacts(run_dir: Path, step: str) -> None:
-    import shutil
     shutil.rmtree(artifacts.artifacts_dir(run_dir) / step, ignore_errors=True)
 
 

@@ -28,10 +28,10 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
-from m3lab.atomic import write_json, write_text
+from m3lab.atomic import atomic_path, write_json, write_text
 from m3lab.errors import M3LabError
 from m3lab.pipeline.params import resolve_parameters
-from m3lab.pipeline.run_folder import REPORT, new_run_dir, relative
+from m3lab.pipeline.run_folder import REPORT, new_run_dir, relative, safe_name
 from m3lab.pipeline.runner import run_pipeline
 from m3lab.pipeline.spec import load_pipeline
 
@@ -106,7 +106,6 @@ def run_sweep(pipeline: str | os.PathLike, axes: dict[str, list[Any]], overrides
         entry.update(run_dir=relative(run_dir, folder), status=status, error=error)
     write_json(folder / SWEEP, record)
     table = comparison_table(folder, record)
-    from m3lab.atomic import atomic_path
     with atomic_path(folder / COMPARISON) as tmp:
         table.to_parquet(tmp, index=False)
     write_text(folder / SWEEP_REPORT, _sweep_html(folder, record, table))
@@ -118,7 +117,6 @@ def run_sweep(pipeline: str | os.PathLike, axes: dict[str, list[Any]], overrides
 
 def point_name(overrides: list[str]) -> str:
     """The run folder name of a grid point: its overrides joined, ``tp=8,concurrency=32``."""
-    from m3lab.pipeline.run_folder import safe_name
     return safe_name(",".join(o.replace(" ", "") for o in overrides) or "defaults")
 
 

@@ -280,7 +280,8 @@ def comparison_title(est: ServingEstimate) -> str:
     found = measurement_for(c)
     if found:
         return f"{case}: measured on {found['hardware'].upper()} (published) vs projected for {c['hardware']}"
-    return f"{case}: projected for {c['hardware']} (ceiling, calibrated); no measurement of this deployment exists"
+    return (f"{case}: projected for {c['hardware']} ({', '.join(est.results)}); no measurement of this "
+            f"deployment exists")
 
 
 def sweep(model, hardware, concurrencies, **kwargs) -> pd.DataFrame:
