@@ -45,7 +45,7 @@ def our_tables_dir() -> Path:
 def parse_name(name: str) -> dict[str, Any] | None:
     """The shape and device a table's file name encodes, or None when the name is not vLLM's pattern."""
     m = NAME.match(name)
-    if m is None:
+    if m is None or "." in m.group("device"):  # vLLM's device names have no dot; NAME.<tool>.json is another format
         return None
     g = m.groupdict()
     return {"E": int(g["E"]), "N": int(g["N"]), "device": g["device"], "dtype": g["dtype"] or "",
