@@ -158,3 +158,16 @@ def test_measured_beside_the_estimate(tmp_path):
     raw = json.loads(BENCH.read_text())
     assert table.loc["output tokens/s/GPU", "measured"] == pytest.approx(raw["output_throughput"] / 4)
     assert table.loc["mean TPOT", "measured"] == pytest.approx(raw["mean_tpot_ms"])
+
+
+def test_our_moe_tables_against_vllms():
+    """m3lab's tuned tables (kernels/moe/configs) beside vLLM's: vLLM 0.33.0 ships none for M3's 129 experts
+    (128 routed + the fused shared expert), so at run time it would fall back to its default config there."""
+    from m3lab.vllm.moe_tables import compare_tables, our_tables_dir, shipped_dir
+
+    if not shipped_dir().is_dir() or not any(our_tables_dir().glob("E=*.json")):
+        pytest.skip("needs vLLM and kernels/moe/configs")
+    t = compare_tables(our_tables_dir())
+    m3 = t[t["E"] == 129]
+    assert len(m3) >= 1 and m3["theirs"].isna().all() and (m3["compared"] == 0).all()
+    assert all(len(m) > 0 for m in m3["m_ours"])
