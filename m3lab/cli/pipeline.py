@@ -59,15 +59,19 @@ def _pipeline_name(pipeline: str) -> str:
 
 
 def sweep(
-    pipeline: Optional[str] = typer.Argument(None, help="A built-in pipeline name or a pipeline .yaml file; "
-                                                        "default: checklist."),
-    grid: List[str] = typer.Option(..., "-g", "--grid", metavar="KEY=V1,V2",
-                                   help="KEY=V1,V2 or KEY=[V1, V2]: one axis of the grid. Repeatable, once per KEY."),
+    pipeline: Optional[str] = typer.Argument(None, help="A built-in pipeline name, a pipeline .yaml file, or a "
+                                                        "grid .yaml (pipeline, axes, overrides, executor: see "
+                                                        "m3lab.pipeline.grid_file); default: checklist."),
+    grid: List[str] = typer.Option([], "-g", "--grid", metavar="KEY=V1,V2",
+                                   help="KEY=V1,V2 or KEY=[V1, V2]: one axis of the grid. Repeatable, once per KEY. "
+                                        "Not needed with a grid file (PIPELINE = a YAML with 'axes')."),
     param: List[str] = typer.Option([], "-p", "--param", metavar="KEY=VALUE",
                                     help="KEY=VALUE applied to every grid point. Repeatable."),
     out: Path = typer.Option(Path("runs"), "--out", help="Folder in which the sweep folder is created."),
-    ray_address: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS",
-                                              help="Run the points as Ray tasks on this cluster ('auto' for the local one)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray", "--address", metavar="ADDRESS",
+                                              help="The Ray cluster for --executor ray ('auto': a running one)."),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local or ray (default: the grid file's, else "
+                                                                    "local; ray when --address is given)"),
     progress: bool = typer.Option(False, "--progress/--quiet", help="Show papermill's per-cell progress bars."),
 ) -> None:
     """Run a pipeline once per point of a parameter grid; end with one comparison table across the points."""
@@ -76,8 +80,17 @@ def sweep(
     from m3lab.pipeline.sweep import COMPARISON, SWEEP_REPORT, parse_axes, run_sweep
 
     try:
-        record = run_sweep(pipeline or DEFAULT_PIPELINE, parse_axes(grid), param, out, ray_address=ray_address,
-                           progress=progress)
+        from m3lab.pipeline.grid_file import is_grid_file, load_grid
+        if pipeline and is_grid_file(pipeline):
+            g = load_grid(pipeline)
+            axes = {**g.axes, **(parse_axes(grid) if grid else {})}
+            record = run_sweep(g.pipeline, axes, g.overrides + list(param), out, ray_address=ray_address or g.address,
+                               progress=progress, executor=executor or g.executor, ray_options=g.ray or None)
+        else:
+            if not grid:
+                raise M3LabError("a sweep needs a grid", field="--grid", hint="-g KEY=V1,V2, or a grid file")
+            record = run_sweep(pipeline or DEFAULT_PIPELINE, parse_axes(grid), param, out, ray_address=ray_address,
+                               progress=progress, executor=executor)
     except RunInterrupted as stop:
         typer.secho(f"interrupted: resume that point with: m3lab run --resume {stop.run_dir}", err=True, fg="yellow")
         raise typer.Exit(INTERRUPTED_EXIT) from None

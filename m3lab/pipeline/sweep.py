@@ -76,23 +76,30 @@ def grid_points(axes: dict[str, list[Any]]) -> list[list[str]]:
 
 def run_sweep(pipeline: str | os.PathLike, axes: dict[str, list[Any]], overrides: Iterable[str] = (),
               out_dir: str | os.PathLike = "runs", *, ray_address: str | None = None, progress: bool = False,
-              echo: Callable[[str], None] = print) -> dict:
-    """Run ``pipeline`` once per grid point; returns the sweep record also written to ``sweep.json``."""
+              echo: Callable[[str], None] = print, executor: str | None = None,
+              ray_options: dict | None = None) -> dict:
+    """Run ``pipeline`` once per grid point; returns the sweep record also written to ``sweep.json``.
+
+    ``executor="ray"`` (or a ``ray_address``) runs each point as a Ray task (:mod:`m3lab.pipeline.ray_executor`;
+    ``ray_options``: what each task asks for, e.g. ``{"num_cpus": 1, "resources": {"gpu_slot": 1}}``)."""
+    if executor not in (None, "local", "ray"):
+        raise M3LabError(f"executor {executor!r} is unknown", field="executor", hint="local or ray")
+    use_ray = executor == "ray" or (executor is None and ray_address is not None)
     pipe = load_pipeline(pipeline)
     base = list(overrides)
     points = [base + p for p in grid_points(axes)]
     for p in points:  # validate everything before running anything
         resolve_parameters(pipe, p)
-    if ray_address:
+    if use_ray:
         _require_ray()
     folder = new_run_dir(out_dir, f"sweep-{pipe.name}")
     names = [point_name(p[len(base):]) for p in points]
     record = {"pipeline": pipe.name, "pipeline_file": relative(pipe.source, folder), "axes": axes, "overrides": base,
-              "executor": f"ray:{ray_address}" if ray_address else "local",
+              "executor": f"ray:{ray_address or 'default'}" if use_ray else "local",
               "points": [{"overrides": p, "run_dir": None, "status": "pending", "error": None} for p in points]}
     write_json(folder / SWEEP, record)
-    if ray_address:
-        results = _run_on_ray(str(pipe.source), points, names, str(folder.resolve()), ray_address)
+    if use_ray:
+        results = _run_on_ray(str(pipe.source), points, names, str(folder.resolve()), ray_address, ray_options, echo)
     else:
         results = _run_locally(str(pipe.source), points, names, folder, progress, echo)
     for entry, (run_dir, status, error) in zip(record["points"], results):
@@ -183,8 +190,8 @@ def _require_ray():
         raise M3LabError("--ray needs the ray package", field="ray", hint="pip install 'm3lab[ray]'") from None
 
 
-def _run_on_ray(pipeline_file, points, names, folder, address):
-    import ray
-    ray.init(address=address, ignore_reinit_error=True)
-    task = ray.remote(_run_one)
-    return ray.get([task.remote(pipeline_file, p, name, folder) for p, name in zip(points, names)])
+def _run_on_ray(pipeline_file, points, names, folder, address, options=None, echo=print):
+    from m3lab.pipeline.ray_executor import run_tasks
+    outcomes = run_tasks(_run_one, [(pipeline_file, p, name, folder) for p, name in zip(points, names)],
+                         address=address, options=options, labels=names, echo=echo)
+    return [o.value if o.ok else (str(Path(folder) / name), "failed", o.error) for o, name in zip(outcomes, names)]

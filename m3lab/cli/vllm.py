@@ -1,0 +1,152 @@
+"""``m3lab vllm``: the commands that connect m3lab to a real vLLM deployment.
+
+    m3lab vllm plan --preset mxfp8-tp4-optimised [--profile-dir DIR] [--check] [--json]
+    m3lab vllm plan --preset pd-mxfp8-prefill-tp4:2 --preset pd-mxfp8-decode-tp4:1
+    m3lab vllm plan --model minimax-m3-mxfp8 --quant mxfp8 --tp 4 --set aiter=1
+    m3lab vllm collect runs/<run> --bench vllm-bench --profile DIR --preset mxfp8-tp4-optimised
+    m3lab vllm moe-tables DIR [--against DIR] [--json]
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from m3lab.cli.output import echo_json
+from m3lab.errors import M3LabError
+
+vllm_app = typer.Typer(help="Plan a vLLM deployment's commands, collect its measurements, compare MoE tables.",
+                       no_args_is_help=True)
+
+
+def _deployments(preset: list[str], model, hardware, tp, ep, quant, set_) -> list:
+    from m3lab.cli.fastpaths import _settings, build_deployment
+    from m3lab.vllm.serve_command import parse_preset_spec
+
+    settings = _settings(set_)
+    if not preset:
+        return [(build_deployment(model, hardware, tp, ep, quant, None, settings), 1)]
+    return [(build_deployment(model, hardware, tp, ep, quant, name, settings), n)
+            for name, n in map(parse_preset_spec, preset)]
+
+
+@vllm_app.command("plan")
+def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICAS]",
+                                          help="a named deployment (m3lab.spec.serving.PRESETS); repeat with "
+                                               "REPLICAS for P/D, e.g. pd-mxfp8-prefill-tp4:2 pd-mxfp8-decode-tp4:1"),
+         model: Optional[str] = typer.Option(None, "--model", help="model name or config.json (default minimax-m3)"),
+         hardware: Optional[str] = typer.Option(None, "--hardware", help="mi355x, mi325x, mi300x, h200, b200"),
+         tp: Optional[int] = typer.Option(None, "--tp", help="tensor-parallel size"),
+         ep: Optional[int] = typer.Option(None, "--ep", help="expert-parallel size"),
+         quant: Optional[str] = typer.Option(None, "--quant", help="bf16, mxfp8, mxfp4"),
+         set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE",
+                                        help="a ServingConfig or plan field, kv_dtype, index_dtype, index_topk_freq"),
+         model_path: Optional[str] = typer.Option(None, "--model-path", help="checkpoint to serve (default: the "
+                                                                              "model's Hugging Face id)"),
+         port: int = typer.Option(8000, "--port", help="server port (P/D: the proxy is on 8000)"),
+         profile_dir: Optional[str] = typer.Option(None, "--profile-dir", help="torch profiler output folder on the "
+                                                                                "GPU box; adds --profiler-config and "
+                                                                                "bench --profile"),
+         concurrency: int = typer.Option(32, "--concurrency", help="benchmark max concurrency"),
+         input_len: int = typer.Option(8192, "--input-len", help="benchmark prompt tokens"),
+         output_len: int = typer.Option(1024, "--output-len", help="benchmark output tokens"),
+         num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="default: 8 x concurrency, >= 64"),
+         result_dir: str = typer.Option("vllm-bench", "--result-dir", help="where bench writes its JSON"),
+         kv_connector: str = typer.Option("NixlConnector", "--kv-connector", help="P/D KV connector"),
+         check: bool = typer.Option(False, "--check", help="parse every command with the installed vLLM's parser "
+                                                           "and check the variables against vllm.envs"),
+         list_presets: bool = typer.Option(False, "--presets", help="list the named deployments and exit"),
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """The exact vllm serve and vllm bench serve commands (and environment) of a deployment."""
+    from m3lab.vllm.serve_command import Launch, check_with_vllm, plan_commands
+
+    if list_presets:
+        from m3lab.spec.serving import PRESETS
+        if as_json:
+            echo_json({"presets": {n: p.description for n, p in sorted(PRESETS.items())}})
+        else:
+            for n, p in sorted(PRESETS.items()):
+                typer.echo(f"{n:24s} {p.description}")
+        return
+
+    launch = Launch(model_path=model_path, port=port, profile_dir=profile_dir, kv_connector=kv_connector,
+                    input_len=input_len, output_len=output_len, concurrency=concurrency, num_prompts=num_prompts,
+                    result_dir=result_dir)
+    p = plan_commands(_deployments(preset, model, hardware, tp, ep, quant, set_), launch)
+    problems = check_with_vllm(p) if check else None
+    if as_json:
+        echo_json({**p.to_dict(), "check": problems})
+    else:
+        typer.echo(p.text())
+        if problems is not None:
+            typer.echo("# checked with vLLM's parser and vllm.envs: " + ("ok" if not problems else "PROBLEMS"))
+    if problems:
+        for line in problems:
+            typer.secho(f"error: {line}", err=True, fg="red")
+        raise typer.Exit(1)
+
+
+@vllm_app.command("collect")
+def collect(run_dir: Path = typer.Argument(..., help="run folder to add the measurements to (created if absent)"),
+            bench: List[Path] = typer.Option([], "--bench", help="a vllm bench serve --save-result JSON, or its "
+                                                                   "--result-dir; repeatable"),
+            profile: List[Path] = typer.Option([], "--profile", help="a profiler folder or trace file; repeatable"),
+            preset: Optional[str] = typer.Option(None, "--preset", help="the deployment that ran: enables the "
+                                                                         "fast-path verification"),
+            set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="adjust the preset (as in plan)"),
+            gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of the deployment (default: the file's "
+                                                                     "gpus metadata, else the preset's)"),
+            as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Copy bench results and profiler traces into a run folder as artifacts; verify the expected fast paths."""
+    from m3lab.vllm.collect import collect as do_collect
+
+    dep = None
+    if preset:
+        from m3lab.cli.fastpaths import _settings, build_deployment
+        dep = build_deployment(None, None, None, None, None, preset, _settings(set_))
+    elif set_:
+        raise M3LabError("--set adjusts a preset", field="--set", hint="give --preset NAME")
+    summary = do_collect(run_dir, [str(b) for b in bench], [str(p) for p in profile], deployment=dep, gpus=gpus)
+    if as_json:
+        echo_json(summary)
+        return
+    typer.echo(f"run folder: {summary['run_dir']}")
+    for path in summary["artifacts"]:
+        typer.echo(f"  artifact {path}")
+    if "fastpaths" in summary:
+        v = summary["fastpaths"]
+        counts = ", ".join(f"{k[2:]} {n}" for k, n in v.items() if k.startswith("n_"))
+        typer.echo(f"fast paths of {v['expectations']}: {'ok' if v['ok'] else 'NOT ok'} ({counts})")
+
+
+@vllm_app.command("moe-tables")
+def moe_tables(ours: Optional[Path] = typer.Argument(None, help="a folder of vLLM-format fused-MoE tables "
+                                                                 "(default: vLLM's shipped ones)"),
+               against: Optional[Path] = typer.Option(None, "--against", help="folder to compare with (default: "
+                                                                              "the installed vLLM's shipped tables)"),
+               every_table: bool = typer.Option(False, "--all", help="also list tables only the other side has"),
+               as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Compare fused-MoE tuning tables with vLLM's shipped ones, by shape (E, N, dtype) and device."""
+    from m3lab.vllm.moe_tables import compare_tables, our_tables_dir, shipped_dir
+
+    ours = ours or our_tables_dir()
+    against = against or shipped_dir()
+    table = compare_tables(ours, against, every_table=every_table)
+    if as_json:
+        echo_json({"ours": str(ours), "against": str(against), "rows": table.to_dict("records")})
+        return
+    import pandas as pd
+    with pd.option_context("display.max_rows", 200, "display.width", 200, "display.max_columns", 20):
+        shown = table.drop(columns=["differs"]).copy()
+        for col in ("m_ours", "m_theirs"):
+            shown[col] = [f"{len(m)} M, {m[0]}-{m[-1]}" if m else "-" for m in shown[col]]
+        shown["theirs_other_devices"] = [", ".join(d) or "-" for d in shown["theirs_other_devices"]]
+        typer.echo(shown.to_string(index=False) if len(shown) else "no tables")
+        for row in table.itertuples():
+            if row.differs:
+                typer.echo(f"E={row.E},N={row.N} {row.device}: {row.differs}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(vllm_app, name="vllm")

@@ -1,0 +1,125 @@
+"""Fused-MoE launch tables in vLLM's file format, compared by shape and device.
+
+vLLM ships tuned Triton launch parameters for its fused-MoE kernel in
+``vllm/model_executor/layers/fused_moe/configs/``, one JSON file per shape and device, named
+``E={experts},N={intermediate per shard},device_name={device}[,dtype={dtype}][,block_shape=[bn,bk]][,backend={b}].json``
+and holding ``{"<M>": {"BLOCK_SIZE_M": .., "BLOCK_SIZE_N": .., "BLOCK_SIZE_K": .., "GROUP_SIZE_M": ..,
+"num_warps": .., "num_stages": ..}, ...}`` keyed by token count M (AMD files add ``waves_per_eu``, ...).
+At run time vLLM takes the entry whose M is nearest the batch's (``try_get_optimal_moe_config`` in
+``fused_moe/fused_moe.py``); without a file for the shape and device it falls back to ``get_default_config``.
+
+:func:`compare_tables` accepts any two folders of such files (m3lab's tuner writes its own in the same format)
+and says, per shape and device: which side has a table, which M each covers, and at each of our M whether the
+entry vLLM would pick (nearest M) has the same tile configuration.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from m3lab.errors import M3LabError
+
+NAME = re.compile(r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<device>[^,]+?)(?:,dtype=(?P<dtype>[^,]+?))?"
+                  r"(?:,block_shape=\[(?P<bn>\d+),\s*(?P<bk>\d+)\])?(?:,backend=(?P<backend>[^,]+?))?\.json$")
+SHAPE_KEYS = ("E", "N", "dtype", "block_shape", "backend")
+TILE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+
+def shipped_dir() -> Path:
+    """The installed vLLM's shipped tables (found without importing vLLM)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        from m3lab.vllm import install
+        install.require("comparing with vLLM's shipped fused-MoE tables")
+    return Path(list(spec.submodule_search_locations)[0]) / "model_executor" / "layers" / "fused_moe" / "configs"
+
+
+def our_tables_dir() -> Path:
+    """m3lab's own tuned tables (``kernels/moe/configs`` of the checkout)."""
+    return Path(__file__).resolve().parents[2] / "kernels" / "moe" / "configs"
+
+
+def parse_name(name: str) -> dict[str, Any] | None:
+    """The shape and device a table's file name encodes, or None when the name is not vLLM's pattern."""
+    m = NAME.match(name)
+    if m is None or "." in m.group("device"):  # vLLM's device names have no dot; NAME.<tool>.json is another format
+        return None
+    g = m.groupdict()
+    return {"E": int(g["E"]), "N": int(g["N"]), "device": g["device"], "dtype": g["dtype"] or "",
+            "block_shape": f"[{g['bn']},{g['bk']}]" if g["bn"] else "", "backend": g["backend"] or ""}
+
+
+def read_table(path: str | Path) -> dict[int, dict[str, Any]]:
+    """``{M: config}`` of one table file (keys that are not token counts, such as ``triton_version``, skipped)."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise M3LabError(f"{p}: not a readable JSON table ({err.__class__.__name__})", field="path") from None
+    if not isinstance(raw, dict):
+        raise M3LabError(f"{p}: a fused-MoE table is a JSON object keyed by M", field="path")
+    return {int(k): v for k, v in raw.items() if k.isdigit() and isinstance(v, dict)}
+
+
+def read_folder(folder: str | Path) -> dict[tuple, tuple[Path, dict[int, dict[str, Any]]]]:
+    """``{(E, N, dtype, block_shape, backend, device): (file, table)}`` for every vLLM-named table in ``folder``."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise M3LabError(f"{str(root)!r} is not a folder of fused-MoE tables", field="folder",
+                         hint="give a folder of E=..,N=..,device_name=...json files")
+    out = {}
+    for p in sorted(root.glob("*.json")):
+        meta = parse_name(p.name)
+        if meta is not None:
+            out[tuple(meta[k] for k in SHAPE_KEYS) + (meta["device"],)] = (p, read_table(p))
+    return out
+
+
+def nearest(table: dict[int, dict[str, Any]], m: int) -> int:
+    """The M whose entry vLLM uses for a batch of ``m`` tokens (nearest key)."""
+    return min(table, key=lambda x: abs(x - m))
+
+
+def _tile(cfg: dict[str, Any]) -> tuple:
+    return tuple(cfg.get(k) for k in TILE_KEYS)
+
+
+def compare_tables(ours: str | Path, theirs: str | Path | None = None, *, every_table: bool = False):
+    """One row per (shape, device) of ``ours`` (with ``every_table``: of either folder), against ``theirs``
+    (default: vLLM's shipped tables).
+
+    Columns: the shape (E, N, dtype, block_shape, backend), device, ``ours``/``theirs`` file names, ``m_ours``
+    and ``m_theirs`` (the token counts each covers), ``same_tile`` / ``compared`` (at each of our M, whether
+    vLLM's nearest-M entry has our tile configuration), ``differs`` (the first differing M with both tiles),
+    and ``theirs_other_devices`` (devices that have a table of this shape on the other side)."""
+    import pandas as pd
+
+    a = read_folder(ours)
+    b = read_folder(theirs if theirs is not None else shipped_dir())
+    rows = []
+    keys = set(a) | set(b) if every_table else set(a)
+    for key in sorted(keys, key=lambda k: tuple(str(x) for x in k)):
+        shape, device = key[:-1], key[-1]
+        fa, ta = a.get(key, (None, {}))
+        fb, tb = b.get(key, (None, {}))
+        same = compared = 0
+        differs = ""
+        if ta and tb:
+            for m in sorted(ta):
+                compared += 1
+                mb = nearest(tb, m)
+                if _tile(ta[m]) == _tile(tb[mb]):
+                    same += 1
+                elif not differs:
+                    differs = f"M={m}: ours {dict(zip(TILE_KEYS, _tile(ta[m])))} vs theirs (M={mb}) " \
+                              f"{dict(zip(TILE_KEYS, _tile(tb[mb])))}"
+        others = sorted(k[-1] for k in b if k[:-1] == shape and k[-1] != device)
+        rows.append({**dict(zip(SHAPE_KEYS, shape)), "device": device, "ours": fa.name if fa else None,
+                     "theirs": fb.name if fb else None, "m_ours": sorted(ta), "m_theirs": sorted(tb),
+                     "compared": compared, "same_tile": same, "differs": differs,
+                     "theirs_other_devices": others})
+    return pd.DataFrame(rows, columns=[*SHAPE_KEYS, "device", "ours", "theirs", "m_ours", "m_theirs", "compared",
+                                       "same_tile", "differs", "theirs_other_devices"])
