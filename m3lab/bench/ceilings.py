@@ -2,8 +2,8 @@
 
 - copy bandwidth: a 256 MiB device-to-device copy, bytes read + written, graph-replayed;
 - matmul peak: cuBLAS bf16 8192³.
-Defaults (used when nothing was measured) are the H200 figures of 2026-11-29
-(../shared/reference/hardware.md): copy 4.25 TB/s, cuBLAS bf16 8192³ 684–798 TFLOP/s.
+Defaults (used when nothing was measured) are the H200 figures measured on 2026-11-29 (graph-replayed
+copy, cuBLAS eager): copy 4.25 TB/s, cuBLAS bf16 8192³ 684–798 TFLOP/s.
 """
 from dataclasses import dataclass
 

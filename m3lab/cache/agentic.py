@@ -3,7 +3,7 @@ prefix, think times, irregular outputs, heavy-tailed contexts up to ~1M tokens.
 
 Where the defaults come from (``AgenticConfig``):
 
-- **published** (AgentX / InferenceX agentic traces, as summarised in ../shared/reference/formats.md):
+- **published** (AgentX / InferenceX agentic traces, the AgentX release):
   median request ≈ 142k input tokens and 444 output tokens; 44% of sessions spawn subagents; hashes
   are chained per 64-token block. ``turns_median``, ``step_median`` and ``first_input_median`` are set
   so that the generated median input lands on 142k (checked by a test, ±10%), ``output_median`` = 444
@@ -32,7 +32,7 @@ import numpy as np
 from m3lab.cache.trace import AGENTX_BLOCK, Trace, rechunk
 from m3lab.errors import M3LabError
 
-AGENTX_MEDIAN_INPUT = 142_000      # published: median request input tokens (formats.md, AgentX)
+AGENTX_MEDIAN_INPUT = 142_000      # published: median request input tokens (AgentX)
 AGENTX_MEDIAN_OUTPUT = 444         # published: median request output tokens
 AGENTX_SUBAGENT_SHARE = 0.44       # published: share of sessions that spawn subagents
 

@@ -33,9 +33,9 @@ import numpy as np
 
 from m3lab.errors import M3LabError
 
-MOONCAKE_BLOCK = 512        # tokens per Mooncake hash id (formats.md; Mooncake FAST'25 release)
+MOONCAKE_BLOCK = 512        # tokens per Mooncake hash id (Mooncake FAST'25 release)
 MOONCAKE_SYNTHETIC = Path(__file__).parent / "data" / "mooncake_synthetic_trace.jsonl.gz"   # see data/SOURCE.md
-AGENTX_BLOCK = 64           # tokens per AgentX hash id (formats.md)
+AGENTX_BLOCK = 64           # tokens per AgentX hash id (AgentX trace format)
 FORMATS = ("mooncake", "agentx", "agentic")
 
 

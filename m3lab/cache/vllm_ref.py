@@ -1,7 +1,7 @@
 """vLLM's own ``KVCacheManager`` / ``BlockPool`` behind the replay interface of :mod:`m3lab.cache.replay`.
 
 The reference answer for the simulator: the installed vLLM's classes, on a CPU, without a model (the
-driving recipe of ../shared/reference/vllm_install_notes.md §(c)): one full-attention KV cache group,
+driving recipe of vLLM's own tests/v1/core): one full-attention KV cache group,
 ``KVCacheManager(kv_cache_config, max_model_len, scheduler_block_size=B, hash_block_size=B,
 enable_caching=True, log_stats=True)``, requests made with ``get_request_block_hasher(B, sha256)``.
 

@@ -51,7 +51,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None
            w_format: str = "bf16") -> torch.Tensor:
     """y = x · w^T: x [M, K], w [N, K] -> [M, N] in x.dtype.
 
-    Plain float weights use torch's matmul (fp32 accumulation); MX/fp8 formats go through helper B's
+    Plain float weights use torch's matmul (fp32 accumulation); MX/fp8 formats go through
     ``kernels/gemm/reference.py:linear_ref`` (the one place that dequantises).
     """
     if w_format in ("bf16", "fp32", "fp16"):

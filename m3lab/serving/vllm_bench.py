@@ -1,6 +1,6 @@
 """Read ``vllm bench serve --save-result`` JSON files (current and older benchmark_serving formats).
 
-Two formats are accepted (reference/formats.md):
+Two formats are accepted (vLLM's benchmarks/serve.py and the older benchmark_serving.py):
 
 - current ``vllm bench serve`` (vllm/benchmarks/serve.py): ``endpoint_type``, ``request_goodput``,
   ``max_output_tokens_per_s``, ``rtfx``, percentile keys ``p99_<metric>_ms``;

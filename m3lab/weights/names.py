@@ -1,6 +1,6 @@
 """Hugging Face tensor names of MiniMax M3 and how they fuse into the reference model's weights.
 
-HF names (reference §1, weights table in ../shared/data/hf_configs): prefix
+HF names (the MiniMaxAI/MiniMax-M3 checkpoint's safetensors index): prefix
 ``language_model.model.`` (``language_model.lm_head.weight`` for the head), e.g.
 ``layers.{i}.self_attn.q_proj.weight``, ``layers.{i}.block_sparse_moe.experts.{e}.w1.weight``.
 Each internal weight (see ``m3lab.model.decoder``) is a list of :class:`Part` — an HF tensor and its
