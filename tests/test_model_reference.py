@@ -132,3 +132,40 @@ def test_swiglu_beta_reaches_the_decoder():
     import dataclasses
 
     _check(dataclasses.replace(MINI, swiglu_beta=0.5), fused=False)   # the dense-mask reference uses beta too
+
+
+INDEX_BRANCH = {"indexer", "topk"}  # ops a reuse layer skips entirely; qk_norm/rope/cache_write lose their index part
+
+
+def _ops(model) -> list[tuple]:
+    """(layer, op, tensor names and shapes) of every dispatched call, in order."""
+    return [(r["layer"], r["op"], tuple(sorted((k, tuple(v)) for k, v in r["shapes"].items())))
+            for r in model.dispatcher.records]
+
+
+def test_index_sharing_on_vs_off_changes_only_what_the_schedule_says():
+    """The same weights and inputs with sharing off (freq 1) and on (freq 2): every call is identical except, on
+    the reuse layers only, the index branch — no indexer/top-k call, and no index q/k in the norm, RoPE and cache
+    write. Computing layers, dense layers and every other op are untouched."""
+    seed = int(torch.randint(0, 2**30, ()).item())
+    on_cfg = MINI.with_index_sharing(2)
+    off, _, _ = _run(MINI, fused=False, seed=seed)
+    on, _, _ = _run(on_cfg, fused=False, seed=seed)
+    reuse = {i for i in on_cfg.sparse_layers if not on_cfg.computes_topk(i)}
+    assert reuse and reuse < set(on_cfg.sparse_layers)
+
+    def strip_index(calls):
+        kept = []
+        for layer, op, shapes in calls:
+            if layer in reuse and op in INDEX_BRANCH:
+                continue
+            if layer in reuse:
+                shapes = tuple((k, v) for k, v in shapes if not k.startswith(("iq", "ik")))  # index q/k, their norms
+            kept.append((layer, op, shapes))
+        return kept
+
+    got_off, got_on = _ops(off), _ops(on)
+    assert [c for c in got_on if c[0] not in reuse] == [c for c in got_off if c[0] not in reuse]
+    assert strip_index(got_off) == strip_index(got_on)
+    assert len(got_on) < len(got_off)
+    assert not any(layer in reuse and op in INDEX_BRANCH for layer, op, _ in got_on)
