@@ -138,3 +138,16 @@ def test_malformed_config_through_console(tmp_path):
     out = subprocess.run([sys.executable, "-m", "m3lab", "model", "--model", str(bad)], capture_output=True, text=True)
     assert out.returncode == 2 and "hidden_size" in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_model_facts_read_as_bytes_and_say_where_the_weights_fit():
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from m3lab.cli.main import app
+    run = CliRunner().invoke(app, ["model", "--model", "minimax-m3", "--tp", "4", "--json"])
+    facts = _json.loads(run.output)
+    assert isinstance(facts["weight_bytes_per_gpu"], int) and "mi355x" in facts["weights_fit_on"]
+    text = CliRunner().invoke(app, ["model", "--model", "minimax-m3", "--tp", "1"], env={"COLUMNS": "160"}).output
+    assert "137,472 B (137 kB)" in text and "852 GB" in text and "no profile" in text

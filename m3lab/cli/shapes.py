@@ -112,17 +112,28 @@ def model_facts(
     spec = load_model(model)
     plan = _plan(spec, tp, ep, False)
     q = load_quant(quant).with_cache(kv_dtype, index_dtype)
+    from m3lab.spec.hardware import list_hardware, load_hardware
+
     facts = memory_facts(spec, plan, q)
+    facts["weight_bytes_per_gpu"] = int(facts["weight_bytes_per_gpu"])
+    profiles = [load_hardware(name) for name in list_hardware()]
+    facts["weights_fit_on"] = [h.name for h in profiles if facts["weight_bytes_per_gpu"] < h.hbm_bytes]
     if as_json:
         typer.echo(json.dumps(facts))
         return
     from rich.console import Console
     from rich.table import Table
 
+    from m3lab.nb import format_bytes, is_bytes_column
+
     t = Table("fact", "value", title=f"{spec.name} at TP{tp} EP{ep}, {q.name} weights, KV {q.kv_dtype}, "
                                      f"index {q.index_dtype}")
     for k, v in facts.items():
-        t.add_row(k, f"{v:,.0f}" if isinstance(v, (int, float)) else str(v))
+        if k == "weights_fit_on":
+            v = ", ".join(v) if v else f"no profile ({', '.join(h.name for h in profiles)}): raise --tp or --ep"
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = f"{v:,.0f} B ({format_bytes(v)})" if is_bytes_column(k) and v >= 1e3 else f"{v:,.0f}"
+        t.add_row(k, str(v))
     Console().print(t)
 
 
