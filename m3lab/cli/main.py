@@ -55,7 +55,8 @@ def os_error_line(err: OSError) -> str:
 
 
 app = typer.Typer(cls=_Group, help="m3lab: the MiniMax M3 serving performance workbench.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None)  # plain click help: option names are never cut at 80 columns
 
 
 def _version(value: bool) -> None:

@@ -32,7 +32,8 @@ def shapes(
     osl: int = typer.Option(1024, "--osl", help="Output tokens per request."),
     concurrency: int = typer.Option(128, "--concurrency", help="Requests in flight (closed loop)."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests",
-                                               help="Requests in total (default 10 x concurrency)."),
+                                               help="Requests in total (default: REQUESTS_PER_SLOT x concurrency, "
+                                                    "m3lab.workload.scheduler)."),
     max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="vLLM max_num_seqs."),
     max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens",
                                                help="vLLM token budget per step."),
