@@ -100,6 +100,7 @@ def test_builtin_pipeline_runs_every_step_on_cpu(pipeline, tmp_path):
     steps = load_pipeline(pipeline).steps
     assert [s["name"] for s in summary["steps"]] == [s.name for s in steps]
     assert all(s["status"] == "ok" for s in summary["steps"])
+    assert summary["environment"]["packages"]["vllm"] == "0.33.0", "the set-up installs vLLM; every run records it"
 
     html = (res.run_dir / "report.html").read_text()
     assert html.count('<section class="nb"') == len(steps)
