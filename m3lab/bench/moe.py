@@ -312,16 +312,11 @@ def main(out: str = "out", phases: str = "gates,tune,bench", deadline_s: float =
 
     from ..kernels.moe import tables
     from .ceilings import measure_ceilings
+    from .session_log import session_log
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    logf = (outdir / "log.txt").open("a")
-
-    def log(msg):
-        line = f"[{time.time() - t0:6.1f}s] {msg}"
-        print(line, flush=True)
-        logf.write(line + "\n")
-        logf.flush()
+    log = session_log(outdir / "log.txt", t0)
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
     log(f"device {torch.cuda.get_device_name(device)} torch {torch.__version__} triton {triton.__version__} "

@@ -322,17 +322,12 @@ def main(out: str = "out", batches: str = ",".join(map(str, BATCHES)), contexts:
     from pathlib import Path
 
     from .ceilings import measure_ceilings
+    from .session_log import session_log
     from .table import append_rows
     t0 = time.time()
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
-    logf = (outdir / "bench_log.txt").open("a")
-
-    def log(msg):
-        line = f"[{time.time() - t0:6.1f}s] {msg}"
-        print(line, flush=True)
-        logf.write(line + "\n")
-        logf.flush()
+    log = session_log(outdir / "bench_log.txt", t0)
     if gates:
         from ..gates.runner import run_gates, summary
         try:
