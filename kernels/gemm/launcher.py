@@ -61,7 +61,7 @@ def _scale_args(w: torch.Tensor, w_format: str, w_scale: torch.Tensor | None, n:
     if w_format == "fp8" and w_scale.dim() == 1:            # per channel [N]
         if w_scale.shape[0] != n:
             raise ValueError(f"w_scale: per-channel fp8 scales must be [N={n}], got {list(w_scale.shape)}")
-        return w_scale.float().contiguous(), 1, 0, 1, config.BLOCK_K
+        return w_scale.float().contiguous(), 1, 0, 1, 0                 # SB_K = 0: one scale per output row
     if w_format == "fp8":                                    # per 128 x 128 block
         shape = [triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK)]
         if list(w_scale.shape) != shape:
