@@ -94,7 +94,7 @@ def _legacy(df: pd.DataFrame) -> pd.DataFrame:
     for col in NUMERIC_SHAPE:
         if col not in df.columns:
             df[col] = float("nan")
-    df["harness"] = df["harness"].fillna("").astype(str) if "harness" in df.columns else ""
+    df["harness"] = df["harness"].astype(object).where(df["harness"].notna(), "").astype(str) if "harness" in df.columns else ""
     old = df["m"].isna()
     if old.any():
         dims = df.loc[old, "shape"].astype(str).str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(float)
