@@ -143,3 +143,49 @@ def main(targets: bool = False, path: str = "") -> None:
 if __name__ == "__main__":
     import typer
     typer.run(main)
+
+
+TILE_MS = (1, 8, 32, 64, 128, 2048, 4096)
+
+
+def tile_choices(device_name: str = "NVIDIA_H200", ms=TILE_MS, w_format: str = "mxfp8",
+                 table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Shape by shape (the M3 TP4 GEMMs × ``ms``): the tiles our launcher picks for ``w_format`` on
+    ``device_name`` (its tuned table, else the heuristic; MX prefill runs the bf16 table's tiles on
+    dequantised weights, as ``launcher.launch_config`` does) beside vLLM's ``_select_cfg``
+    (vllm/model_executor/kernels/linear/mxfp8/rocm_native.py:128-215, tuned on gfx950). ``programs``: grid
+    size; ``w_passes``: M tiles, i.e. how often the weights are streamed. With a benchmark ``table``, the
+    measured µs of both (providers ``triton`` and ``vllm-mxfp8``) and ``ours_speedup`` = vLLM µs / ours."""
+    import math
+
+    from ..kernels.gemm.tables import heuristic_config, load_table, nearest, table_path
+    from ..vllm.imports import vllm_module
+    from .gemm import VLLM_MXFP8, model_gemm_shapes
+    select = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 tile table")._select_cfg
+    rows = []
+    for n, k in model_gemm_shapes():
+        for m in ms:
+            ours = nearest(load_table(table_path(n, k, w_format, device_name)), m)
+            source = "table" if ours is not None else "heuristic"
+            ours = ours or heuristic_config(m, n, k, w_format)
+            if ours.kernel == "tiled" and w_format in ("mxfp8", "mxfp4"):
+                ours = nearest(load_table(table_path(n, k, "bf16", device_name)), m) or heuristic_config(m, n, k)
+                source += ", dequantised + bf16 tiles"
+            split = ours.SPLIT_K if ours.kernel != "tiled" else 1
+            bm, bn, bk, warps, stages = select(m, n, k)
+            rows.append({"N": n, "K": k, "M": m, "ours_kernel": ours.kernel,
+                         "ours_tile": f"{ours.BLOCK_M}x{ours.BLOCK_N}x{ours.BLOCK_K}", "ours_split_k": split,
+                         "ours_programs": math.ceil(m / ours.BLOCK_M) * math.ceil(n / ours.BLOCK_N) * split,
+                         "ours_w_passes": math.ceil(m / ours.BLOCK_M), "ours_source": source,
+                         "vllm_tile": f"{bm}x{bn}x{bk}", "vllm_warps_stages": f"{warps}/{stages}",
+                         "vllm_programs": math.ceil(m / bm) * math.ceil(n / bn), "vllm_w_passes": math.ceil(m / bm)})
+    out = pd.DataFrame(rows)
+    if table is not None:
+        t = newest_harness(table)
+        t = t[t["dtype"] == w_format]
+        for prov, col in (("triton", "ours_us"), ("vllm-mxfp8", "vllm_us")):
+            us = t[t["provider"] == prov].groupby(["N", "K", "M"], as_index=False)["us_p50"].median()
+            out = out.merge(us.rename(columns={"us_p50": col}).astype({"N": int, "K": int, "M": int}),
+                            on=["N", "K", "M"], how="left")
+        out["ours_speedup"] = out["vllm_us"] / out["ours_us"]
+    return out
