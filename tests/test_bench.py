@@ -10,7 +10,7 @@ import torch  # noqa: E402
 from m3lab.bench import analysis, gemm  # noqa: E402
 from m3lab.bench.ceilings import Ceilings  # noqa: E402
 from m3lab.bench.table import COLUMNS, BenchRow, append_rows, read_table, rows_frame  # noqa: E402
-from m3lab.bench.timing import Timing, cpu_time  # noqa: E402
+from m3lab.bench.timing import HARNESS, Timing, cpu_time  # noqa: E402
 
 
 def _row(provider="triton", m=1, dtype="bf16", us=10.0):
@@ -79,11 +79,11 @@ def test_analysis_targets_on_synthetic_table():
 def test_committed_h200_gemm_table(repo_dir):
     df = read_table(repo_dir / "traces" / "bench" / "gemm.csv")
     assert set(df["device"]) == {"NVIDIA_H200"} and set(df["op"]) == {"gemm"}
-    # measured on the five TP4 GEMMs with the shared expert fused; vLLM's default (no fusion) adds the shared
-    # expert's own (1536, 6144) and (6144, 768), not measured yet
     assert {(n, k) for n, k in zip(df["N"], df["K"])} <= set(gemm.model_gemm_shapes())
-    assert set(df["provider"]) == {"cublas", "triton", "triton-prefill-tiles"}
-    assert set(df["dtype"]) == {"bf16", "mxfp8", "mxfp4"} and df["M"].min() == 1 and df["M"].max() == 8192
+    assert set(df["provider"]) <= set(gemm.PROVIDERS) | {"triton-prefill-tiles"}
+    assert set(df["dtype"]) == set(gemm.W_FORMATS) and df["M"].min() == 1 and df["M"].max() == 8192
+    newest = df[df["commit"] == df["commit"].iloc[-1]]
+    assert set(newest["harness"]) == {HARNESS} and set(newest["provider"]) >= set(gemm.PROVIDERS) - {"triton-mx-layout"}
     assert (df["us_p20"] <= df["us_p50"]).all() and (df["us_p50"] <= df["us_p80"]).all()
     sp = analysis.speedups(df)
     assert len(sp) and sp["speedup"].notna().all()

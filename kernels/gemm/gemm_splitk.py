@@ -9,7 +9,7 @@ and resets its counter, so one launch does the whole GEMM and stays CUDA-graph s
 import triton
 import triton.language as tl
 
-from .tiles import mac_step, splitk_store
+from .tiles import mac_step, row_scale, splitk_store
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -32,4 +32,5 @@ def gemm_splitk_kernel(
     for k0 in range(i_s * K_SPLIT, tl.minimum(K, (i_s + 1) * K_SPLIT), BLOCK_K):
         acc = mac_step(acc, p_x, p_w, p_s, o_m, o_n, k0, M, N, K, s_xm, s_xk, s_wn, s_wk, s_sn, s_sk,
                        W_FORMAT, SB_N, SB_K, NATIVE_MX, X_FMT, BLOCK_N, BLOCK_K)
+    acc = row_scale(acc, p_s, o_n, N, W_FORMAT, SB_K)
     splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn, BLOCK_N, BLOCK_M, SPLIT_K)

@@ -7,7 +7,7 @@ the weight tiles they share are read from L2 rather than HBM (GROUP_M = 1: row-m
 import triton
 import triton.language as tl
 
-from .tiles import grouped_tile, mac_step
+from .tiles import grouped_tile, mac_step, row_scale
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -30,5 +30,6 @@ def gemm_tiled_kernel(
     for k0 in range(0, K, BLOCK_K):
         acc = mac_step(acc, p_x, p_w, p_s, o_m, o_n, k0, M, N, K, s_xm, s_xk, s_wn, s_wk, s_sn, s_sk,
                        W_FORMAT, SB_N, SB_K, NATIVE_MX, X_FMT, BLOCK_N, BLOCK_K)
+    acc = row_scale(acc, p_s, o_n, N, W_FORMAT, SB_K)
     m_y = (o_n[:, None] < N) & (o_m[None, :] < M)
     tl.store(p_y + o_n[:, None] * s_yn + o_m[None, :] * s_ym, acc.to(p_y.dtype.element_ty), mask=m_y)

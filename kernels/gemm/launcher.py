@@ -12,6 +12,8 @@ from .tables import GemmConfig, select_config
 from .gemm_splitk import gemm_splitk_kernel
 from .gemm_tiled import gemm_tiled_kernel
 from .gemv_splitk import gemv_splitk_kernel
+from .gemv_mx_layout import gemv_mx_layout_kernel
+from ..mx.decode_layout import DecodeWeights
 from .reference import FP8_BLOCK, W_FORMATS
 
 MX_FORMATS = ("mxfp8", "mxfp4")
@@ -21,6 +23,7 @@ GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
 # every weight element once per row tile (H200, 2026-11-29: MXFP4 prefill 3-8x slower than bf16 that way).
 DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
+LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout kernel tiles (untuned: no GPU run measured them yet)
 
 
 def native_mx(device: torch.device) -> bool:
@@ -61,7 +64,7 @@ def _scale_args(w: torch.Tensor, w_format: str, w_scale: torch.Tensor | None, n:
     if w_format == "fp8" and w_scale.dim() == 1:            # per channel [N]
         if w_scale.shape[0] != n:
             raise ValueError(f"w_scale: per-channel fp8 scales must be [N={n}], got {list(w_scale.shape)}")
-        return w_scale.float().contiguous(), 1, 0, 1, config.BLOCK_K
+        return w_scale.float().contiguous(), 1, 0, 1, 0                 # SB_K = 0: one scale per output row
     if w_format == "fp8":                                    # per 128 x 128 block
         shape = [triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK)]
         if list(w_scale.shape) != shape:
@@ -71,6 +74,49 @@ def _scale_args(w: torch.Tensor, w_format: str, w_scale: torch.Tensor | None, n:
     if list(w_scale.shape) != [n, k // 32] or w_scale.dtype != torch.uint8:
         raise ValueError(f"w_scale: MX scales must be uint8 [N={n}, K/32={k // 32}], got {w_scale.dtype} {list(w_scale.shape)}")
     return w_scale, w_scale.stride(0), w_scale.stride(1), 1, 1
+
+
+def layout_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
+    """The decode-layout kernel's launch: gemv tiles, SPLIT_K so that programs >= FILL_PROGRAMS x SMs."""
+    from .tables import FILL_PROGRAMS, GEMV_MAX_M
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    block_k = min(LAYOUT_BLOCK_K, triton.next_power_of_2(k))
+    tiles = triton.cdiv(n, LAYOUT_BLOCK_N) * triton.cdiv(m, GEMV_MAX_M)
+    split = max(1, min(triton.cdiv(FILL_PROGRAMS * sms, tiles), triton.cdiv(k, block_k)))
+    return GemmConfig("gemv", min(GEMV_MAX_M, triton.next_power_of_2(m)), LAYOUT_BLOCK_N, block_k, SPLIT_K=split)
+
+
+def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (bf16; fp16/fp32 for CPU tests), MX weights in the decode layout -> y [M, N] in x.dtype.
+
+    M <= tables.DECODE_MAX_M: the decode-layout gemv kernel (gemv_mx_layout.py). Beyond, the weights are
+    unpacked to OCP MX and served by :func:`linear` (prefill keeps its own path).
+    """
+    from .tables import DECODE_MAX_M
+    if x.dim() != 2 or x.shape[1] != dw.k:
+        raise ValueError(f"x: expected [M, K={dw.k}], got shape {list(x.shape)}")
+    m, k = x.shape
+    n = dw.codes.shape[0]
+    if m > DECODE_MAX_M and config is None:
+        from ..mx.decode_layout import unpack
+        q, s = unpack(dw)
+        return linear(x, q, w_format=dw.w_format, w_scale=s, out=out)
+    config = config or layout_config(m, n, k, x.device)
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
+    groups = k // 32
+    g_split = triton.cdiv(triton.cdiv(groups, config.SPLIT_K), config.BLOCK_K // 32) * (config.BLOCK_K // 32)
+    split = triton.cdiv(groups, g_split)
+    grid = (triton.cdiv(n, config.BLOCK_N), triton.cdiv(m, config.BLOCK_M), split)
+    n_tiles = grid[0] * grid[1]
+    part = torch.empty(split * n_tiles * config.BLOCK_N * config.BLOCK_M if split > 1 else 1,
+                       device=x.device, dtype=torch.float32)
+    words = dw.codes.view(torch.int32)
+    launch(gemv_mx_layout_kernel, grid, x, words, dw.scales, y, part, _locks(x.device, n_tiles), m, n, k, g_split,
+           x.stride(0), x.stride(1), words.stride(0), dw.scales.stride(0), y.stride(0), y.stride(1),
+           W_FORMAT=dw.w_format, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
+           SPLIT_K=split, **config.compiler_options(bool(torch.version.hip)))
+    return y
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale: torch.Tensor | None = None,

@@ -100,7 +100,8 @@ def mac_step(acc, p_x, p_w, p_s, o_m, o_n, k0, M, N, K,
              X_FMT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc[BLOCK_N, BLOCK_M] += W[o_n, k0:k0+BLOCK_K] @ x[o_m, k0:k0+BLOCK_K]ᵀ for any weight format.
 
-    fp8: scale element (n // SB_N, k // SB_K) (per channel: SB_N=1 and s_sk=0).
+    fp8 per block: scale element (n // SB_N, k // SB_K); per channel (SB_K == 0): the codes go to the MMA as
+    they are (e4m3 is exact in bf16/fp16) and :func:`row_scale` applies the scale once per output row.
     mxfp8/mxfp4: one E8M0 byte per 32 elements along K (scales [N, K/32]).
     """
     o_k = k0 + tl.arange(0, BLOCK_K)
@@ -133,11 +134,21 @@ def mac_step(acc, p_x, p_w, p_s, o_m, o_n, k0, M, N, K,
             else:
                 b_w = _mx_scaled(b_w.to(tl.float32), b_s, BLOCK_N, BLOCK_K, 32).to(b_x.dtype)
                 acc = tl.dot(b_w, tl.trans(b_x), acc)
+        elif W_FORMAT == "fp8" and SB_K == 0:                            # per channel: row_scale() after the loop
+            acc = tl.dot(b_w.to(b_x.dtype), tl.trans(b_x), acc)
         elif W_FORMAT == "fp8":
             b_s = tl.load(p_s + (o_n // SB_N)[:, None] * s_sn + (o_k // SB_K)[None, :] * s_sk, mask=m_w, other=0.0)
             acc = tl.dot((b_w.to(tl.float32) * b_s).to(b_x.dtype), tl.trans(b_x), acc)
         else:
             acc = tl.dot(b_w, tl.trans(b_x), acc)                         # bf16: as stored
+    return acc
+
+
+@triton.jit
+def row_scale(acc, p_s, o_n, N, W_FORMAT: tl.constexpr, SB_K: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] times the per-channel fp8 scale of each output row n (fp32 [N]); other formats as is."""
+    if W_FORMAT == "fp8" and SB_K == 0:
+        acc = acc * tl.load(p_s + o_n, mask=o_n < N, other=0.0)[:, None]
     return acc
 
 

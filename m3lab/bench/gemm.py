@@ -1,9 +1,13 @@
 """GEMM benchmark: our launcher vs cuBLAS (``torch.nn.functional.linear``) side by side.
 
-``python -m m3lab.bench.gemm [--ms 1,8,...] [--formats bf16,mxfp8,mxfp4] [--out traces/bench/gemm.csv]``
-(GPU only). Providers: ``cublas`` (bf16 weights), ``triton`` (the launcher: tuned table, nearest M)
-and ``triton-prefill-tiles`` (the same kernel forced to the shape's prefill tile: the decode-vs-prefill
-tile comparison). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
+``python -m m3lab.bench.gemm [--ms 1,8,...] [--formats bf16,mxfp8,mxfp4,fp8] [--out traces/bench/gemm.csv]``
+(GPU only). Providers: ``cublas`` (bf16 weights), ``triton`` (the launcher: tuned table, nearest M),
+``triton-prefill-tiles`` (the same kernel forced to the shape's prefill tile: the decode-vs-prefill
+tile comparison) and, for mxfp8, ``vllm-mxfp8`` (vLLM's ``_mxfp8_linear_kernel`` with its ``_select_cfg``
+tiles, :func:`vllm_mxfp8_linear`: a reported peer, not a target — without MX units its ``tl.dot_scaled``
+is emulated) and, at decode M <= READ_ONLY_MAX_M, ``read-only`` (a reduction that only reads as many bytes
+as the format's weights and scales, one copy per call: the streaming ceiling of the point) and
+``triton-mx-layout`` (MX weights packed once into kernels/mx/decode_layout, launcher.linear_layout; decode M). Timing: :func:`m3lab.bench.timing.graph_time` (every row carries ``harness``). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
 launcher takes x in bf16 and quantises nothing). Shapes: the OpTable's dense GEMMs (:func:`model_gemm_shapes`).
 """
 from dataclasses import dataclass
@@ -18,10 +22,13 @@ from ..spec.dtypes import weight_bytes
 from ..spec.gemm_cost import gemm_cost
 from .ceilings import Ceilings, measure_ceilings
 from .table import TRACES_BENCH, BenchRow, append_rows, commit_id, read_table, rows_frame, today
-from .timing import Timing, copies_needed, graph_time
+from .timing import HARNESS, Timing, copies_needed, graph_time, profile_check
 
 DEFAULT_MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-W_FORMATS = ("bf16", "mxfp8", "mxfp4")
+W_FORMATS = ("bf16", "mxfp8", "mxfp4", "fp8")
+PROVIDERS = ("cublas", "triton", "triton-prefill-tiles", "vllm-mxfp8", "read-only", "triton-mx-layout")
+READ_ONLY_MAX_M = 32          # the streaming ceiling is measured at the MX decode target points
+VLLM_MXFP8 = "vllm.model_executor.kernels.linear.mxfp8.rocm_native"
 ACT_DTYPE = "bf16"            # the launcher's activations
 PREFILL_REF_M = 4096          # the prefill tile of a shape = its tuned config at this M
 
@@ -66,10 +73,51 @@ def make_operands(m: int, n: int, k: int, w_format: str, device: torch.device) -
     return Operands(x, ws, [torch.empty(m, n, device=device, dtype=dtype) for _ in range(copies)])
 
 
+def vllm_mxfp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """vLLM's MXFP8 linear: x [M, K] (bf16; fp16/fp32 on the CPU), w e4m3 [N, K], w_scale E8M0 uint8 [N, K/32]
+    -> y [M, N] in x.dtype. K must be a multiple of the BLOCK_K that ``_select_cfg`` picks (vLLM's K loop is
+    unmasked; its served K are multiples of 128).
+
+    As ``_mxfp8_dot_scaled_linear`` (vllm/model_executor/kernels/linear/mxfp8/rocm_native.py:84-117): x is
+    quantised to MXFP8 per 32 (here by kernels/mx: vLLM's ``mxfp8_quantize`` is a compiled op), the tiles come
+    from ``_select_cfg`` (:128-215) and ``_mxfp8_linear_kernel`` (:29-81) runs on a (M tiles, N tiles) grid.
+    """
+    from ..vllm.imports import vllm_module
+    mod = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 linear kernel")
+    if x.device.type == "cuda":
+        from ..kernels.mx.triton_mx import quantize
+        xq, xs = quantize(x, "mxfp8")
+    else:
+        from ..kernels.mx.reference import quantize_mxfp8
+        xq, xs = quantize_mxfp8(x)
+    m, k = x.shape
+    n = w.shape[0]
+    block_m, block_n, block_k, warps, stages = mod._select_cfg(m, n, k)
+    if k % block_k:
+        raise ValueError(f"x: K={k} is not a multiple of vLLM's BLOCK_K={block_k} (its K loop is unmasked)")
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
+    grid = ((m + block_m - 1) // block_m, (n + block_n - 1) // block_n)
+    mod._mxfp8_linear_kernel[grid](xq, xs, w, w_scale, y, m, n, k, *xq.stride(), *xs.stride(), *w.stride(),
+                                   *w_scale.stride(), *y.stride(), BLOCK_M=block_m, BLOCK_N=block_n,
+                                   BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+    return y
+
+
 def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, k: int) -> list:
     """One closure per operand copy for a provider."""
     if provider == "cublas":
         return [lambda w=w: torch.nn.functional.linear(ops.x, w) for w, _ in ops.ws]
+    if provider == "read-only":
+        flat = [torch.empty(int(weight_bytes(n * k, w_format)) // 4, device=ops.x.device, dtype=torch.int32).random_()
+                for _ in ops.ws]
+        return [lambda b=b: b.amax() for b in flat]
+    if provider == "triton-mx-layout":
+        from ..kernels.mx.decode_layout import pack
+        dws = [pack(w, s, w_format) for w, s in ops.ws]
+        return [lambda dw=dw, y=y: launcher.linear_layout(ops.x, dw, out=y) for dw, y in zip(dws, ops.ys)]
+    if provider == "vllm-mxfp8":
+        return [lambda w=w, s=s, y=y: vllm_mxfp8_linear(ops.x, w, s, out=y) for (w, s), y in zip(ops.ws, ops.ys)]
     config = None
     if provider == "triton-prefill-tiles":
         config = select_config(PREFILL_REF_M, n, k, w_format, ops.x.device)
@@ -84,7 +132,7 @@ def bench_row(provider: str, m: int, n: int, k: int, w_format: str, timing, ceil
     t = timing.us_p50
     return BenchRow(op, provider, f"M={m},N={n},K={k}", w_format, timing.us_p20, t, timing.us_p80,
                     flops / t / 1e6, nbytes / t / 1e6, floor_us / t, ceiling, device, commit_id(), today(),
-                    m=m, n=n, k=k, ceiling_value=value)
+                    m=m, n=n, k=k, ceiling_value=value, harness=HARNESS)
 
 
 def bench_point(m: int, n: int, k: int, w_format: str, providers: tuple[str, ...], ceilings: Ceilings,
@@ -96,17 +144,23 @@ def bench_point(m: int, n: int, k: int, w_format: str, providers: tuple[str, ...
     for provider in providers:
         if provider == "cublas" and w_format != "bf16":
             continue
-        if provider == "triton-prefill-tiles" and m > DECODE_MAX_M:   # decode-vs-prefill tiles: decode M only
+        if provider == "triton-prefill-tiles" and (m > DECODE_MAX_M or w_format != "bf16"):  # the tile ratio: bf16 decode
+            continue
+        if provider == "vllm-mxfp8" and w_format != "mxfp8":
+            continue
+        if provider == "read-only" and m > READ_ONLY_MAX_M:
+            continue
+        if provider == "triton-mx-layout" and (w_format not in ("mxfp8", "mxfp4") or m > DECODE_MAX_M):
             continue
         ops = make_operands(m, n, k, "bf16" if provider == "cublas" else w_format, device)
-        timing = graph_time(provider_calls(provider, ops, w_format, m, n, k), rep_ms=rep_ms)
+        timing = graph_time(provider_calls(provider, ops, w_format, m, n, k), rep_ms=rep_ms, warmup_ms=10)
         rows.append(bench_row(provider, m, n, k, w_format, timing, ceilings, name))
         del ops
     return rows
 
 
 def bench_gemm(shapes=None, ms=DEFAULT_MS, w_formats=W_FORMATS,
-               providers=("cublas", "triton", "triton-prefill-tiles"), ceilings: Ceilings | None = None,
+               providers=PROVIDERS, ceilings: Ceilings | None = None,
                rep_ms: float = 60.0, log=print, deadline: float | None = None) -> list[BenchRow]:
     """The whole grid, format by format; cuBLAS rows only for bf16 (the baseline every format is compared with).
 
@@ -131,6 +185,31 @@ def bench_gemm(shapes=None, ms=DEFAULT_MS, w_formats=W_FORMATS,
                 rows.extend(new)
                 log(" ".join(f"{r.provider}:{r.us_p50:.1f}us" for r in new) + f"  M={m} N={n} K={k} {w_format}")
     return rows
+
+
+SELF_CHECK_POINTS = ((1, 2560, 6144, "bf16"), (32, 6144, 2048, "bf16"), (128, 2560, 6144, "bf16"),
+                     (8, 2304, 6144, "mxfp4"))
+
+
+def self_check(points=SELF_CHECK_POINTS, providers=("cublas", "triton"), log=print) -> list[dict]:
+    """The harness self-check (:func:`m3lab.bench.timing.profile_check`) at a few (M, N, K, w_format) points:
+    one dict per point and provider (cuBLAS only for bf16), ``passed`` when the per-call time is within
+    SELF_CHECK_US of the profiler's kernel time."""
+    device = torch.device("cuda")
+    out = []
+    for m, n, k, w_format in points:
+        for provider in providers:
+            if provider == "cublas" and w_format != "bf16":
+                continue
+            ops = make_operands(m, n, k, "bf16" if provider == "cublas" else w_format, device)
+            res = profile_check(provider_calls(provider, ops, w_format, m, n, k))
+            out.append({"provider": provider, "m": m, "n": n, "k": k, "dtype": w_format, "harness": HARNESS,
+                        "commit": commit_id(), **res})
+            log(f"self-check {provider} M={m} N={n} K={k} {w_format}: harness {res['harness_us']:.2f} us, "
+                f"kernels {res['kernel_us']:.2f} us ({res['kernels_per_call']:.1f}/call), "
+                f"span {res['span_us']:.2f} us: {'pass' if res['passed'] else 'FAIL'}")
+            del ops
+    return out
 
 
 def main(ms: str = ",".join(map(str, DEFAULT_MS)), formats: str = ",".join(W_FORMATS),

@@ -1,9 +1,10 @@
 """One GPU session for the GEMM kernels: gates, tuning, benchmarks, baseline (``python -m m3lab.bench.gpu_session``).
 
 Writes into ``--out`` (the device tool's $OUT), each file as soon as its phase ends:
-``env.json`` (versions, ceilings), ``tune.csv``, ``gemm_configs.json`` (every tuned table, {file name:
-content}), ``gates_cuda.csv`` (gates run on the freshly tuned tables), ``gemm.csv`` (benchmark rows),
-``baseline_<device>.csv`` (perf-gate baseline), ``log.txt``. Every phase is guarded, so one failure does
+``env.json`` (versions, ceilings), ``selfcheck.csv`` (the harness self-check, :func:`m3lab.bench.gemm.self_check`),
+``tune.csv``, ``gemm_configs.json`` (every tuned table, {file name: content}), ``gemm.csv`` (benchmark rows),
+``baseline_<device>.csv`` (perf-gate baseline), ``resources.csv`` (the compiler's resource report of every GEMM
+kernel binary the session built: registers, spills, shared memory), ``gates_cuda.csv``, ``log.txt``. Every phase is guarded, so one failure does
 not lose the others.
 """
 import json
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-PHASES = ("tune", "gates", "bench", "baseline")
+PHASES = ("selfcheck", "tune", "bench", "baseline", "gates")
+GATE_NAMES = ("mx.*", "gemm.*", "vllm.mxfp8*")
 BASELINE_MS = (1, 32, 128, 2048)
-BENCH_MS = (1, 8, 16, 32, 64, 128, 2048, 4096, 8192)   # the points of analysis.gemm_targets
+BENCH_MS = (1, 8, 32, 64, 128, 2048, 4096)   # the points of analysis.gemm_targets
 
 
 def _logger(out: Path):
@@ -43,12 +45,33 @@ def _mxfp8_mismatches(device, rows: int = 2560, k: int = 6144) -> str:
         for i, j in idx) if idx else "mxfp8 codes: no mismatch in a fresh sample"
 
 
+def resource_report() -> "list[dict]":
+    """Registers, spills, shared memory, warps and stages of every GEMM kernel binary compiled in this process."""
+    from ..kernels.gemm.gemm_splitk import gemm_splitk_kernel
+    from ..kernels.gemm.gemm_tiled import gemm_tiled_kernel
+    from ..kernels.gemm.gemv_splitk import gemv_splitk_kernel
+    rows = []
+    for kern in (gemm_splitk_kernel, gemm_tiled_kernel, gemv_splitk_kernel):
+        for caches in getattr(kern, "device_caches", {}).values():
+            for key, ck in caches[0].items():
+                try:
+                    ck._init_handles()
+                    md = ck.metadata
+                    rows.append({"kernel": kern.__name__, "n_regs": ck.n_regs, "n_spills": ck.n_spills,
+                                 "shared_bytes": getattr(md, "shared", None), "num_warps": md.num_warps,
+                                 "num_stages": md.num_stages, "key": str(key)[:400]})
+                except Exception as err:
+                    rows.append({"kernel": kern.__name__, "key": f"{type(err).__name__}: {err}"[:400]})
+    return rows
+
+
 def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float = 200.0,
-         deadline_s: float = 500.0, formats: str = "bf16,mxfp8,mxfp4", bench_ms: str = ",".join(map(str, BENCH_MS)),
-         rep_ms: float = 30.0, workers: int = 12) -> None:
+         deadline_s: float = 500.0, formats: str = "bf16,mxfp8,mxfp4,fp8", bench_ms: str = ",".join(map(str, BENCH_MS)),
+         rep_ms: float = 20.0, workers: int = 12, gates_s: float = 120.0) -> None:
     """Tune (candidates compiled in parallel), gate the tuned kernels, benchmark vs cuBLAS, write the baseline.
 
-    Later phases are cut short when ``deadline_s`` (from start) is near; the targets summary prints last.
+    Later phases are cut short when ``deadline_s`` (from start) is near (the benchmark leaves ``gates_s``
+    for the gates); the targets summary prints last.
     """
     import pandas as pd
     import triton
@@ -74,6 +97,14 @@ def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float 
     fmts = tuple(formats.split(","))
     left = lambda: deadline_s - (time.time() - t0)  # noqa: E731
 
+    if "selfcheck" in todo:
+        try:
+            checks = pd.DataFrame(bench.self_check(log=log))
+            checks.to_csv(outdir / "selfcheck.csv", index=False)
+            log(f"self-check: {int(checks['passed'].sum())}/{len(checks)} within the limit")
+        except Exception as err:
+            log(f"self-check failed: {type(err).__name__}: {err}")
+
     if "tune" in todo:
         from ..tune.gemm import tune_gemm
         try:
@@ -85,10 +116,24 @@ def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float 
         except Exception as err:
             log(f"tune phase failed: {type(err).__name__}: {err}")
 
-    if "gates" in todo and left() > 120:
+    rows = []
+    if "bench" in todo and left() > 40:
+        rows = bench.bench_gemm(ms=tuple(int(v) for v in bench_ms.split(",")), w_formats=fmts, ceilings=ceilings,
+                                rep_ms=rep_ms, log=log, deadline=t0 + deadline_s - gates_s)
+        append_rows(outdir / "gemm.csv", rows)
+        log(f"bench: {len(rows)} rows")
+
+    if "baseline" in todo and rows:
+        base = [r for r in rows if r.provider == "triton" and r.m in BASELINE_MS]
+        append_rows(outdir / f"baseline_{name}.csv", base)
+    try:
+        pd.DataFrame(resource_report()).to_csv(outdir / "resources.csv", index=False)
+    except Exception as err:
+        log(f"resource report failed: {type(err).__name__}: {err}")
+    if "gates" in todo and left() > 30:
         try:
-            df = run_gates("cuda", names=["mx.*", "gemm.*"], perf=False)
-            df.insert(0, "phase", "after_tune")
+            df = run_gates("cuda", names=list(GATE_NAMES), perf=False)
+            df.insert(0, "phase", "session")
             df.to_csv(outdir / "gates_cuda.csv", index=False)
             log(f"gates: {int(df['passed'].sum())}/{len(df)} passed")
             for _, r in df[~df["passed"]].iterrows():
@@ -98,16 +143,6 @@ def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float 
         except Exception as err:
             log(f"gates phase failed: {type(err).__name__}: {err}")
 
-    rows = []
-    if "bench" in todo and left() > 40:
-        rows = bench.bench_gemm(ms=tuple(int(v) for v in bench_ms.split(",")), w_formats=fmts, ceilings=ceilings,
-                                rep_ms=rep_ms, log=log, deadline=t0 + deadline_s - 15)
-        append_rows(outdir / "gemm.csv", rows)
-        log(f"bench: {len(rows)} rows")
-
-    if "baseline" in todo and rows:
-        base = [r for r in rows if r.provider == "triton" and r.m in BASELINE_MS]
-        append_rows(outdir / f"baseline_{name}.csv", base)
     if rows:
         df = rows_frame(rows)
         with pd.option_context("display.width", 200, "display.max_columns", 10):

@@ -2,11 +2,12 @@
 
 Columns (one row per op × provider × shape × dtype measurement):
 ``op, provider, shape, dtype, us_p20, us_p50, us_p80, tflops, tbps, frac_ceiling, ceiling,
-device, commit, date, m, n, k, ceiling_value`` — ``shape`` is a readable label (``"M=..,N=..,K=.."``),
+device, commit, date, m, n, k, ceiling_value, harness`` — ``shape`` is a readable label (``"M=..,N=..,K=.."``),
 ``m``/``n``/``k`` the GEMM dimensions as numbers (empty for ops without them), ``tflops``/``tbps`` are
 achieved rates at the median, ``frac_ceiling`` the fraction of the ceiling named by ``ceiling``
 (``copy_tbps`` or ``mm_tflops``: whichever bounds the op) whose value is ``ceiling_value``; ``commit`` is
-passed in by the benchmark command. Rows written before the numeric columns existed (the label carried
+passed in by the benchmark command; ``harness`` names the timing method (``graph24``: see
+m3lab.bench.timing; empty on rows timed before the column existed). Rows written before the numeric columns existed (the label carried
 the numbers: ``"copy_tbps=4.21"``) are read into the same columns by :func:`read_table`.
 """
 import csv
@@ -41,11 +42,13 @@ class BenchRow:
     n: int | None = None
     k: int | None = None
     ceiling_value: float | None = None
+    harness: str | None = None       # timing method (m3lab.bench.timing.HARNESS); empty on older rows
 
 
 COLUMNS = tuple(f.name for f in fields(BenchRow))
 NUMERIC_SHAPE = ("m", "n", "k", "ceiling_value")
-REQUIRED = tuple(c for c in COLUMNS if c not in NUMERIC_SHAPE)   # rows of older tables have only these
+OPTIONAL = NUMERIC_SHAPE + ("harness",)
+REQUIRED = tuple(c for c in COLUMNS if c not in OPTIONAL)   # rows of older tables have only these
 
 
 def commit_id() -> str:
@@ -91,6 +94,7 @@ def _legacy(df: pd.DataFrame) -> pd.DataFrame:
     for col in NUMERIC_SHAPE:
         if col not in df.columns:
             df[col] = float("nan")
+    df["harness"] = df["harness"].astype(object).where(df["harness"].notna(), "").astype(str) if "harness" in df.columns else ""
     old = df["m"].isna()
     if old.any():
         dims = df.loc[old, "shape"].astype(str).str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(float)

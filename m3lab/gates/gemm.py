@@ -66,6 +66,32 @@ def _cases(fmt: str, device: torch.device):
             yield _case(fmt, m, n, k, device, f"{other}_tiles", regime=other)
 
 
+def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: str, **launch) -> Case:
+    """MX weights packed once into the decode layout (kernels/mx/decode_layout) through launcher.linear_layout."""
+    from ..kernels.mx.decode_layout import pack
+    dtype = act_dtype(device)
+
+    def run():
+        w, s = quantize_weight(torch.randn(n, k, device=device) / k**0.5, fmt)
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        out = poison_(torch.empty(m, n, device=device, dtype=dtype))
+        launcher.linear_layout(x, pack(w, s, fmt), out=out, **launch)
+        return out, linear_ref(x.float(), w, w_format=fmt, w_scale=s)
+    return Case(f"M={m},N={n},K={k},{label}", str(dtype).removeprefix("torch."), run)
+
+
+def _layout_cases(fmt: str, device: torch.device):
+    if device.type != "cuda":
+        for m, n, k in CPU_PROBLEMS:
+            yield _layout_case(fmt, m, n, k, device, "auto")
+            yield _layout_case(fmt, m, n, k, device, "split3", config=GemmConfig("gemv", 4, 16, 64, SPLIT_K=3))
+        return
+    from ..bench.gemm import model_gemm_shapes
+    for n, k in model_gemm_shapes():
+        for m in (1, 7, 33):
+            yield _layout_case(fmt, m, n, k, device, "auto")
+
+
 for _fmt in GEMM_FORMATS:
     register(Gate(f"gemm.{_fmt}", "gemm", lambda d, f=_fmt: list(_cases(f, d)),
                   doc=f"y = x @ Wᵀ with {_fmt} weights vs linear_ref"))
@@ -74,6 +100,11 @@ for _fmt in GEMM_FORMATS:
 def _time_row(row):
     from ..bench.gemm import time_row
     return time_row(row)
+
+
+for _fmt in ("mxfp8", "mxfp4"):
+    register(Gate(f"gemm.{_fmt}_layout", "gemm", lambda d, f=_fmt: list(_layout_cases(f, d)),
+                  doc=f"y = x @ Wᵀ with {_fmt} weights in the decode layout vs linear_ref"))
 
 
 register_timer("gemm", _time_row)

@@ -13,7 +13,7 @@ import torch
 
 # Modules that register gates on import. MoE and sparse-attention gates add their module here.
 GATE_MODULES = ("m3lab.gates.mx", "m3lab.gates.gemm", "m3lab.gates.moe", "m3lab.gates.vllm_act", "m3lab.gates.sparse",
-                "m3lab.gates.vllm_sparse")
+                "m3lab.gates.vllm_sparse", "m3lab.gates.vllm_gemm")
 
 
 @dataclass(frozen=True)
