@@ -30,6 +30,27 @@ def _online_update(q, k, v, kmask, m_i, l_i, acc, scale_log2):
 
 
 @triton.jit
+def _group_start(q_ptr, k_scale_ptr, v_scale_ptr, sm_scale, t, kvh, group, stride_qt, stride_qh,
+                 HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """The GQA group of KV head ``kvh`` at query row t: q [BLOCK_H, D] (padded heads masked), its head ids and
+    mask, d, the base-2 softmax scale (fp8: K scale folded in), the V scale, and the empty online-softmax state."""
+    off_h = tl.arange(0, BLOCK_H)
+    h_ok = off_h < group
+    heads = kvh * group + off_h
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0)
+    scale_log2 = sm_scale * 1.4426950408889634
+    v_scale = 1.0
+    if HAS_SCALE:
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    return q, heads, h_ok, d, scale_log2, v_scale, m_i, l_i, acc
+
+
+@triton.jit
 def _finish(acc, m_i, l_i, v_scale, o_ptr, po_ptr, pl_ptr, t, kvh, s, n_rows, heads, d, h_ok,
             stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
             SPLIT: tl.constexpr):
@@ -67,19 +88,8 @@ def sparse_attn_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, bt_ptr, cu_q_ptr, seq_lens
     t = (q0 + i).to(tl.int64)
     pos = tl.load(seq_lens_ptr + r) - q_len + i
     own = pos // BLOCK_SIZE
-    off_h = tl.arange(0, BLOCK_H)
-    h_ok = off_h < group
-    heads = kvh * group + off_h
-    d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0)
-    scale_log2 = sm_scale * 1.4426950408889634
-    v_scale = 1.0
-    if HAS_SCALE:
-        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
-        v_scale = tl.load(v_scale_ptr)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    q, heads, h_ok, d, scale_log2, v_scale, m_i, l_i, acc = _group_start(
+        q_ptr, k_scale_ptr, v_scale_ptr, sm_scale, t, kvh, group, stride_qt, stride_qh, HEAD_DIM, BLOCK_H, HAS_SCALE)
     per = tl.cdiv(topk, SPLIT)
     j_lo = s * per
     j_hi = tl.minimum(j_lo + per, topk)
@@ -115,19 +125,8 @@ def page16_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, po_ptr, p
     kvh = tl.program_id(1) // SPLIT
     s = tl.program_id(1) % SPLIT
     ctx = tl.load(ctx_ptr + kvh * stride_ch + t)
-    off_h = tl.arange(0, BLOCK_H)
-    h_ok = off_h < group
-    heads = kvh * group + off_h
-    d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0)
-    scale_log2 = sm_scale * 1.4426950408889634
-    v_scale = 1.0
-    if HAS_SCALE:
-        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
-        v_scale = tl.load(v_scale_ptr)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    q, heads, h_ok, d, scale_log2, v_scale, m_i, l_i, acc = _group_start(
+        q_ptr, k_scale_ptr, v_scale_ptr, sm_scale, t, kvh, group, stride_qt, stride_qh, HEAD_DIM, BLOCK_H, HAS_SCALE)
     per = tl.cdiv(n_chunks, SPLIT)
     c_lo = s * per
     c_hi = tl.minimum(tl.minimum(c_lo + per, n_chunks), tl.cdiv(ctx, CHUNK))
