@@ -146,6 +146,8 @@ def test_moe_tables_vllm_shipped_against_the_shared_samples(shared_dir):
 
 
 def test_measured_beside_the_estimate(tmp_path):
+    """A collected measurement stands beside an estimate of the same deployment only (never another model,
+    GPU count, concurrency or length)."""
     from m3lab.serving.estimate import estimate
     from m3lab.vllm.collect import beside_estimate, collect
 
@@ -153,9 +155,16 @@ def test_measured_beside_the_estimate(tmp_path):
                    num_requests=16)
     with pytest.raises(M3LabError, match="no vLLM measurement"):
         beside_estimate(est, tmp_path / "run")
-    collect(tmp_path / "run", [BENCH], gpus=4)
-    table = beside_estimate(est, tmp_path / "run").set_index("metric")
+    collect(tmp_path / "other", [BENCH], gpus=4)          # Qwen3.5 at c=64, 8K/1K: another deployment
+    with pytest.raises(M3LabError, match="not of the estimated deployment: model .*concurrency 64 vs 8"):
+        beside_estimate(est, tmp_path / "other")
     raw = json.loads(BENCH.read_text())
+    raw.update(model_id="MiniMaxAI/MiniMax-M3-MXFP8", max_concurrency=8, total_input_tokens=1024 * raw["completed"],
+               total_output_tokens=64 * raw["completed"])
+    same = tmp_path / "m3_c8.json"
+    same.write_text(json.dumps(raw))
+    collect(tmp_path / "run", [same], gpus=4)
+    table = beside_estimate(est, tmp_path / "run").set_index("metric")
     assert table.loc["output tokens/s/GPU", "measured"] == pytest.approx(raw["output_throughput"] / 4)
     assert table.loc["mean TPOT", "measured"] == pytest.approx(raw["mean_tpot_ms"])
 

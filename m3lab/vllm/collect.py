@@ -230,4 +230,31 @@ def beside_estimate(est: Any, run: str | Path | None = None):
     if got is None:
         raise M3LabError("no vLLM measurement in this run", field="run",
                          hint="m3lab vllm collect RUN_DIR --bench FILE first")
+    off = deployment_mismatches(est.config, got)
+    if off:
+        raise M3LabError(f"the collected measurement is not of the estimated deployment: {'; '.join(off)}",
+                         field="run", hint="estimate the deployment that was measured (model, GPUs, concurrency, "
+                                           "input and output lengths)")
     return compare_with_measured(est, got)
+
+
+LENGTH_TOLERANCE = 0.1   # random-dataset lengths: mean within 10% of the requested ISL/OSL
+
+
+def deployment_mismatches(config: dict, got: dict) -> list[str]:
+    """What differs between an estimate's ``config`` and a collected measurement (fields the bench result file
+    records: model id, GPUs, max concurrency, mean input and output lengths); [] when they agree."""
+    out = []
+    model_id = str(got.get("model_id") or "")
+    base = str(config.get("model", "")).lower()
+    for suffix in ("-mxfp8", "-mxfp4", "-fp8", "-nvfp4"):
+        base = base.removesuffix(suffix)
+    if model_id and not model_id.rstrip("/").split("/")[-1].lower().startswith(base):
+        out.append(f"model {model_id} vs {config.get('model')}")
+    for key, mine in (("gpus", "gpus"), ("max_concurrency", "concurrency")):
+        if got.get(key) is not None and config.get(mine) is not None and int(got[key]) != int(config[mine]):
+            out.append(f"{mine} {got[key]} vs {config[mine]}")
+    for key, mine in (("mean_input_len", "isl"), ("mean_output_len", "osl")):
+        if got.get(key) and config.get(mine) and abs(got[key] / config[mine] - 1) > LENGTH_TOLERANCE:
+            out.append(f"{mine} {got[key]:.0f} measured vs {config[mine]}")
+    return out
