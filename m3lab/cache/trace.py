@@ -128,6 +128,22 @@ def _int_field(rec: dict, name: str, path, lineno: int, minimum: int = 0) -> int
     return int(v)
 
 
+def _time_field(rec: dict, name: str, path, lineno: int, unit: str) -> float:
+    v = rec.get(name)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+        _fail(path, lineno, f"'{name}' must be {unit} >= 0, got {v!r}", name)
+    return v
+
+
+def _hash_ids_field(rec: dict, name: str, path, lineno: int, below: int | None = None) -> list:
+    ids = rec.get(name)
+    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                            and (below is None or h < below) for h in ids):
+        what = "non-negative integers" if below is None else f"integers in [0, {below})"
+        _fail(path, lineno, f"'{name}' must be a list of {what}", name)
+    return ids
+
+
 def _lines(path):
     p = Path(path)
     if not p.is_file():
@@ -158,15 +174,10 @@ def read_mooncake(path, block_size: int = 128, *, skip_invalid: bool = False, li
             break
         try:
             rec = _parse(path, lineno, line)
-            ts = rec.get("timestamp")
-            if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts < 0:
-                _fail(path, lineno, f"'timestamp' must be a number of ms >= 0, got {ts!r}", "timestamp")
+            ts = _time_field(rec, "timestamp", path, lineno, "a number of ms")
             isl = _int_field(rec, "input_length", path, lineno, 1)
             osl = _int_field(rec, "output_length", path, lineno, 1)
-            ids = rec.get("hash_ids")
-            if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                                    for h in ids):
-                _fail(path, lineno, "'hash_ids' must be a list of non-negative integers", "hash_ids")
+            ids = _hash_ids_field(rec, "hash_ids", path, lineno)
             if not (len(ids) - 1) * MOONCAKE_BLOCK < isl <= len(ids) * MOONCAKE_BLOCK:
                 _fail(path, lineno, f"{len(ids)} hash_ids of {MOONCAKE_BLOCK} tokens do not cover input_length "
                                     f"{isl}", "hash_ids")
@@ -218,15 +229,10 @@ def read_agentx(path, block_size: int = 128, *, skip_invalid: bool = False, limi
             local = rec.get("hash_id_scope", "local") == "local"
             rows = []
             for agent, r in _agentx_requests(rec.get("requests"), path, lineno):
-                t = r.get("t")
-                if not isinstance(t, (int, float)) or isinstance(t, bool) or t < 0:
-                    _fail(path, lineno, f"request 't' must be seconds >= 0, got {t!r}", "t")
+                t = _time_field(r, "t", path, lineno, "seconds")
                 isl = _int_field(r, "in", path, lineno, 1)
                 osl = _int_field(r, "out", path, lineno, 1)
-                ids = r.get("hash_ids")
-                if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool)
-                                                        and 0 <= h < 2**32 for h in ids):
-                    _fail(path, lineno, "'hash_ids' must be a list of integers in [0, 2**32)", "hash_ids")
+                ids = _hash_ids_field(r, "hash_ids", path, lineno, below=2**32)
                 if len(ids) < isl // src_block:
                     _fail(path, lineno, f"{len(ids)} hash_ids of {src_block} tokens do not cover 'in' = {isl}",
                           "hash_ids")
