@@ -10,6 +10,7 @@ import triton
 from ..launches import launch
 from .tables import GemmConfig, select_config
 from .gemm_splitk import gemm_splitk_kernel
+from .gemm_streamk import gemm_streamk_kernel
 from .gemm_tiled import gemm_tiled_kernel
 from .gemv_splitk import gemv_splitk_kernel
 from .gemv_mx_layout import gemv_mx_layout_kernel
@@ -119,6 +120,21 @@ def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | No
     return y
 
 
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _streamk(x, w, s, y, m, n, k, strides, config: GemmConfig, common: dict) -> torch.Tensor:
+    """Launch gemm_streamk_kernel: PER_SM x SMs programs (at most one per K-step), partial slots [P, 2, tile]."""
+    tiles = triton.cdiv(n, config.BLOCK_N) * triton.cdiv(m, config.BLOCK_M)
+    iters = triton.cdiv(k, config.BLOCK_K)
+    programs = min(config.PER_SM * _sm_count(x.device), tiles * iters)
+    part = torch.empty(programs * 2 * config.BLOCK_N * config.BLOCK_M, device=x.device, dtype=torch.float32)
+    launch(gemm_streamk_kernel, (programs,), x, w, s, y, part, _locks(x.device, tiles), m, n, k, iters,
+           tiles * iters, *strides, **common)
+    return y
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale: torch.Tensor | None = None,
            config: GemmConfig | None = None, regime: str | None = None, out: torch.Tensor | None = None,
            use_native_mx: bool | None = None) -> torch.Tensor:
@@ -160,6 +176,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
         grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N),)
         launch(gemm_tiled_kernel, grid, x, w, s, y, m, n, k, *strides, GROUP_M=config.GROUP_M, **common)
         return y
+    if config.kernel == "streamk":
+        return _streamk(x, w, s, y, m, n, k, strides, config, common)
     split = max(1, min(config.SPLIT_K, triton.cdiv(k, config.BLOCK_K)))
     k_split = triton.cdiv(triton.cdiv(k, split), config.BLOCK_K) * config.BLOCK_K
     split = triton.cdiv(k, k_split)                      # no empty splits

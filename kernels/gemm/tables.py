@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-KERNELS = ("tiled", "splitk", "gemv")
+KERNELS = ("tiled", "splitk", "gemv", "streamk")
 # The decode/prefill boundary: decode is M <= DECODE_MAX_M (split-K kernels by default, decode tiles),
 # prefill beyond. The tuner tunes decode M with the decode kernels, prefill M with the tiled kernel and
 # M in (DECODE_MAX_M, CROSSOVER_MAX_M] with both, so a table may carry either kernel there: the tuned
@@ -34,6 +34,7 @@ class GemmConfig:
     """One launch: which kernel, its tiles and compiler options (AMD-only options None elsewhere)."""
     kernel: str = "tiled"            # "tiled" (prefill, grouped order) | "splitk" (decode, swapped, split-K)
     #                                  | "gemv" (M <= GEMV_MAX_M: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
+    #                                  | "streamk" (decode, swapped, fixed grid of PER_SM x SMs programs)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64
@@ -41,6 +42,7 @@ class GemmConfig:
     SPLIT_K: int = 1                 # splitk only
     num_warps: int = 4
     num_stages: int = 3
+    PER_SM: int | None = None        # streamk only: programs per SM (grid = PER_SM x SMs, at most the K-steps)
     waves_per_eu: int | None = None          # AMD: occupancy hint (wave64)
     matrix_instr_nonkdim: int | None = None  # AMD: MFMA 16 or 32
     kpack: int | None = None                 # AMD: K packing of MFMA operands
@@ -55,6 +57,8 @@ class GemmConfig:
                 raise ValueError(f"{name}: {v} must be a power of two >= {low}")
         if self.kernel == "gemv" and self.BLOCK_M > GEMV_MAX_M:
             raise ValueError(f"BLOCK_M: {self.BLOCK_M} must be <= GEMV_MAX_M = {GEMV_MAX_M} for the gemv kernel")
+        if (self.PER_SM is not None) != (self.kernel == "streamk") or (self.PER_SM is not None and self.PER_SM < 1):
+            raise ValueError("PER_SM: a positive count for the streamk kernel, and only for it")
         if self.BLOCK_K < 32:
             raise ValueError("BLOCK_K: must be >= 32 (one MX block)")
 

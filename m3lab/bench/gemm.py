@@ -207,7 +207,8 @@ def self_check(points=SELF_CHECK_POINTS, providers=("cublas", "triton"), log=pri
                         "commit": commit_id(), **res})
             log(f"self-check {provider} M={m} N={n} K={k} {w_format}: harness {res['harness_us']:.2f} us, "
                 f"kernels {res['kernel_us']:.2f} us ({res['kernels_per_call']:.1f}/call), "
-                f"span {res['span_us']:.2f} us: {'pass' if res['passed'] else 'FAIL'}")
+                f"span {res['span_us']:.2f} us, checked against {res['checked_against']}: "
+                f"{'pass' if res['passed'] else 'FAIL'}")
             del ops
     return out
 

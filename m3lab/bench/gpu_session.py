@@ -67,11 +67,11 @@ def resource_report() -> "list[dict]":
 
 def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float = 200.0,
          deadline_s: float = 500.0, formats: str = "bf16,mxfp8,mxfp4,fp8", bench_ms: str = ",".join(map(str, BENCH_MS)),
-         rep_ms: float = 20.0, workers: int = 12, gates_s: float = 120.0) -> None:
+         rep_ms: float = 20.0, workers: int = 12, gates_s: float = 120.0, tune_ms: str = "") -> None:
     """Tune (candidates compiled in parallel), gate the tuned kernels, benchmark vs cuBLAS, write the baseline.
 
     Later phases are cut short when ``deadline_s`` (from start) is near (the benchmark leaves ``gates_s``
-    for the gates); the targets summary prints last.
+    for the gates); the targets summary prints last. ``tune_ms``: the M values to tune (default: the tuner's).
     """
     import pandas as pd
     import triton
@@ -108,7 +108,9 @@ def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float 
     if "tune" in todo:
         from ..tune.gemm import tune_gemm
         try:
-            df = tune_gemm(bench.model_gemm_shapes(), fmts, budget_s=min(tune_budget_s, left() - 150), log=log, workers=workers)
+            ms = {"ms": tuple(int(v) for v in tune_ms.split(","))} if tune_ms else {}
+            df = tune_gemm(bench.model_gemm_shapes(), fmts, budget_s=min(tune_budget_s, left() - 150), log=log,
+                           workers=workers, **ms)
             df.to_csv(outdir / "tune.csv", index=False)
             tables = {p.name: json.loads(p.read_text()) for p in CONFIG_DIR.glob(f"*device={name}.json")}
             (outdir / "gemm_configs.json").write_text(json.dumps(tables, indent=1))
