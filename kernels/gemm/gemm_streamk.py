@@ -9,8 +9,10 @@ Every program gets the same work ±1 step, whatever the shape. A BLOCK_M that co
 tile) reads W exactly once; with several row tiles, those of one N block are consecutive in tile order,
 so they run at about the same time and share W through L2.
 
-A program runs its steps in one flat loop (so the compiler pipelines the loads across tile boundaries);
-a *segment* is its part of one tile. A segment covering a whole tile
+A program loops over the tiles its range meets, with an inner loop over the K-steps of its *segment*
+(its part of one tile): the innermost loop is what the compiler pipelines (a single flat loop over the
+steps with the segment ends as conditions compiled without a pipeline on the H200, triton 3.6: one
+stage of shared memory). A segment covering a whole tile
 writes y directly. Otherwise it writes an fp32 partial (slot 0 for the program's first segment, slot 1
 for its last: at most two partial segments per program), then counts itself on the tile's counter; the
 program that arrives last sums the other contributors' partials with its own accumulator, writes y and
@@ -51,35 +53,33 @@ def gemm_streamk_kernel(
     end = (pid + 1) * TOTAL // P
     n_m = tl.cdiv(M, BLOCK_M)
     o_t = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for it in range(start, end):                              # one flat loop: the compiler pipelines its loads
-        t = it // ITERS
-        kk = it - t * ITERS
-        if (kk == 0) | (it == start):                          # a segment begins
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    first_t = start // ITERS
+    for t in range(first_t, (end - 1) // ITERS + 1):           # the tiles the range meets; one segment each
+        k_lo = tl.maximum(start - t * ITERS, 0)
+        k_hi = tl.minimum(end - t * ITERS, ITERS)
         o_m = (t % n_m) * BLOCK_M + tl.arange(0, BLOCK_M)       # row tiles of one N block are neighbours
         o_n = (t // n_m) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = mac_step(acc, p_x, p_w, p_s, o_m, o_n, kk * BLOCK_K, M, N, K, s_xm, s_xk, s_wn, s_wk, s_sn, s_sk,
-                       W_FORMAT, SB_N, SB_K, NATIVE_MX, X_FMT, BLOCK_N, BLOCK_K)
-        if (kk == ITERS - 1) | (it == end - 1):                 # a segment ends
-            out = row_scale(acc, p_s, o_n, N, W_FORMAT, SB_K)
-            p_out = p_y + o_n[:, None] * s_yn + o_m[None, :] * s_ym
-            m_y = (o_n[:, None] < N) & (o_m[None, :] < M)
-            if (start <= t * ITERS) & (kk == ITERS - 1):        # the whole tile: no partial
-                tl.store(p_out, out.to(p_y.dtype.element_ty), mask=m_y)
-            else:
-                slot = tl.where(t * ITERS <= start, 0, 1)       # the program's first segment, or its last
-                tl.store(p_part + (pid * 2 + slot) * (BLOCK_N * BLOCK_M) + o_t, out)
-                tl.debug_barrier()                              # all partial stores of this program first
-                first = _owner(t * ITERS, P, TOTAL)
-                last = _owner(t * ITERS + ITERS - 1, P, TOTAL)
-                arrived = tl.atomic_add(p_lock + t, 1)          # acq_rel: publishes the partial
-                if arrived == last - first:                     # the last contributor reduces
-                    tl.debug_barrier()
-                    for q in range(first, last + 1):
-                        if q != pid:
-                            q_slot = tl.where(q * TOTAL // P >= t * ITERS, 0, 1)   # tile t is q's first segment?
-                            out += tl.load(p_part + (q * 2 + q_slot) * (BLOCK_N * BLOCK_M) + o_t,
-                                           cache_modifier=".cg")
-                    tl.store(p_out, out.to(p_y.dtype.element_ty), mask=m_y)
-                    tl.atomic_xchg(p_lock + t, 0)               # ready for the next call / graph replay
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for kk in range(k_lo, k_hi):                            # the innermost loop: its loads are pipelined
+            acc = mac_step(acc, p_x, p_w, p_s, o_m, o_n, kk * BLOCK_K, M, N, K, s_xm, s_xk, s_wn, s_wk, s_sn, s_sk,
+                           W_FORMAT, SB_N, SB_K, NATIVE_MX, X_FMT, BLOCK_N, BLOCK_K)
+        acc = row_scale(acc, p_s, o_n, N, W_FORMAT, SB_K)
+        p_out = p_y + o_n[:, None] * s_yn + o_m[None, :] * s_ym
+        m_y = (o_n[:, None] < N) & (o_m[None, :] < M)
+        if (k_lo == 0) & (k_hi == ITERS):                       # the whole tile: no partial
+            tl.store(p_out, acc.to(p_y.dtype.element_ty), mask=m_y)
+        else:
+            slot = tl.where(t == first_t, 0, 1)                 # the program's first segment, or its last
+            tl.store(p_part + (pid * 2 + slot) * (BLOCK_N * BLOCK_M) + o_t, acc)
+            tl.debug_barrier()                                  # all partial stores of this program first
+            first = _owner(t * ITERS, P, TOTAL)
+            last = _owner(t * ITERS + ITERS - 1, P, TOTAL)
+            arrived = tl.atomic_add(p_lock + t, 1)              # acq_rel: publishes the partial
+            if arrived == last - first:                         # the last contributor reduces
+                tl.debug_barrier()
+                for q in range(first, last + 1):
+                    if q != pid:
+                        q_slot = tl.where((q * TOTAL // P) // ITERS == t, 0, 1)   # tile t is q's first segment?
+                        acc += tl.load(p_part + (q * 2 + q_slot) * (BLOCK_N * BLOCK_M) + o_t, cache_modifier=".cg")
+                tl.store(p_out, acc.to(p_y.dtype.element_ty), mask=m_y)
+                tl.atomic_xchg(p_lock + t, 0)                   # ready for the next call / graph replay

@@ -31,10 +31,11 @@ SPLITK_TILES = {16: ((64, 128, 6, 4), (64, 128, 5, 4), (32, 128, 6, 4), (64, 256
                 32: ((64, 128, 6, 4), (64, 256, 4, 4), (128, 128, 4, 8), (32, 256, 5, 4)),
                 64: ((64, 128, 5, 4), (64, 256, 3, 4), (128, 128, 4, 8), (128, 64, 6, 8)),
                 128: ((64, 128, 4, 4), (128, 128, 3, 8), (64, 64, 6, 4), (128, 64, 5, 8))}
-# streamk (BLOCK_N, BLOCK_K, num_stages, num_warps), BLOCK_M covering all of M (W read once), each with
+# streamk (BLOCK_N, BLOCK_K, num_stages, num_warps), BLOCK_M covering all of M (W read once; M 128 also
+# two 64-row tiles, neighbours in tile order), each with
 # STREAMK_PER_SM programs per SM: a fixed grid balances any tile count (kernels/gemm/gemm_streamk.py)
 STREAMK_TILES = ((64, 128, 4, 4), (64, 128, 6, 4), (64, 256, 3, 4), (64, 64, 6, 4), (32, 128, 6, 4),
-                 (128, 64, 4, 8), (128, 128, 3, 8), (128, 128, 4, 8), (128, 256, 3, 8))
+                 (128, 64, 4, 8), (128, 128, 3, 8), (128, 128, 4, 8), (128, 256, 3, 8), (256, 64, 3, 8))
 STREAMK_PER_SM = (1, 2)
 # gemv (BLOCK_N, BLOCK_K, num_warps, num_stages), M <= GEMV_MAX_M, weight formats bf16/mxfp8/mxfp4
 GEMV_TILES = ((16, 256, 4, 3), (8, 512, 4, 3), (32, 256, 8, 3), (16, 512, 8, 1), (32, 512, 8, 2))
@@ -75,9 +76,10 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
                 continue
             for split in _splits(math.ceil(n / bn) * math.ceil(m / bm), k, bk, sms):
                 out.append(GemmConfig("splitk", bm, bn, bk, 1, split, nw, ns))
-    for bn, bk, ns, nw in STREAMK_TILES:
-        if ns * bk * (bn * element_bytes(w_format) + 2 * top) <= SMEM_BYTES:
-            out += [GemmConfig("streamk", top, bn, bk, 1, 1, nw, ns, PER_SM=p) for p in STREAMK_PER_SM]
+    for bm in ([top // 2, top] if top > 64 else [top]):
+        for bn, bk, ns, nw in STREAMK_TILES:
+            if ns * bk * (bn * element_bytes(w_format) + 2 * bm) <= SMEM_BYTES:
+                out += [GemmConfig("streamk", bm, bn, bk, 1, 1, nw, ns, PER_SM=p) for p in STREAMK_PER_SM]
     if m > DECODE_MAX_M:
         out += tiled
     return list(dict.fromkeys(out))
