@@ -4,11 +4,14 @@ Picks a config from the tuned tables (:func:`launch_config`: the kernel and its 
 operands, and launches; each launch is reported to :mod:`kernels.launches`, so a caller can see which
 kernel ran. ``out`` may be passed (e.g. poisoned by the gates).
 """
+from dataclasses import dataclass
+
 import torch
 import triton
 
 from ..launches import launch
-from .tables import GemmConfig, select_config
+from .tables import PREFILL_KERNELS, GemmConfig, select_config
+from .gemm_persistent import gemm_persistent_kernel
 from .gemm_splitk import gemm_splitk_kernel
 from .gemm_tiled import gemm_tiled_kernel
 from .gemv_splitk import gemv_splitk_kernel
@@ -24,6 +27,7 @@ GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
 DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
 LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout kernel tiles (untuned: no GPU run measured them yet)
+CPU_PROGRAMS = 4                                 # the persistent kernel's program count in the CPU interpreter
 
 
 def native_mx(device: torch.device) -> bool:
@@ -39,10 +43,12 @@ def launch_config(m: int, n: int, k: int, w_format: str, device: torch.device, *
                   regime: str | None = None, use_native_mx: bool | None = None) -> tuple[GemmConfig, str]:
     """The config :func:`linear` launches for this problem and the weight format its kernel reads: the
     forced ``config``, else the tuned table's (:func:`tables.select_config`); MX weights on the tiled kernel
-    without native MX are dequantised first (``DEQUANT_PREFILL``) and run with the bf16 table's config."""
+    without native MX (the persistent kernel: always) are dequantised first (``DEQUANT_PREFILL``) and run with
+    the bf16 table's config."""
     chosen = config or select_config(m, n, k, w_format, device, regime)
     native = (native_mx(device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
-    if DEQUANT_PREFILL and chosen.kernel == "tiled" and w_format in MX_FORMATS and not native:
+    if (DEQUANT_PREFILL and chosen.kernel in PREFILL_KERNELS and w_format in MX_FORMATS
+            and (not native or chosen.kernel == "persistent")):
         return config or select_config(m, n, k, "bf16", device, regime), "bf16"
     return chosen, w_format
 
@@ -119,6 +125,69 @@ def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | No
     return y
 
 
+@dataclass(frozen=True)
+class PersistentPlan:
+    """The persistent kernel's work split: ``programs`` programs; tiles [0, n_whole) over the whole K (whole
+    waves), then ``n_tail`` tiles (the last partial wave) in ``tail_split`` ranges of ``k_split`` columns."""
+    programs: int
+    n_whole: int
+    n_tail: int
+    tail_split: int
+    k_split: int
+
+
+def persistent_plan(m: int, n: int, k: int, config: GemmConfig, sms: int) -> PersistentPlan:
+    """One program per SM (fewer when there are fewer tiles). The tiles of the last partial wave are split
+    along K into at most ``config.SPLIT_K`` ranges, as many as the idle programs allow (one range each)
+    and never an empty range; SPLIT_K 1, or a problem of whole waves, computes every tile whole."""
+    tiles = triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N)
+    programs = min(sms, tiles)
+    left = tiles % programs
+    steps = triton.cdiv(k, config.BLOCK_K)
+    split = min(config.SPLIT_K, programs // left, steps) if left else 1
+    if split > 1:
+        k_split = triton.cdiv(steps, split) * config.BLOCK_K
+        split = triton.cdiv(k, k_split)
+    if split <= 1:
+        return PersistentPlan(programs, tiles, 0, 1, k)
+    return PersistentPlan(programs, tiles - left, left, split, k_split)
+
+
+def tma_capable(device: torch.device) -> bool:
+    """True where tensor descriptors become bulk tensor copies (NVIDIA compute capability >= 9) and in the
+    CPU interpreter (which runs them as plain loads); AMD keeps the pointer path."""
+    if device.type != "cuda":
+        return True
+    return not torch.version.hip and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _tma_aligned(*ts: torch.Tensor) -> bool:
+    """Tensor descriptors need 16-byte aligned bases and row strides and unit column strides."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+               for t in ts)
+
+
+def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, opts: dict) -> None:
+    """x [M, K], w [N, K] (x's dtype, or fp8 codes with per-channel scales s [N]) -> y [M, N]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    (m, k), n = x.shape, w.shape[0]
+    bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
+    on_gpu = x.device.type == "cuda"
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if on_gpu else CPU_PROGRAMS
+    p = persistent_plan(m, n, k, config, sms)
+    use_tma = (tma_capable(x.device) if config.USE_TMA is None else config.USE_TMA) and _tma_aligned(x, w, y)
+    descs = ((TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, bk]),
+              TensorDescriptor(w, [n, k], [w.stride(0), 1], [bn, bk]),
+              TensorDescriptor(y, [m, n], [y.stride(0), 1], [bm, bn])) if use_tma else (x, w, y))
+    part = torch.empty(max(1, p.n_tail * p.tail_split * bm * bn), device=x.device, dtype=torch.float32)
+    launch(gemm_persistent_kernel, (p.programs,), *descs, x, w, s, y, part, _locks(x.device, max(1, p.n_tail)),
+           m, n, k, p.programs, p.n_whole, p.n_tail, p.tail_split, p.k_split,
+           x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
+           W_FORMAT=w_format, USE_TMA=use_tma, FLATTEN=bool(config.FLATTEN),
+           WARP_SPECIALIZE=bool(config.WARP_SPECIALIZE), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+           GROUP_M=config.GROUP_M, **opts)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale: torch.Tensor | None = None,
            config: GemmConfig | None = None, regime: str | None = None, out: torch.Tensor | None = None,
            use_native_mx: bool | None = None) -> torch.Tensor:
@@ -150,12 +219,19 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
     if config.kernel == "gemv" and w_format not in GEMV_FORMATS:
         raise ValueError(f"config: the gemv kernel takes w_format in {GEMV_FORMATS}, not {w_format!r}")
     s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)
+    if config.kernel == "persistent" and (w_format not in ("bf16", "fp8") or (w_format == "fp8" and sb_k != 0)):
+        raise ValueError("config: the persistent kernel takes floating weights or fp8 with per-channel scales, "
+                         f"not {w_format!r}" + (" with block scales" if w_format == "fp8" else "")
+                         + "; use the tiled kernel")
     y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
     opts = config.compiler_options(bool(torch.version.hip))
     tiles = dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K)
     common = dict(W_FORMAT=w_format, SB_N=sb_n, SB_K=sb_k, NATIVE_MX=native,
                   X_FMT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "fp32"), **tiles, **opts)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1))
+    if config.kernel == "persistent":
+        _launch_persistent(x, w, s, y, config, w_format, opts)
+        return y
     if config.kernel == "tiled":
         grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N),)
         launch(gemm_tiled_kernel, grid, x, w, s, y, m, n, k, *strides, GROUP_M=config.GROUP_M, **common)
