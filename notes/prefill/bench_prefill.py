@@ -28,11 +28,11 @@ def P(bm, bn, bk, warps, stages, split, flatten=False, ws=False, tma=None):
                       WARP_SPECIALIZE=ws or None)
 
 
-CANDIDATES = [P(bm, bn, 64, w, s, split, fl) for bm, bn, w, s in ((128, 128, 8, 4), (128, 256, 8, 3), (256, 128, 8, 3))
-              for split in (1, 8) for fl in (False, True)]
-CANDIDATES += [P(128, 128, 64, 4, 4, 8), P(128, 128, 64, 4, 4, 8, True),
-               P(128, 256, 64, 8, 3, 8, True, True), P(128, 128, 64, 4, 4, 8, False, True),
-               P(128, 128, 64, 8, 4, 8, tma=False)]
+# SPLIT_K: 1 data-parallel only; 2-3 stream-K over the partial wave + 1-2 waves; 64 stream-K everywhere
+CANDIDATES = [P(128, 256, 64, 8, 3, sk, fl) for sk in (1, 2, 3) for fl in (False, True)]
+CANDIDATES += [P(128, 128, 64, 8, 4, sk, fl) for sk in (2, 3) for fl in (False, True)]
+CANDIDATES += [P(128, 128, 64, 4, 4, 2), P(128, 128, 64, 4, 4, 2, True), P(256, 128, 64, 8, 3, 2),
+               P(128, 256, 64, 8, 3, 64), P(128, 128, 64, 8, 4, 64), P(128, 256, 64, 8, 3, 2, True, True)]
 
 
 def short(cfg: GemmConfig) -> str:
