@@ -77,6 +77,24 @@ def main():
     rec.cfg = None
     launcher.launch = rec
 
+    # correctness only: odd shapes and every format the launcher routes to the kernel
+    from m3lab.kernels.gemm.reference import linear_ref, quantize_weight
+    for cfg in (P(128, 256, 64, 8, 3, 2), P(128, 128, 64, 8, 4, 3, True)):
+        for m, n, k in ((3000, 2304, 6144), (300, 200, 136), (2048, 2560, 768)):
+            for fmt in ("bf16", "fp8", "mxfp8", "mxfp4"):
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                w0 = torch.randn(n, k, device=dev) / k**0.5
+                wq, sc = quantize_weight(w0.to(torch.bfloat16) if fmt == "bf16" else w0, fmt)
+                y = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
+                try:
+                    launcher.linear(x, wq, w_format=fmt, w_scale=sc, config=cfg, out=y)
+                    ref = linear_ref(x.float(), wq, w_format=fmt, w_scale=sc).float()
+                    err = ((y.float() - ref).norm() / ref.norm()).item()
+                    print(f"check {short(cfg)} M={m} N={n} K={k} {fmt}: rel err {err:.2e} "
+                          f"{'ok' if err < 1e-2 else 'FAIL'}", flush=True)
+                except Exception as e:
+                    print(f"check FAIL {short(cfg)} M={m} N={n} K={k} {fmt}: {type(e).__name__}: {str(e)[:200]}")
+
     rows, best = [], {}
     fcsv = open(os.path.join(a.out, "prefill_bench.csv"), "w", newline="")
     wr = csv.DictWriter(fcsv, ["device", "harness", "M", "N", "K", "provider", "config", "us_p20", "us_p50",
@@ -110,6 +128,10 @@ def main():
                     else:
                         calls = [lambda w=w: torch.nn.functional.linear(x, w) for w in ws]
                     t = graph_time(calls, rep_ms=12, warmup_ms=3)
+                    if cfg is not None:              # after many graph replays: still right (counters reset)
+                        g = max(((y_.float() - ref).norm() / ref.norm()).item() for y_ in (ys[0], ys[-1]))
+                        if not g < 1e-2:
+                            raise RuntimeError(f"rel err {g:.3g} after graph replays")
                 except Exception as e:
                     print(f"FAIL M={m} N={n} K={k} {prov} {short(cfg) if cfg else ''}: {type(e).__name__}: "
                           f"{str(e)[:200]}", flush=True)
