@@ -81,7 +81,7 @@ def main():
     from m3lab.kernels.gemm.reference import linear_ref, quantize_weight
     for cfg in (P(128, 256, 64, 8, 3, 2), P(128, 128, 64, 8, 4, 3, True)):
         for m, n, k in ((3000, 2304, 6144), (300, 200, 136), (2048, 2560, 768)):
-            for fmt in ("bf16", "fp8", "mxfp8", "mxfp4"):
+            for fmt in ("bf16", "fp8") + (("mxfp8", "mxfp4") if k % 32 == 0 else ()):
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 w0 = torch.randn(n, k, device=dev) / k**0.5
                 wq, sc = quantize_weight(w0.to(torch.bfloat16) if fmt == "bf16" else w0, fmt)
