@@ -95,7 +95,7 @@ def test_tune_point_on_the_interpreter():
     rows = tune_point(5, 48, 256, "mxfp8", cands, {}, device=torch.device("cpu"),
                       timer=lambda calls: cpu_time(calls[0], reps=1))
     assert len(rows) == 3 and all(r["us"] > 0 and not r["error"] for r in rows)
-    assert all(c.kernel == "tiled" for c in candidates(4096, 2560, 6144))
+    assert all(c.kernel in ("tiled", "persistent") for c in candidates(4096, 2560, 6144))
 
 
 def test_optable_gives_the_benchmarked_shapes(monkeypatch):

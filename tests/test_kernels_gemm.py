@@ -137,7 +137,7 @@ def test_config_validation_and_round_trip():
     with pytest.raises(ValueError, match="unknown keys"):
         GemmConfig.from_dict({"kernel": "tiled", "BLOCK_SIZE_M": 64})
     with pytest.raises(ValueError, match="kernel"):
-        GemmConfig("persistent")
+        GemmConfig("streamk")
 
 
 def test_table_nearest_m_lookup(tmp_path, monkeypatch):
@@ -176,5 +176,5 @@ def test_committed_h200_tables_cover_the_m3_shapes():
             assert table[1].kernel in ("splitk", "gemv") and table[1].BLOCK_M <= 16   # decode vs prefill tiles
             assert all(c.kernel != "tiled" for m, c in table.items() if m <= tables.DECODE_MAX_M)
             assert all(c.kernel != "gemv" or m <= tables.GEMV_MAX_M for m, c in table.items())
-            assert all(c.kernel == "tiled" for m, c in table.items() if m > tables.CROSSOVER_MAX_M)
-            assert table[max(table)].kernel == "tiled" and table[max(table)].BLOCK_M >= 64
+            assert all(c.kernel in tables.PREFILL_KERNELS for m, c in table.items() if m > tables.CROSSOVER_MAX_M)
+            assert table[max(table)].kernel in tables.PREFILL_KERNELS and table[max(table)].BLOCK_M >= 64

@@ -4,11 +4,14 @@ Picks a config from the tuned tables (:func:`launch_config`: the kernel and its 
 operands, and launches; each launch is reported to :mod:`kernels.launches`, so a caller can see which
 kernel ran. ``out`` may be passed (e.g. poisoned by the gates).
 """
+from dataclasses import dataclass
+
 import torch
 import triton
 
 from ..launches import launch
-from .tables import GemmConfig, select_config
+from .tables import PREFILL_KERNELS, GemmConfig, select_config
+from .gemm_persistent import gemm_persistent_kernel
 from .gemm_splitk import gemm_splitk_kernel
 from .gemm_streamk import gemm_streamk_kernel
 from .gemm_tiled import gemm_tiled_kernel
@@ -25,6 +28,7 @@ GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
 DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
 LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout kernel tiles (untuned: no GPU run measured them yet)
+CPU_PROGRAMS = 4                                 # the SM count the persistent and stream-K kernels assume in the CPU interpreter
 
 
 def native_mx(device: torch.device) -> bool:
@@ -40,10 +44,12 @@ def launch_config(m: int, n: int, k: int, w_format: str, device: torch.device, *
                   regime: str | None = None, use_native_mx: bool | None = None) -> tuple[GemmConfig, str]:
     """The config :func:`linear` launches for this problem and the weight format its kernel reads: the
     forced ``config``, else the tuned table's (:func:`tables.select_config`); MX weights on the tiled kernel
-    without native MX are dequantised first (``DEQUANT_PREFILL``) and run with the bf16 table's config."""
+    without native MX (the persistent kernel: always) are dequantised first (``DEQUANT_PREFILL``) and run with
+    the bf16 table's config."""
     chosen = config or select_config(m, n, k, w_format, device, regime)
     native = (native_mx(device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
-    if DEQUANT_PREFILL and chosen.kernel == "tiled" and w_format in MX_FORMATS and not native:
+    if (DEQUANT_PREFILL and chosen.kernel in PREFILL_KERNELS and w_format in MX_FORMATS
+            and (not native or chosen.kernel == "persistent")):
         return config or select_config(m, n, k, "bf16", device, regime), "bf16"
     return chosen, w_format
 
@@ -121,7 +127,8 @@ def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | No
 
 
 def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    """SMs (CUs) of a GPU; CPU_PROGRAMS in the CPU interpreter."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else CPU_PROGRAMS
 
 
 def _streamk(x, w, s, y, m, n, k, strides, config: GemmConfig, common: dict) -> torch.Tensor:
@@ -133,6 +140,65 @@ def _streamk(x, w, s, y, m, n, k, strides, config: GemmConfig, common: dict) -> 
     launch(gemm_streamk_kernel, (programs,), x, w, s, y, part, _locks(x.device, tiles), m, n, k, iters,
            tiles * iters, *strides, **common)
     return y
+
+
+@dataclass(frozen=True)
+class PersistentPlan:
+    """The persistent kernel's work split over ``programs`` programs: tiles [0, n_dp) data-parallel (whole
+    waves), the last ``n_sk`` tiles stream-K (equal runs of K steps per program); a stream-K tile is shared
+    by at most ``max_contrib`` programs (the partial workspace's depth)."""
+    programs: int
+    n_dp: int
+    n_sk: int
+    max_contrib: int
+
+
+def persistent_plan(m: int, n: int, k: int, config: GemmConfig, sms: int) -> PersistentPlan:
+    """One program per SM. With ``config.SPLIT_K`` > 1 and a partial last wave, the partial wave plus
+    SPLIT_K - 1 whole waves (capped at every tile) go stream-K, so no SM idles at the end and a stream-K tile
+    has few contributors (SPLIT_K 2: each program computes 1 + (tiles % SMs) / SMs tiles of them, at most
+    2-3 partials per tile). SPLIT_K 1, or whole waves only: data-parallel."""
+    tiles = triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N)
+    if config.SPLIT_K <= 1 or tiles % sms == 0:
+        return PersistentPlan(min(sms, tiles), tiles, 0, 1)
+    steps = triton.cdiv(k, config.BLOCK_K)
+    n_sk = min(tiles, tiles % sms + (config.SPLIT_K - 1) * sms)
+    programs = min(sms, n_sk * steps)                     # every program gets at least one K step
+    per = n_sk * steps // programs                        # K steps per program (or one more)
+    return PersistentPlan(programs, tiles - n_sk, n_sk, min(programs, triton.cdiv(steps, per) + 1))
+
+
+def tma_capable(device: torch.device) -> bool:
+    """True where tensor descriptors become bulk tensor copies (NVIDIA compute capability >= 9) and in the
+    CPU interpreter (which runs them as plain loads); AMD keeps the pointer path."""
+    if device.type != "cuda":
+        return True
+    return not torch.version.hip and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _tma_aligned(*ts: torch.Tensor) -> bool:
+    """Tensor descriptors need 16-byte aligned bases and row strides and unit column strides."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+               for t in ts)
+
+
+def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, opts: dict) -> None:
+    """x [M, K], w [N, K] (x's dtype, or fp8 codes with per-channel scales s [N]) -> y [M, N]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    (m, k), n = x.shape, w.shape[0]
+    bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
+    p = persistent_plan(m, n, k, config, _sm_count(x.device))
+    use_tma = (tma_capable(x.device) if config.USE_TMA is None else config.USE_TMA) and _tma_aligned(x, w, y)
+    descs = ((TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, bk]),
+              TensorDescriptor(w, [n, k], [w.stride(0), 1], [bn, bk]),
+              TensorDescriptor(y, [m, n], [y.stride(0), 1], [bm, bn])) if use_tma else (x, w, y))
+    part = torch.empty(max(1, p.n_sk * p.max_contrib * bm * bn), device=x.device, dtype=torch.float32)
+    launch(gemm_persistent_kernel, (p.programs,), *descs, x, w, s, y, part, _locks(x.device, max(1, p.n_sk)),
+           m, n, k, p.programs, p.n_dp, p.n_sk, p.max_contrib,
+           x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
+           W_FORMAT=w_format, USE_TMA=use_tma, FLATTEN=bool(config.FLATTEN),
+           WARP_SPECIALIZE=bool(config.WARP_SPECIALIZE), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+           GROUP_M=config.GROUP_M, **opts)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale: torch.Tensor | None = None,
@@ -166,12 +232,19 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
     if config.kernel == "gemv" and w_format not in GEMV_FORMATS:
         raise ValueError(f"config: the gemv kernel takes w_format in {GEMV_FORMATS}, not {w_format!r}")
     s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)
+    if config.kernel == "persistent" and (w_format not in ("bf16", "fp8") or (w_format == "fp8" and sb_k != 0)):
+        raise ValueError("config: the persistent kernel takes floating weights or fp8 with per-channel scales, "
+                         f"not {w_format!r}" + (" with block scales" if w_format == "fp8" else "")
+                         + "; use the tiled kernel")
     y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
     opts = config.compiler_options(bool(torch.version.hip))
     tiles = dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K)
     common = dict(W_FORMAT=w_format, SB_N=sb_n, SB_K=sb_k, NATIVE_MX=native,
                   X_FMT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "fp32"), **tiles, **opts)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1))
+    if config.kernel == "persistent":
+        _launch_persistent(x, w, s, y, config, w_format, opts)
+        return y
     if config.kernel == "tiled":
         grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N),)
         launch(gemm_tiled_kernel, grid, x, w, s, y, m, n, k, *strides, GROUP_M=config.GROUP_M, **common)

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-KERNELS = ("tiled", "splitk", "gemv", "streamk")
+KERNELS = ("tiled", "splitk", "gemv", "streamk", "persistent")
+PREFILL_KERNELS = ("tiled", "persistent")       # the kernels tuned for prefill M
 # The decode/prefill boundary: decode is M <= DECODE_MAX_M (split-K kernels by default, decode tiles),
 # prefill beyond. The tuner tunes decode M with the decode kernels, prefill M with the tiled kernel and
 # M in (DECODE_MAX_M, CROSSOVER_MAX_M] with both, so a table may carry either kernel there: the tuned
@@ -35,14 +36,18 @@ class GemmConfig:
     kernel: str = "tiled"            # "tiled" (prefill, grouped order) | "splitk" (decode, swapped, split-K)
     #                                  | "gemv" (M <= GEMV_MAX_M: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
     #                                  | "streamk" (decode, swapped, fixed grid of PER_SM x SMs programs)
+    #                                  | "persistent" (prefill: one program per SM, TMA, stream-K tail)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64
-    GROUP_M: int = 8                 # tiled only: row tiles per column sweep (1 = row-major order)
-    SPLIT_K: int = 1                 # splitk only
+    GROUP_M: int = 8                 # tiled/persistent: row tiles per column sweep (1 = row-major order)
+    SPLIT_K: int = 1                 # splitk; persistent: stream-K over the partial wave + SPLIT_K-1 waves (1: off)
     num_warps: int = 4
     num_stages: int = 3
     PER_SM: int | None = None        # streamk only: programs per SM (grid = PER_SM x SMs, at most the K-steps)
+    USE_TMA: bool | None = None      # persistent: tensor-descriptor loads (None: where the GPU has TMA)
+    FLATTEN: bool | None = None      # persistent: tile and K loops as one pipelined loop (None: off)
+    WARP_SPECIALIZE: bool | None = None  # persistent: the compiler's warp specialisation (None: off)
     waves_per_eu: int | None = None          # AMD: occupancy hint (wave64)
     matrix_instr_nonkdim: int | None = None  # AMD: MFMA 16 or 32
     kpack: int | None = None                 # AMD: K packing of MFMA operands

@@ -168,10 +168,10 @@ def tile_choices(device_name: str = "NVIDIA_H200", ms=TILE_MS, w_format: str = "
             ours = nearest(load_table(table_path(n, k, w_format, device_name)), m)
             source = "table" if ours is not None else "heuristic"
             ours = ours or heuristic_config(m, n, k, w_format)
-            if ours.kernel == "tiled" and w_format in ("mxfp8", "mxfp4"):
+            if ours.kernel in ("tiled", "persistent") and w_format in ("mxfp8", "mxfp4"):
                 ours = nearest(load_table(table_path(n, k, "bf16", device_name)), m) or heuristic_config(m, n, k)
                 source += ", dequantised + bf16 tiles"
-            split = ours.SPLIT_K if ours.kernel != "tiled" else 1
+            split = ours.SPLIT_K if ours.kernel in ("splitk", "gemv") else 1
             bm, bn, bk, warps, stages = select(m, n, k)
             rows.append({"N": n, "K": k, "M": m, "ours_kernel": ours.kernel,
                          "ours_tile": f"{ours.BLOCK_M}x{ours.BLOCK_N}x{ours.BLOCK_K}", "ours_split_k": split,

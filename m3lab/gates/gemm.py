@@ -1,7 +1,7 @@
 """Gates for kernels/gemm: the launcher and each kernel vs ``linear_ref`` for every weight format.
 
 CPU (interpreter): awkward small shapes (M 1/7/33; N, K not multiples of the tiles), fp16
-activations, the auto config plus both kernels forced; the native-MX (``tl.dot_scaled``) path too
+activations, the auto config plus each kernel forced; the native-MX (``tl.dot_scaled``) path too
 where the interpreter has it. CUDA: the MiniMax M3 TP4 shapes (the OpTable's, as the benchmark and the
 tuner use them), bf16 activations, M from decode to prefill, the auto (tuned) config plus the other
 regime's tiles.
@@ -21,7 +21,8 @@ GEMM_FORMATS = ("bf16", "fp8", "mxfp8", "mxfp4")
 CPU_PROBLEMS = ((1, 80, 96), (7, 100, 160), (33, 40, 224))
 CPU_CONFIGS = {"tiled": GemmConfig("tiled", 16, 32, 64, GROUP_M=2),
                "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3),
-               "splitk1": GemmConfig("splitk", 32, 64, 64, SPLIT_K=1)}
+               "splitk1": GemmConfig("splitk", 32, 64, 64, SPLIT_K=1),
+               "persistent": GemmConfig("persistent", 16, 32, 64, GROUP_M=2, SPLIT_K=4)}
 GPU_MS = (1, 7, 33, 128, 2048)
 
 

@@ -14,8 +14,8 @@ import pandas as pd
 import torch
 
 from ..kernels.gemm import launcher
-from ..kernels.gemm.tables import (CONFIG_DIR, CROSSOVER_MAX_M, DECODE_MAX_M, GEMV_MAX_M, GemmConfig, device_name,
-                                   heuristic_config, load_table, table_path, write_table)
+from ..kernels.gemm.tables import (CONFIG_DIR, CROSSOVER_MAX_M, DECODE_MAX_M, GEMV_MAX_M, PREFILL_KERNELS, GemmConfig,
+                                   device_name, heuristic_config, load_table, table_path, write_table)
 from ..kernels.gemm.reference import linear_ref
 from ..spec.dtypes import element_bytes
 
@@ -45,6 +45,10 @@ SMEM_BYTES = 220 * 1024          # H200: 227 KiB per block; a candidate whose pi
 # once and runs the bf16 kernel (launcher.DEQUANT_PREFILL), so MX tables take the bf16 winner.
 PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
                  (64, 256, 64, 4, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4))
+# prefill: persistent (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K, FLATTEN), GROUP_M 8, TMA where
+# the GPU has it; SPLIT_K > 1 splits the tiles of the last partial wave along K (launcher.persistent_plan).
+PERSISTENT_TILES = ((128, 128, 64, 8, 4, 8, False), (128, 256, 64, 8, 3, 8, False), (256, 128, 64, 8, 3, 8, False),
+                    (128, 256, 64, 8, 3, 1, False), (128, 128, 64, 8, 4, 8, True), (128, 256, 64, 8, 3, 8, True))
 
 
 def _pow2_ceil(v: float) -> int:
@@ -59,10 +63,13 @@ def _splits(tiles: int, k: int, bk: int, sms: int) -> list[int]:
 
 def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -> list[GemmConfig]:
     """Candidate configs of M's regime (tables.py): decode kernels (gemv, split-K, stream-K) for
-    M <= DECODE_MAX_M, the tiled kernel above CROSSOVER_MAX_M, both in between."""
-    tiled = [GemmConfig("tiled", bm, bn, bk, 8, 1, nw, ns) for bm, bn, bk, nw, ns in PREFILL_TILES]
+    M <= DECODE_MAX_M, the prefill kernels (tiled, persistent) above CROSSOVER_MAX_M, both in between."""
+    prefill = [GemmConfig("tiled", bm, bn, bk, 8, 1, nw, ns) for bm, bn, bk, nw, ns in PREFILL_TILES]
+    if w_format != "fp8":       # fp8 tables serve block scales too, which the persistent kernel does not take
+        prefill += [GemmConfig("persistent", bm, bn, bk, 8, sk, nw, ns, FLATTEN=fl or None)
+                    for bm, bn, bk, nw, ns, sk, fl in PERSISTENT_TILES]
     if m > CROSSOVER_MAX_M:
-        return tiled
+        return prefill
     out = []
     if m <= GEMV_MAX_M and w_format != "fp8":
         bm = _pow2_ceil(m)
@@ -81,7 +88,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
             if ns * bk * (bn * element_bytes(w_format) + 2 * bm) <= SMEM_BYTES:
                 out += [GemmConfig("streamk", bm, bn, bk, 1, 1, nw, ns, PER_SM=p) for p in STREAMK_PER_SM]
     if m > DECODE_MAX_M:
-        out += tiled
+        out += prefill
     return list(dict.fromkeys(out))
 
 
@@ -173,7 +180,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     t0, checked, all_rows = time.time(), {}, []
     plan = {(f, n, k, m): candidates(m, n, k, sms, f) for f in w_formats for n, k in shapes for m in ms}
     jobs = [(f, c, k) for (f, n, k, m), cs in plan.items() for c in cs
-            if not (f in launcher.MX_FORMATS and c.kernel == "tiled")]
+            if not (f in launcher.MX_FORMATS and c.kernel in PREFILL_KERNELS)]
     failed = {}
     if workers > 1:
         try:
