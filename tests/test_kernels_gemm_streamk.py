@@ -90,3 +90,14 @@ def test_streamk_config_checks():
         GemmConfig("splitk", 16, 32, 32, PER_SM=2)
     cfg = GemmConfig("streamk", 32, 64, 128, GROUP_M=1, PER_SM=2, num_warps=8, num_stages=4)
     assert GemmConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_persistent_kernel_at_decode_m(m):
+    """The tuner's decode candidates include the persistent kernel with BLOCK_M covering M (every tile stream-K,
+    as the tiles are fewer than the SMs): a row tile mostly past M, N not a multiple of BLOCK_N."""
+    gen = torch.Generator().manual_seed(m)
+    x, w, s = _problem("bf16", m, 72, 256, gen)
+    y = torch.full((m, 72), float("nan"), dtype=x.dtype)
+    launcher.linear(x, w, config=GemmConfig("persistent", 16, 32, 64, 1, 2, 4, 3), out=y)
+    assert not y.isnan().any() and rel_rms(y, linear_ref(x.float(), w)) <= FP16

@@ -49,6 +49,10 @@ PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3
 # the GPU has it; SPLIT_K > 1 splits the tiles of the last partial wave along K (launcher.persistent_plan).
 PERSISTENT_TILES = ((128, 128, 64, 8, 4, 8, False), (128, 256, 64, 8, 3, 8, False), (256, 128, 64, 8, 3, 8, False),
                     (128, 256, 64, 8, 3, 1, False), (128, 128, 64, 8, 4, 8, True), (128, 256, 64, 8, 3, 8, True))
+# persistent at decode M (bf16 only; every tile is stream-K since tiles < SMs): (BLOCK_N, BLOCK_K, num_warps,
+# num_stages), BLOCK_M covering all of M; x and W arrive by bulk tensor copies (TMA), no masks
+PERSISTENT_DECODE_TILES = ((64, 128, 4, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4), (256, 64, 8, 3),
+                           (256, 128, 8, 3))
 
 
 def _pow2_ceil(v: float) -> int:
@@ -87,6 +91,10 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
         for bn, bk, ns, nw in STREAMK_TILES:
             if ns * bk * (bn * element_bytes(w_format) + 2 * bm) <= SMEM_BYTES:
                 out += [GemmConfig("streamk", bm, bn, bk, 1, 1, nw, ns, PER_SM=p) for p in STREAMK_PER_SM]
+    if w_format == "bf16":
+        for bn, bk, nw, ns in PERSISTENT_DECODE_TILES:
+            if ns * bk * (bn + top) * 2 <= SMEM_BYTES:
+                out.append(GemmConfig("persistent", top, bn, bk, 1, 2, nw, ns))
     if m > DECODE_MAX_M:
         out += prefill
     return list(dict.fromkeys(out))
