@@ -101,3 +101,17 @@ def test_persistent_kernel_at_decode_m(m):
     y = torch.full((m, 72), float("nan"), dtype=x.dtype)
     launcher.linear(x, w, config=GemmConfig("persistent", 16, 32, 64, 1, 2, 4, 3), out=y)
     assert not y.isnan().any() and rel_rms(y, linear_ref(x.float(), w)) <= FP16
+
+
+@pytest.mark.parametrize("m,n,k,cfg", CASES[:2] + CASES[3:])
+def test_streamk_atomic_sums_match_reference_and_rest_at_zero(m, n, k, cfg):
+    """ATOMIC: partials added into the tile's fp32 sum; after each call the sums and counters are zero again."""
+    from dataclasses import replace
+    gen = torch.Generator().manual_seed(m + n + k)
+    x, w, s = _problem("bf16", m, n, k, gen)
+    cfg = replace(cfg, ATOMIC=True)
+    for _ in range(2):
+        y = _run(x, w, s, "bf16", cfg)
+        assert rel_rms(y, linear_ref(x.float(), w)) <= FP16
+        assert float(launcher._SUMS[torch.device("cpu")].abs().sum()) == 0.0
+        assert int(launcher._locks(torch.device("cpu"), 1)[:64].abs().sum()) == 0

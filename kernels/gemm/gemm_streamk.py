@@ -16,7 +16,10 @@ stage of shared memory). A segment covering a whole tile
 writes y directly. Otherwise it writes an fp32 partial (slot 0 for the program's first segment, slot 1
 for its last: at most two partial segments per program), then counts itself on the tile's counter; the
 program that arrives last sums the other contributors' partials with its own accumulator, writes y and
-resets the counter (graph safe, as tiles.splitk_store). The contributors of tile t are the owners of
+resets the counter (graph safe, as tiles.splitk_store). That reducer reads every contributor's tile alone;
+with ``ATOMIC`` the contributors instead add their partials into the tile's fp32 sum (a workspace that is
+zero at rest: the reducer reads it once, writes y and zeroes it), which takes the serial reduction off
+the tail at the price of a summation order that varies from call to call. The contributors of tile t are the owners of
 its first and last step and every program between: ``owner(j) = ((j + 1)·P − 1) // TOTAL``.
 
 The accumulator is swapped (``acc[BLOCK_N, BLOCK_M]``, tiles.py) and every K-step is tiles.mac_step,
@@ -36,7 +39,8 @@ def _owner(j, P, TOTAL):
 
 @triton.jit(do_not_specialize=["M"])
 def gemm_streamk_kernel(
-        # pointers (p_part: fp32 [P, 2, BLOCK_N*BLOCK_M]; p_lock: int32 [tiles], zero before the first call)
+        # pointers (p_part: fp32 [P, 2, BLOCK_N*BLOCK_M], or with ATOMIC fp32 [tiles, BLOCK_N*BLOCK_M] zero at rest;
+        # p_lock: int32 [tiles], zero at rest)
         p_x, p_w, p_s, p_y, p_part, p_lock,
         # sizes (ITERS: K-steps per tile; TOTAL: tiles × ITERS)
         M, N, K, ITERS, TOTAL,
@@ -46,7 +50,7 @@ def gemm_streamk_kernel(
         W_FORMAT: tl.constexpr, SB_N: tl.constexpr, SB_K: tl.constexpr, NATIVE_MX: tl.constexpr,
         X_FMT: tl.constexpr,
         # tiles
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     start = pid * TOTAL // P
@@ -68,6 +72,17 @@ def gemm_streamk_kernel(
         m_y = (o_n[:, None] < N) & (o_m[None, :] < M)
         if (k_lo == 0) & (k_hi == ITERS):                       # the whole tile: no partial
             tl.store(p_out, acc.to(p_y.dtype.element_ty), mask=m_y)
+        elif ATOMIC:                                            # add into the tile's zeroed fp32 sum
+            p_sum = p_part + t * (BLOCK_N * BLOCK_M) + o_t
+            tl.atomic_add(p_sum, acc, sem="relaxed")
+            tl.debug_barrier()                                  # all of this program's adds issued first
+            arrived = tl.atomic_add(p_lock + t, 1)              # acq_rel: publishes them
+            if arrived == _owner(t * ITERS + ITERS - 1, P, TOTAL) - _owner(t * ITERS, P, TOTAL):
+                tl.debug_barrier()
+                total = tl.load(p_sum, cache_modifier=".cg")
+                tl.store(p_out, total.to(p_y.dtype.element_ty), mask=m_y)
+                tl.store(p_sum, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32))   # zero for the next call
+                tl.atomic_xchg(p_lock + t, 0)                   # ready for the next call / graph replay
         else:
             slot = tl.where(t == first_t, 0, 1)                 # the program's first segment, or its last
             tl.store(p_part + (pid * 2 + slot) * (BLOCK_N * BLOCK_M) + o_t, acc)

@@ -27,6 +27,7 @@ GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
 # every weight element once per row tile (H200, 2026-11-29: MXFP4 prefill 3-8x slower than bf16 that way).
 DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
+_SUMS: dict[torch.device, torch.Tensor] = {}    # stream-K ATOMIC tile sums (fp32), zero at rest
 LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout kernel tiles (untuned: no GPU run measured them yet)
 CPU_PROGRAMS = 4                                 # the SM count the persistent and stream-K kernels assume in the CPU interpreter
 
@@ -54,12 +55,17 @@ def launch_config(m: int, n: int, k: int, w_format: str, device: torch.device, *
     return chosen, w_format
 
 
-def _locks(device: torch.device, n: int) -> torch.Tensor:
-    buf = _LOCKS.get(device)
+def _zeroed(pool: dict, device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-device buffer of at least n elements, zero when made; the kernels leave it zero after each call."""
+    buf = pool.get(device)
     if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _LOCKS[device] = buf
+        buf = torch.zeros(max(n, 4096), dtype=dtype, device=device)
+        pool[device] = buf
     return buf
+
+
+def _locks(device: torch.device, n: int) -> torch.Tensor:
+    return _zeroed(_LOCKS, device, n, torch.int32)
 
 
 def _scale_args(w: torch.Tensor, w_format: str, w_scale: torch.Tensor | None, n: int, k: int, config: GemmConfig):
@@ -136,9 +142,12 @@ def _streamk(x, w, s, y, m, n, k, strides, config: GemmConfig, common: dict) -> 
     tiles = triton.cdiv(n, config.BLOCK_N) * triton.cdiv(m, config.BLOCK_M)
     iters = triton.cdiv(k, config.BLOCK_K)
     programs = min(config.PER_SM * _sm_count(x.device), tiles * iters)
-    part = torch.empty(programs * 2 * config.BLOCK_N * config.BLOCK_M, device=x.device, dtype=torch.float32)
+    if config.ATOMIC:
+        part = _zeroed(_SUMS, x.device, tiles * config.BLOCK_N * config.BLOCK_M, torch.float32)
+    else:
+        part = torch.empty(programs * 2 * config.BLOCK_N * config.BLOCK_M, device=x.device, dtype=torch.float32)
     launch(gemm_streamk_kernel, (programs,), x, w, s, y, part, _locks(x.device, tiles), m, n, k, iters,
-           tiles * iters, *strides, **common)
+           tiles * iters, *strides, ATOMIC=bool(config.ATOMIC), **common)
     return y
 
 

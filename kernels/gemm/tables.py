@@ -45,6 +45,7 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     PER_SM: int | None = None        # streamk only: programs per SM (grid = PER_SM x SMs, at most the K-steps)
+    ATOMIC: bool | None = None       # streamk: partials added by fp32 atomics into a zeroed sum (None: stored)
     USE_TMA: bool | None = None      # persistent: tensor-descriptor loads (None: where the GPU has TMA)
     FLATTEN: bool | None = None      # persistent: tile and K loops as one pipelined loop (None: off)
     WARP_SPECIALIZE: bool | None = None  # persistent: the compiler's warp specialisation (None: off)
@@ -64,6 +65,8 @@ class GemmConfig:
             raise ValueError(f"BLOCK_M: {self.BLOCK_M} must be <= GEMV_MAX_M = {GEMV_MAX_M} for the gemv kernel")
         if (self.PER_SM is not None) != (self.kernel == "streamk") or (self.PER_SM is not None and self.PER_SM < 1):
             raise ValueError("PER_SM: a positive count for the streamk kernel, and only for it")
+        if self.ATOMIC is not None and self.kernel != "streamk":
+            raise ValueError("ATOMIC: only for the streamk kernel")
         if self.BLOCK_K < 32:
             raise ValueError("BLOCK_K: must be >= 32 (one MX block)")
 

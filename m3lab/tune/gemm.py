@@ -33,7 +33,8 @@ SPLITK_TILES = {16: ((64, 128, 6, 4), (64, 128, 5, 4), (32, 128, 6, 4), (64, 256
                 128: ((64, 128, 4, 4), (128, 128, 3, 8), (64, 64, 6, 4), (128, 64, 5, 8))}
 # streamk (BLOCK_N, BLOCK_K, num_stages, num_warps), BLOCK_M covering all of M (W read once; M 128 also
 # two 64-row tiles, neighbours in tile order), each with
-# STREAMK_PER_SM programs per SM: a fixed grid balances any tile count (kernels/gemm/gemm_streamk.py)
+# STREAMK_PER_SM programs per SM: a fixed grid balances any tile count (kernels/gemm/gemm_streamk.py); partials
+# stored and summed by the last contributor, or added by fp32 atomics (ATOMIC)
 STREAMK_TILES = ((64, 128, 4, 4), (64, 128, 6, 4), (64, 256, 3, 4), (64, 64, 6, 4), (32, 128, 6, 4),
                  (128, 64, 4, 8), (128, 128, 3, 8), (128, 128, 4, 8), (128, 256, 3, 8), (256, 64, 3, 8))
 STREAMK_PER_SM = (1, 2)
@@ -90,7 +91,8 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
     for bm in ([top // 2, top] if top > 64 else [top]):
         for bn, bk, ns, nw in STREAMK_TILES:
             if ns * bk * (bn * element_bytes(w_format) + 2 * bm) <= SMEM_BYTES:
-                out += [GemmConfig("streamk", bm, bn, bk, 1, 1, nw, ns, PER_SM=p) for p in STREAMK_PER_SM]
+                out += [GemmConfig("streamk", bm, bn, bk, 1, 1, nw, ns, PER_SM=p, ATOMIC=a)
+                        for p in STREAMK_PER_SM for a in (None, True)]
     if w_format == "bf16":
         for bn, bk, nw, ns in PERSISTENT_DECODE_TILES:
             if ns * bk * (bn + top) * 2 <= SMEM_BYTES:
