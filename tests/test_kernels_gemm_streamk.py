@@ -94,8 +94,8 @@ def test_streamk_config_checks():
 
 @pytest.mark.parametrize("m", [1, 5])
 def test_persistent_kernel_at_decode_m(m):
-    """The tuner's decode candidates include the persistent kernel with BLOCK_M covering M (every tile stream-K,
-    as the tiles are fewer than the SMs): a row tile mostly past M, N not a multiple of BLOCK_N."""
+    """The persistent kernel forced at decode M with BLOCK_M covering M (every tile stream-K, as the tiles are
+    fewer than the SMs): a row tile mostly past M, N not a multiple of BLOCK_N."""
     gen = torch.Generator().manual_seed(m)
     x, w, s = _problem("bf16", m, 72, 256, gen)
     y = torch.full((m, 72), float("nan"), dtype=x.dtype)

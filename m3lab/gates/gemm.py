@@ -22,7 +22,9 @@ CPU_PROBLEMS = ((1, 80, 96), (7, 100, 160), (33, 40, 224))
 CPU_CONFIGS = {"tiled": GemmConfig("tiled", 16, 32, 64, GROUP_M=2),
                "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3),
                "splitk1": GemmConfig("splitk", 32, 64, 64, SPLIT_K=1),
-               "persistent": GemmConfig("persistent", 16, 32, 64, GROUP_M=2, SPLIT_K=4)}
+               "persistent": GemmConfig("persistent", 16, 32, 64, GROUP_M=2, SPLIT_K=4),
+               "streamk": GemmConfig("streamk", 16, 32, 32, GROUP_M=1, PER_SM=1),
+               "streamk_atomic": GemmConfig("streamk", 32, 16, 32, GROUP_M=1, PER_SM=2, ATOMIC=True)}
 GPU_MS = (1, 7, 33, 128, 2048)
 
 

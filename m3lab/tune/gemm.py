@@ -31,13 +31,13 @@ SPLITK_TILES = {16: ((64, 128, 6, 4), (64, 128, 5, 4), (32, 128, 6, 4), (64, 256
                 32: ((64, 128, 6, 4), (64, 256, 4, 4), (128, 128, 4, 8), (32, 256, 5, 4)),
                 64: ((64, 128, 5, 4), (64, 256, 3, 4), (128, 128, 4, 8), (128, 64, 6, 8)),
                 128: ((64, 128, 4, 4), (128, 128, 3, 8), (64, 64, 6, 4), (128, 64, 5, 8))}
-# streamk (BLOCK_N, BLOCK_K, num_stages, num_warps), BLOCK_M covering all of M (W read once; M 128 also
-# two 64-row tiles, neighbours in tile order), each with
-# STREAMK_PER_SM programs per SM: a fixed grid balances any tile count (kernels/gemm/gemm_streamk.py); partials
-# stored and summed by the last contributor, or added by fp32 atomics (ATOMIC)
-STREAMK_TILES = ((64, 128, 4, 4), (64, 128, 6, 4), (64, 256, 3, 4), (64, 64, 6, 4), (32, 128, 6, 4),
-                 (128, 64, 4, 8), (128, 128, 3, 8), (128, 128, 4, 8), (128, 256, 3, 8), (256, 64, 3, 8))
-STREAMK_PER_SM = (1, 2)
+# streamk (BLOCK_N, BLOCK_K, num_stages, num_warps), BLOCK_M covering all of M (W read once; M 128 also two
+# 64-row tiles, neighbours in tile order), one program per SM, partials stored and summed by the last
+# contributor or added by fp32 atomics (ATOMIC). H200 bf16 tuning at 1002f76: ATOMIC won every stream-K point
+# (N 2304/2560, M 32-128; e.g. N 2560 M 32 13.6 vs 14.6 us stored, 15.5 split-K); two programs per SM, BLOCK_N
+# 128-256 and the persistent TMA kernel at decode M (BLOCK_M = M, every tile stream-K) never won a decode point.
+STREAMK_TILES = ((64, 128, 4, 4), (64, 64, 6, 4), (64, 256, 3, 4), (32, 128, 6, 4), (128, 64, 4, 8))
+STREAMK_FIXUPS = (None, True)    # ATOMIC
 # gemv (BLOCK_N, BLOCK_K, num_warps, num_stages), M <= GEMV_MAX_M, weight formats bf16/mxfp8/mxfp4
 GEMV_TILES = ((16, 256, 4, 3), (8, 512, 4, 3), (32, 256, 8, 3), (16, 512, 8, 1), (32, 512, 8, 2))
 FILLS = (1, 2, 4)                # programs per SM the split count aims at
@@ -50,10 +50,6 @@ PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3
 # the GPU has it; SPLIT_K > 1 splits the tiles of the last partial wave along K (launcher.persistent_plan).
 PERSISTENT_TILES = ((128, 128, 64, 8, 4, 8, False), (128, 256, 64, 8, 3, 8, False), (256, 128, 64, 8, 3, 8, False),
                     (128, 256, 64, 8, 3, 1, False), (128, 128, 64, 8, 4, 8, True), (128, 256, 64, 8, 3, 8, True))
-# persistent at decode M (bf16 only; every tile is stream-K since tiles < SMs): (BLOCK_N, BLOCK_K, num_warps,
-# num_stages), BLOCK_M covering all of M; x and W arrive by bulk tensor copies (TMA), no masks
-PERSISTENT_DECODE_TILES = ((64, 128, 4, 4), (128, 128, 4, 4), (128, 64, 4, 6), (128, 128, 8, 4), (256, 64, 8, 3),
-                           (256, 128, 8, 3))
 
 
 def _pow2_ceil(v: float) -> int:
@@ -91,12 +87,7 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
     for bm in ([top // 2, top] if top > 64 else [top]):
         for bn, bk, ns, nw in STREAMK_TILES:
             if ns * bk * (bn * element_bytes(w_format) + 2 * bm) <= SMEM_BYTES:
-                out += [GemmConfig("streamk", bm, bn, bk, 1, 1, nw, ns, PER_SM=p, ATOMIC=a)
-                        for p in STREAMK_PER_SM for a in (None, True)]
-    if w_format == "bf16":
-        for bn, bk, nw, ns in PERSISTENT_DECODE_TILES:
-            if ns * bk * (bn + top) * 2 <= SMEM_BYTES:
-                out.append(GemmConfig("persistent", top, bn, bk, 1, 2, nw, ns))
+                out += [GemmConfig("streamk", bm, bn, bk, 1, 1, nw, ns, PER_SM=1, ATOMIC=a) for a in STREAMK_FIXUPS]
     if m > DECODE_MAX_M:
         out += prefill
     return list(dict.fromkeys(out))
