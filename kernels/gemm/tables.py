@@ -35,12 +35,12 @@ class GemmConfig:
     """One launch: which kernel, its tiles and compiler options (AMD-only options None elsewhere)."""
     kernel: str = "tiled"            # "tiled" (prefill, grouped order) | "splitk" (decode, swapped, split-K)
     #                                  | "gemv" (M <= GEMV_MAX_M: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
-    #                                  | "persistent" (prefill: one program per SM, TMA, stream-K tail)
+    #                                  | "persistent" (prefill: one program per SM, TMA, tail split; gemm_persistent.py)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64
     GROUP_M: int = 8                 # tiled/persistent: row tiles per column sweep (1 = row-major order)
-    SPLIT_K: int = 1                 # splitk; persistent: stream-K over the partial wave + SPLIT_K-1 waves (1: off)
+    SPLIT_K: int = 1                 # splitk; persistent: most K ranges per tile of the last partial wave
     num_warps: int = 4
     num_stages: int = 3
     USE_TMA: bool | None = None      # persistent: tensor-descriptor loads (None: where the GPU has TMA)
