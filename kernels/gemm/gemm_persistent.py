@@ -1,7 +1,7 @@
 """Persistent prefill GEMM ``y[M, N] = x[M, K] @ W[N, K]ᵀ``: one program per SM, bulk tensor copies,
 the last partial wave split along K.
 
-- **Persistent order.** The grid is ``programs`` (the SM count, :func:`plan`); program p computes output
+- **Persistent order.** The grid is ``programs`` (the SM count, ``launcher.persistent_plan``); program p computes output
   tiles p, p + programs, ... in grouped order (``tiles.grouped_tile``: GROUP_M row tiles sweep the columns
   together, so the weight tiles they share come from L2). With ``FLATTEN`` the tile loop and the K loop are
   one software-pipelined loop: the loads of the next tile are issued while the current tile's epilogue
@@ -10,13 +10,17 @@ the last partial wave split along K.
   tensor descriptors built on the host (``triton.tools.tensor_descriptor.TensorDescriptor``): Hopper's
   TMA unit moves the tiles into shared memory, out-of-range rows and columns read as zeros and are
   clipped on store, so no masks. Without (GPUs or backends without TMA, or operands that are not 16-byte
-  aligned) the same loop runs on masked pointer loads.
+  aligned) the same loop runs on masked pointer loads (H200, M 2048-4096 x the M3 shapes, 128 x 128 tiles:
+  0.31-0.76x cuBLAS with pointers, 0.75-0.88x with TMA).
 - **Tail split.** ``tiles = n_whole + n_tail``: the first ``n_whole`` tiles (whole waves of ``programs``)
   are computed over the whole K; each of the last ``n_tail`` tiles (the partial wave that would leave
   SMs idle) is cut into ``tail_split`` ranges of K, one per otherwise idle program. Each range stores an
   fp32 partial; an atomic counter per tail tile finds the range that arrives last, which sums the
   partials, writes y and resets the counter (the protocol of ``tiles.splitk_store``; here the split count
-  is a run-time value, so one binary serves every M). One launch, CUDA-graph safe.
+  is a run-time value, so one binary serves every M). One launch, CUDA-graph safe. (H200, M 2048 N 2304
+  K 6144, 128 x 256 tiles: 126 us without the split, 98 us with it; stream-K over the partial wave plus one
+  whole wave ran 99-126 us at N 2304-2560: nearly every one of its tiles is shared, and the fp32 partials
+  cost more than the balance gains.)
 
 Accumulator ``acc[BLOCK_M, BLOCK_N] = x_tile @ W_tileᵀ`` (not swapped: x and W both arrive in shared
 memory, and y is stored as laid out). Weight formats: floating weights of x's dtype (``"bf16"``) and fp8
