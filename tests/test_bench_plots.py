@@ -12,7 +12,7 @@ def test_committed_table_views_and_figures(repo_dir):
     targets = analysis.gemm_targets(table)
     assert len(targets) == 9 and targets["measured"].notna().all()
     cfgs = analysis.tuned_configs("NVIDIA_H200")
-    assert set(cfgs["w_format"]) == {"bf16", "mxfp8", "mxfp4"} and set(cfgs["kernel"]) <= {"tiled", "splitk", "gemv"}
+    assert set(cfgs["w_format"]) == {"bf16", "mxfp8", "mxfp4"} and set(cfgs["kernel"]) <= {"tiled", "splitk", "gemv", "persistent"}
     figs = [kplots.speedup_figure(analysis.speedups(table)),
             kplots.bandwidth_figure(table, analysis.copy_ceiling(table)),
             kplots.tile_gain_figure(analysis.tile_gain(table)),

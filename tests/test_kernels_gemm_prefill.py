@@ -1,6 +1,6 @@
 """The persistent prefill GEMM (kernels/gemm/gemm_persistent.py) on the CPU interpreter: tensor-descriptor and
-pointer paths on shapes that are not multiples of the tile, the program order and stream-K split of
-``launcher.persistent_plan``, the stream-K partials and counters, and the formats the launcher routes to it."""
+pointer paths on shapes that are not multiples of the tile, the program order and tail split of
+``launcher.persistent_plan``, the tail's partials and counters, and the formats the launcher routes to it."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: kernels run on the CPU
@@ -48,37 +48,37 @@ def test_persistent_matches_reference(m, n, k, dtype, use_tma):
     assert rel_rms(y, linear_ref(x, w)) <= (FP16 if dtype == torch.float16 else FP32)
 
 
-def test_plan_streams_the_last_partial_wave():
-    """H200 (132 SMs), M 2048 N 2304 K 6144, 128 x 128 tiles: 288 tiles = 2 waves + 24."""
-    p = launcher.persistent_plan(2048, 2304, 6144, _cfg(128, 128, 64, split=2), 132)
-    assert (p.programs, p.n_dp, p.n_sk) == (132, 132, 156)           # the last wave + 24 tiles stream-K
-    assert p.max_contrib == 2                                         # 156 * 96 / 132 = 113 steps per program
-    assert launcher.persistent_plan(2048, 2304, 6144, _cfg(128, 128, 64, split=3), 132).n_sk == 288
-    assert launcher.persistent_plan(2048, 2304, 6144, _cfg(128, 128, 64, split=1), 132).n_sk == 0
-    whole = launcher.persistent_plan(128 * 12, 128 * 11, 6144, _cfg(128, 128, 64), 132)   # one whole wave
-    assert (whole.n_dp, whole.n_sk) == (132, 0)
-    few = launcher.persistent_plan(2048, 1536, 6144, _cfg(128, 256, 64, split=2), 132)    # 96 tiles < 132 SMs
-    assert (few.programs, few.n_dp, few.n_sk) == (132, 0, 96) and few.max_contrib == 3
-    tiny = launcher.persistent_plan(16, 64, 64, _cfg(16, 64, 64, split=2), 132)          # 1 tile, 1 K step
-    assert (tiny.programs, tiny.n_sk, tiny.max_contrib) == (1, 1, 1)
+def test_plan_splits_only_the_last_partial_wave():
+    cfg = _cfg(128, 128, 64, split=8)
+    p = launcher.persistent_plan(2048, 2304, 6144, cfg, 132)      # 288 tiles = 2 waves + 24
+    assert (p.programs, p.n_whole, p.n_tail, p.tail_split) == (132, 264, 24, 5)
+    assert p.tail_split * p.k_split >= 6144 > (p.tail_split - 1) * p.k_split and p.k_split % 64 == 0
+    assert launcher.persistent_plan(2048, 2304, 6144, _cfg(128, 128, 64, split=2), 132).tail_split == 2
+    assert launcher.persistent_plan(2048, 2304, 6144, _cfg(128, 128, 64, split=1), 132).n_tail == 0
+    whole = launcher.persistent_plan(128 * 12, 128 * 11, 6144, cfg, 132)    # 132 tiles: one whole wave
+    assert (whole.n_whole, whole.n_tail) == (132, 0)
+    few = launcher.persistent_plan(256, 256, 6144, cfg, 132)               # 4 tiles: 4 programs, no tail
+    assert (few.programs, few.n_whole, few.n_tail) == (4, 4, 0)
+    short_k = launcher.persistent_plan(2048, 2304, 128, cfg, 132)         # 2 K steps: at most 2 ranges
+    assert short_k.tail_split == 2 and short_k.k_split == 64
+    busy = launcher.persistent_plan(2048, 2560, 6144, cfg, 132)           # 320 tiles: 56 left, 2 ranges each
+    assert (busy.n_tail, busy.tail_split) == (56, 2) and busy.n_tail * busy.tail_split <= busy.programs
 
 
-@pytest.mark.parametrize("programs,split", [(6, 2), (6, 8), (7, 2)])
-def test_stream_k_tiles(monkeypatch, programs, split):
-    """20 tiles of 64 x 64, 5 K steps (the last 8 columns wide) on 6-7 programs: the partial wave plus one
-    wave stream-K (split 2: tiles shared by two programs), or every tile (split 8: runs of 16-17 steps, whole
-    tiles inside a run). Each stream-K tile is checked on its own: without the stream-K loop it stays NaN,
-    without every partial it is wrong. Repeated calls on fresh inputs: the counters are back at zero."""
-    monkeypatch.setattr(launcher, "CPU_PROGRAMS", programs)
+def test_tail_split_writes_the_tail_tiles(monkeypatch):
+    """Six programs, 20 tiles: 18 whole, the 2 tail tiles in 3 K ranges (64, 64, 8 columns). Without the tail
+    loop those tiles stay NaN; without the reduction of every partial they are wrong. Repeated calls on
+    fresh inputs: the counters are back at zero after each."""
+    monkeypatch.setattr(launcher, "CPU_PROGRAMS", 6)
     m, n, k = 300, 200, 136
-    cfg = _cfg(64, 64, 32, group=2, split=split)
-    p = launcher.persistent_plan(m, n, k, cfg, programs)
-    assert p.n_sk > 0 and p.max_contrib >= 2
+    cfg = _cfg(64, 64, 32, group=2, split=4)
+    p = launcher.persistent_plan(m, n, k, cfg, 6)
+    assert (p.n_whole, p.n_tail, p.tail_split, p.k_split) == (18, 2, 3, 64)
     order = _grouped_tiles(m, n, 64, 64, 2)
-    for _ in range(2):
+    for _ in range(3):
         x, w = torch.randn(m, k, dtype=torch.float16), (torch.randn(n, k) / k**0.5).half()
         y, ref = _run(x, w, cfg), linear_ref(x, w)
-        for i_m, i_n in order[p.n_dp:]:
+        for i_m, i_n in order[p.n_whole:]:
             rows, cols = slice(64 * i_m, 64 * i_m + 64), slice(64 * i_n, 64 * i_n + 64)
             assert rel_rms(y[rows, cols], ref[rows, cols]) <= FP16, (i_m, i_n)
         assert rel_rms(y, ref) <= FP16

@@ -153,28 +153,30 @@ def _streamk(x, w, s, y, m, n, k, strides, config: GemmConfig, common: dict) -> 
 
 @dataclass(frozen=True)
 class PersistentPlan:
-    """The persistent kernel's work split over ``programs`` programs: tiles [0, n_dp) data-parallel (whole
-    waves), the last ``n_sk`` tiles stream-K (equal runs of K steps per program); a stream-K tile is shared
-    by at most ``max_contrib`` programs (the partial workspace's depth)."""
+    """The persistent kernel's work split: ``programs`` programs; tiles [0, n_whole) over the whole K (whole
+    waves), then ``n_tail`` tiles (the last partial wave) in ``tail_split`` ranges of ``k_split`` columns."""
     programs: int
-    n_dp: int
-    n_sk: int
-    max_contrib: int
+    n_whole: int
+    n_tail: int
+    tail_split: int
+    k_split: int
 
 
 def persistent_plan(m: int, n: int, k: int, config: GemmConfig, sms: int) -> PersistentPlan:
-    """One program per SM. With ``config.SPLIT_K`` > 1 and a partial last wave, the partial wave plus
-    SPLIT_K - 1 whole waves (capped at every tile) go stream-K, so no SM idles at the end and a stream-K tile
-    has few contributors (SPLIT_K 2: each program computes 1 + (tiles % SMs) / SMs tiles of them, at most
-    2-3 partials per tile). SPLIT_K 1, or whole waves only: data-parallel."""
+    """One program per SM (fewer when there are fewer tiles). The tiles of the last partial wave are split
+    along K into at most ``config.SPLIT_K`` ranges, as many as the idle programs allow (one range each)
+    and never an empty range; SPLIT_K 1, or a problem of whole waves, computes every tile whole."""
     tiles = triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N)
-    if config.SPLIT_K <= 1 or tiles % sms == 0:
-        return PersistentPlan(min(sms, tiles), tiles, 0, 1)
+    programs = min(sms, tiles)
+    left = tiles % programs
     steps = triton.cdiv(k, config.BLOCK_K)
-    n_sk = min(tiles, tiles % sms + (config.SPLIT_K - 1) * sms)
-    programs = min(sms, n_sk * steps)                     # every program gets at least one K step
-    per = n_sk * steps // programs                        # K steps per program (or one more)
-    return PersistentPlan(programs, tiles - n_sk, n_sk, min(programs, triton.cdiv(steps, per) + 1))
+    split = min(config.SPLIT_K, programs // left, steps) if left else 1
+    if split > 1:
+        k_split = triton.cdiv(steps, split) * config.BLOCK_K
+        split = triton.cdiv(k, k_split)
+    if split <= 1:
+        return PersistentPlan(programs, tiles, 0, 1, k)
+    return PersistentPlan(programs, tiles - left, left, split, k_split)
 
 
 def tma_capable(device: torch.device) -> bool:
@@ -201,9 +203,9 @@ def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, opts: dict
     descs = ((TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, bk]),
               TensorDescriptor(w, [n, k], [w.stride(0), 1], [bn, bk]),
               TensorDescriptor(y, [m, n], [y.stride(0), 1], [bm, bn])) if use_tma else (x, w, y))
-    part = torch.empty(max(1, p.n_sk * p.max_contrib * bm * bn), device=x.device, dtype=torch.float32)
-    launch(gemm_persistent_kernel, (p.programs,), *descs, x, w, s, y, part, _locks(x.device, max(1, p.n_sk)),
-           m, n, k, p.programs, p.n_dp, p.n_sk, p.max_contrib,
+    part = torch.empty(max(1, p.n_tail * p.tail_split * bm * bn), device=x.device, dtype=torch.float32)
+    launch(gemm_persistent_kernel, (p.programs,), *descs, x, w, s, y, part, _locks(x.device, max(1, p.n_tail)),
+           m, n, k, p.programs, p.n_whole, p.n_tail, p.tail_split, p.k_split,
            x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
            W_FORMAT=w_format, USE_TMA=use_tma, FLATTEN=bool(config.FLATTEN),
            WARP_SPECIALIZE=bool(config.WARP_SPECIALIZE), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

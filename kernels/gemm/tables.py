@@ -36,12 +36,12 @@ class GemmConfig:
     kernel: str = "tiled"            # "tiled" (prefill, grouped order) | "splitk" (decode, swapped, split-K)
     #                                  | "gemv" (M <= GEMV_MAX_M: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
     #                                  | "streamk" (decode, swapped, fixed grid of PER_SM x SMs programs)
-    #                                  | "persistent" (prefill: one program per SM, TMA, stream-K tail)
+    #                                  | "persistent" (prefill: one program per SM, TMA, tail split; gemm_persistent.py)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64
     GROUP_M: int = 8                 # tiled/persistent: row tiles per column sweep (1 = row-major order)
-    SPLIT_K: int = 1                 # splitk; persistent: stream-K over the partial wave + SPLIT_K-1 waves (1: off)
+    SPLIT_K: int = 1                 # splitk; persistent: most K ranges per tile of the last partial wave
     num_warps: int = 4
     num_stages: int = 3
     PER_SM: int | None = None        # streamk only: programs per SM (grid = PER_SM x SMs, at most the K-steps)

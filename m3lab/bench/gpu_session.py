@@ -47,12 +47,13 @@ def _mxfp8_mismatches(device, rows: int = 2560, k: int = 6144) -> str:
 
 def resource_report() -> "list[dict]":
     """Registers, spills, shared memory, warps and stages of every GEMM kernel binary compiled in this process."""
+    from ..kernels.gemm.gemm_persistent import gemm_persistent_kernel
     from ..kernels.gemm.gemm_splitk import gemm_splitk_kernel
     from ..kernels.gemm.gemm_streamk import gemm_streamk_kernel
     from ..kernels.gemm.gemm_tiled import gemm_tiled_kernel
     from ..kernels.gemm.gemv_splitk import gemv_splitk_kernel
     rows = []
-    for kern in (gemm_splitk_kernel, gemm_streamk_kernel, gemm_tiled_kernel, gemv_splitk_kernel):
+    for kern in (gemm_splitk_kernel, gemm_streamk_kernel, gemm_tiled_kernel, gemv_splitk_kernel, gemm_persistent_kernel):
         for caches in getattr(kern, "device_caches", {}).values():
             for key, ck in caches[0].items():
                 try:

@@ -47,9 +47,11 @@ SMEM_BYTES = 220 * 1024          # H200: 227 KiB per block; a candidate whose pi
 PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
                  (64, 256, 64, 4, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4))
 # prefill: persistent (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K, FLATTEN), GROUP_M 8, TMA where
-# the GPU has it; SPLIT_K > 1 splits the tiles of the last partial wave along K (launcher.persistent_plan).
-PERSISTENT_TILES = ((128, 128, 64, 8, 4, 8, False), (128, 256, 64, 8, 3, 8, False), (256, 128, 64, 8, 3, 8, False),
-                    (128, 256, 64, 8, 3, 1, False), (128, 128, 64, 8, 4, 8, True), (128, 256, 64, 8, 3, 8, True))
+# the GPU has it; SPLIT_K > 1 splits the last partial wave's tiles along K (launcher.persistent_plan). The per-point
+# winners of 16 configs at M 2048/4096 x the 7 M3 TP4 shapes (H200, notes/prefill: 128 x 256 won 10 of 14 points;
+# 256 x 128, warp specialisation and pointer loads never won; the tail split gained up to 25% at N 1536-2560).
+PERSISTENT_TILES = ((128, 256, 64, 8, 3, 8, True), (128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 1, True),
+                    (128, 128, 64, 8, 4, 8, False), (128, 128, 64, 4, 4, 8, True))
 
 
 def _pow2_ceil(v: float) -> int:
