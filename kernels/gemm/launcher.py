@@ -13,7 +13,8 @@ from .gemm_splitk import gemm_splitk_kernel
 from .gemm_tiled import gemm_tiled_kernel
 from .gemv_splitk import gemv_splitk_kernel
 from .gemv_mx_layout import gemv_mx_layout_kernel
-from ..mx.decode_layout import DecodeWeights
+from .gemm_mx_layout import gemm_mx_layout_kernel
+from ..mx.decode_layout import C_SHIFT, DecodeWeights
 from .reference import FP8_BLOCK, W_FORMATS
 
 MX_FORMATS = ("mxfp8", "mxfp4")
@@ -23,7 +24,10 @@ GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
 # every weight element once per row tile (H200, 2026-11-29: MXFP4 prefill 3-8x slower than bf16 that way).
 DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
-LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout kernel tiles (untuned: no GPU run measured them yet)
+LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout gemv tiles (untuned)
+LAYOUT_KERNELS = ("gemv", "mxdec", "mxdec_fp8")   # the kernels linear_layout launches
+LAYOUT_GEMV_MAX_M = 1                            # decode-layout M served by the gemv kernel; above: tensor cores
+LAYOUT_TILES = (128, 4, 4, 3)                    # mxdec fallback (BLOCK_N, groups per step, num_warps, num_stages)
 
 
 def native_mx(device: torch.device) -> bool:
@@ -76,22 +80,41 @@ def _scale_args(w: torch.Tensor, w_format: str, w_scale: torch.Tensor | None, n:
     return w_scale, w_scale.stride(0), w_scale.stride(1), 1, 1
 
 
-def layout_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
-    """The decode-layout kernel's launch: gemv tiles, SPLIT_K so that programs >= FILL_PROGRAMS x SMs."""
-    from .tables import FILL_PROGRAMS, GEMV_MAX_M
+def layout_config(m: int, n: int, k: int, w_format: str, device: torch.device) -> GemmConfig:
+    """The decode-layout launch for M <= DECODE_MAX_M: the tuned table ``w={w_format}_layout`` (nearest M), else
+    :func:`layout_heuristic`."""
+    from .tables import load_table, nearest, table_path, device_name
+    cfg = nearest(load_table(table_path(n, k, f"{w_format}_layout", device_name(device))), m)
+    if cfg is not None:
+        return cfg
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    block_k = min(LAYOUT_BLOCK_K, triton.next_power_of_2(k))
-    tiles = triton.cdiv(n, LAYOUT_BLOCK_N) * triton.cdiv(m, GEMV_MAX_M)
-    split = max(1, min(triton.cdiv(FILL_PROGRAMS * sms, tiles), triton.cdiv(k, block_k)))
-    return GemmConfig("gemv", min(GEMV_MAX_M, triton.next_power_of_2(m)), LAYOUT_BLOCK_N, block_k, SPLIT_K=split)
+    return layout_heuristic(m, n, k, w_format, sms)
+
+
+def layout_heuristic(m: int, n: int, k: int, w_format: str, sms: int = 132) -> GemmConfig:
+    """M <= LAYOUT_GEMV_MAX_M: the gemv kernel (gemv_mx_layout); above, the tensor-core kernel (gemm_mx_layout,
+    fp16 MMA) with LAYOUT_TILES; SPLIT_K so that programs >= FILL_PROGRAMS x SMs."""
+    from .tables import FILL_PROGRAMS, GEMV_MAX_M
+    if m <= LAYOUT_GEMV_MAX_M:
+        block_k = min(LAYOUT_BLOCK_K, triton.next_power_of_2(k))
+        tiles = triton.cdiv(n, LAYOUT_BLOCK_N) * triton.cdiv(m, GEMV_MAX_M)
+        split = max(1, min(triton.cdiv(FILL_PROGRAMS * sms, tiles), triton.cdiv(k, block_k)))
+        return GemmConfig("gemv", min(GEMV_MAX_M, triton.next_power_of_2(m)), LAYOUT_BLOCK_N, block_k, SPLIT_K=split)
+    block_m = max(16, min(64, triton.next_power_of_2(m)))
+    block_n, groups, warps, stages = LAYOUT_TILES
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    split = max(1, min(triton.cdiv(FILL_PROGRAMS * sms, tiles), k // (32 * groups)))
+    return GemmConfig("mxdec", block_m, block_n, 32 * groups, SPLIT_K=split, num_warps=warps, num_stages=stages)
 
 
 def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | None = None,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (bf16; fp16/fp32 for CPU tests), MX weights in the decode layout -> y [M, N] in x.dtype.
 
-    M <= tables.DECODE_MAX_M: the decode-layout gemv kernel (gemv_mx_layout.py). Beyond, the weights are
-    unpacked to OCP MX and served by :func:`linear` (prefill keeps its own path).
+    M <= tables.DECODE_MAX_M: :func:`layout_config` picks the kernel: "gemv" (gemv_mx_layout.py, CUDA cores),
+    "mxdec" (gemm_mx_layout.py, fp16 MMA) or "mxdec_fp8" (mxfp8 only: fp8 MMA, x quantised per token and
+    32-group as vLLM does). Beyond, the weights are unpacked to OCP MX and served by :func:`linear` (prefill
+    keeps its own path).
     """
     from .tables import DECODE_MAX_M
     if x.dim() != 2 or x.shape[1] != dw.k:
@@ -102,20 +125,33 @@ def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | No
         from ..mx.decode_layout import unpack
         q, s = unpack(dw)
         return linear(x, q, w_format=dw.w_format, w_scale=s, out=out)
-    config = config or layout_config(m, n, k, x.device)
+    config = config or layout_config(m, n, k, dw.w_format, x.device)
+    if config.kernel not in LAYOUT_KERNELS or (config.kernel == "mxdec_fp8" and dw.w_format != "mxfp8"):
+        raise ValueError(f"config: kernel {config.kernel!r} does not read {dw.w_format} in the decode layout "
+                         f"(kernels: {LAYOUT_KERNELS}; mxdec_fp8: mxfp8 only)")
     y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
     groups = k // 32
-    g_split = triton.cdiv(triton.cdiv(groups, config.SPLIT_K), config.BLOCK_K // 32) * (config.BLOCK_K // 32)
+    per_step = config.BLOCK_K // 32
+    g_split = triton.cdiv(triton.cdiv(groups, config.SPLIT_K), per_step) * per_step
     split = triton.cdiv(groups, g_split)
     grid = (triton.cdiv(n, config.BLOCK_N), triton.cdiv(m, config.BLOCK_M), split)
     n_tiles = grid[0] * grid[1]
     part = torch.empty(split * n_tiles * config.BLOCK_N * config.BLOCK_M if split > 1 else 1,
                        device=x.device, dtype=torch.float32)
-    words = dw.codes.view(torch.int32)
-    launch(gemv_mx_layout_kernel, grid, x, words, dw.scales, y, part, _locks(x.device, n_tiles), m, n, k, g_split,
-           x.stride(0), x.stride(1), words.stride(0), dw.scales.stride(0), y.stride(0), y.stride(1),
-           W_FORMAT=dw.w_format, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
-           SPLIT_K=split, **config.compiler_options(bool(torch.version.hip)))
+    opts = config.compiler_options(bool(torch.version.hip))
+    if config.kernel == "gemv":
+        words = dw.codes.view(torch.int32)
+        launch(gemv_mx_layout_kernel, grid, x, words, dw.scales, y, part, _locks(x.device, n_tiles), m, n, k,
+               g_split, x.stride(0), x.stride(1), words.stride(0), dw.scales.stride(0), y.stride(0), y.stride(1),
+               W_FORMAT=dw.w_format, BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K,
+               SPLIT_K=split, **opts)
+        return y
+    codes = dw.codes.view(torch.int32 if dw.w_format == "mxfp4" else torch.float8_e4m3fn)
+    launch(gemm_mx_layout_kernel, grid, x, codes, dw.scales, y, part, _locks(x.device, n_tiles), m, n, k, g_split,
+           x.stride(0), x.stride(1), codes.stride(0), dw.scales.stride(0), y.stride(0), y.stride(1),
+           W_FORMAT=dw.w_format, MMA="fp8" if config.kernel == "mxdec_fp8" else "fp16",
+           C_SHIFT=C_SHIFT[dw.w_format], ROUND_X=x.device.type != "cuda", BLOCK_M=config.BLOCK_M,
+           BLOCK_N=config.BLOCK_N, GROUPS=per_step, SPLIT_K=split, **opts)
     return y
 
 

@@ -134,3 +134,22 @@ def dequantize(dw: DecodeWeights, dtype: torch.dtype = torch.float32) -> torch.T
     vals = torch.stack((_fp16(v), _fp16(v >> 16)), dim=-1).reshape(n, k)   # (lo, hi) = consecutive elements
     factor = (dw.scales.t().to(torch.int32) << 23).view(torch.float32)     # [N, K/32]
     return (vals.reshape(n, k // BLOCK, BLOCK) * factor[..., None]).reshape(n, k).to(dtype)
+
+
+def quantize_x_mxfp8(x: torch.Tensor) -> torch.Tensor:
+    """Activations x [M, K] (K % 32 == 0) quantised to MXFP8 per token and 32-group and dequantised again, fp32 [M, K]:
+    the x that the fp8-MMA decode kernel (kernels/gemm/gemm_mx_layout, MMA "fp8") multiplies.
+
+    The rule is vLLM's activation quantiser for its MXFP8 linear (``_mxfp8_e4m3_quantize_torch``,
+    vllm/model_executor/layers/quantization/utils/mxfp8_utils.py:38-71): E8M0 byte
+    ``ceil(log2(amax / 448)) + 127`` clamped to [0, 254], elements ``x / 2**(byte - 127)`` rounded to e4m3
+    (no saturation needed: the block maximum lands at or under 448). An all-zero block gets byte 0.
+    """
+    xb = x.float().reshape(x.shape[0], -1, BLOCK)
+    amax = xb.abs().amax(-1)
+    f, e = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax)))      # amax = f * 2**e, f in [0.5, 1)
+    ex = (e - 1 - 8 + (f > 0.875).to(e.dtype)).clamp(-127, 127)                 # 448 = 1.75 * 2**8
+    ex = torch.where(amax > 0, ex, torch.full_like(ex, -127))
+    step = torch.pow(2.0, ex.double()).float()[..., None]                         # exact powers of two
+    q = (xb / step).to(torch.float8_e4m3fn).float()
+    return (q * step).reshape(x.shape)

@@ -1,0 +1,138 @@
+"""Decode GEMM on tensor cores for MX weights in the decode layout (kernels/mx/decode_layout), M 2 … 64.
+
+``y[M, N] = x[M, K] @ W[N, K]ᵀ`` with the swapped accumulator ``acc[BLOCK_N, BLOCK_M]`` (tiles.py), split-K
+(grid axis 2, epilogue tiles.splitk_store: one launch, CUDA-graph safe). The K loop runs over 32-element
+groups, GROUPS of them per iteration (unrolled), one K = 32 MMA per group, so each group's scale multiplies
+its partial product once: ``acc += (W_g @ x_gᵀ) * sw_g[n] * sx_g[m]``.
+
+Weights per group (no lookup, no int->float conversion):
+
+- mxfp4: the group's four int32 words (16 bytes per row) become eight fp16 pair-words by one shift pair and
+  two masks each (decode_layout's pairs, the shifts folded), then fp16 halves -> W_g fp16 [BLOCK_N, 32]
+  = value * 2**-14 (exact: E2M1 0.5 is an fp16 subnormal); the 2**14 is in the pre-biased scale.
+- mxfp8, MMA "fp16": the e4m3 codes (32 bytes per row) converted to fp16 (exact; one conversion per two codes
+  on GPUs with e4m3 support). MMA "fp8": the codes go to an fp8 x fp8 MMA as they are.
+
+Activations per group and token (``_x_group``): "fp16" multiplies x_g by a power of two that puts the row's
+group maximum in [2**14, 2**15) and rounds to fp16 (exact for bf16 inputs down to 2**-29 of the group's
+maximum, no overflow), ``sx`` undoes it; "fp8" quantises x_g to MXFP8 as vLLM's activation quantiser does
+(``_mxfp8_e4m3_quantize_torch``, vllm/model_executor/layers/quantization/utils/mxfp8_utils.py:38-71: E8M0
+``ceil(log2(amax / 448)) + 127`` clamped to [0, 254], elements x / 2**e rounded to e4m3), ``sx = 2**e``.
+The CPU interpreter's fp32 -> e4m3 cast truncates, so there (ROUND_X) the rounding is done in fp32
+arithmetic first (triton_mx.round_e4m3); the GPU's cast rounds to nearest even itself.
+
+The layout permutes elements inside a group (decode_layout), so x_g is read in the same permutation
+(``_group_cols``): the MMA sums over the group in any order.
+"""
+import triton
+import triton.language as tl
+
+from ..mx.triton_mx import round_e4m3
+from .tiles import splitk_store
+
+SIGNS = tl.constexpr(0x80008000 - 2**32)     # both fp16 sign bits, as a signed int32 literal
+MAGS = tl.constexpr(0x0E000E00)              # E2M1 (e, m) under both fp16 halves' exponent/mantissa
+
+
+@triton.jit
+def _group_cols(W_FORMAT: tl.constexpr):
+    """[32] element index (within the group) of each column of the decoded group tile."""
+    c = tl.arange(0, 32)
+    if W_FORMAT == "mxfp4":      # _e2m1_group's column c = (word w, half h, p0, p1) -> element 8w + 4p1 + 2p0 + h
+        e = (c // 8) * 8 + (c % 2) * 4 + ((c // 2) % 2) * 2 + (c // 4) % 2
+    else:                        # layout bytes per word (e0, e2, e1, e3)
+        b = c % 4
+        e = (c // 4) * 4 + (b % 2) * 2 + b // 2
+    return e
+
+
+@triton.jit
+def _halves(v):
+    """int32 [..] holding two fp16 bit patterns -> fp16 [.., 2] (low half, high half)."""
+    lo = v.to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (v >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def _e2m1_group(b_w, BLOCK_N: tl.constexpr):
+    """Words int32 [BLOCK_N, 4] of one mxfp4 group -> fp16 [BLOCK_N, 32] (value * 2**-14), columns as _group_cols.
+
+    Word w, pair p (elements 8w+2p, 8w+2p+1): the codes' nibbles sit at bits 4p (even) and 16+4p (odd); the
+    magnitude (e, m) goes under fp16 bits 9-11, the sign to bit 15: ``((w << (9-4p)) & MAGS) | ((w << (12-4p)) & SIGNS)``.
+    """
+    v0 = ((b_w << 9) & MAGS) | ((b_w << 12) & SIGNS)
+    v1 = ((b_w << 5) & MAGS) | ((b_w << 8) & SIGNS)
+    v2 = ((b_w << 1) & MAGS) | ((b_w << 4) & SIGNS)
+    v3 = ((b_w >> 3) & MAGS) | (b_w & SIGNS)
+    t = tl.join(tl.join(_halves(v0), _halves(v1)), tl.join(_halves(v2), _halves(v3)))   # [BN, 4, h, p0, p1]
+    return tl.reshape(t, (BLOCK_N, 32))
+
+
+@triton.jit
+def _x_group(b_x, MMA: tl.constexpr, ROUND_X: tl.constexpr):
+    """x_g [BLOCK_M, 32] (any float) -> (operand [BLOCK_M, 32] fp16 | fp8e4nv, sx [BLOCK_M] fp32) with x_g = operand * sx."""
+    b_x = b_x.to(tl.float32)
+    amax = tl.max(tl.abs(b_x), axis=1)
+    bits = amax.to(tl.int32, bitcast=True)
+    ex = (bits >> 23) & 0xFF                                     # biased exponent of the group maximum
+    if MMA == "fp8":                                             # vLLM: ceil(log2(amax / 448)), clamped
+        e = ex - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)      # 448 = 1.75 * 2**8
+        e = tl.where(amax == 0, -127, e)
+        e = tl.minimum(tl.maximum(e, -127), 127)
+        v = b_x * ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]  # x / 2**e (2**-e is normal here)
+        if ROUND_X:
+            v = round_e4m3(v)
+        sx = tl.where(e == -127, 5.877471754111438e-39, ((e + 127) << 23).to(tl.float32, bitcast=True))
+        return v.to(tl.float8e4nv), sx
+    else:                                                        # power of two: max in [2**14, 2**15)
+        fb = tl.minimum(tl.maximum(268 - ex, 1), 253)            # biased exponent of 2**(14 - floor(log2 amax))
+        v = b_x * (fb << 23).to(tl.float32, bitcast=True)[:, None]
+        return v.to(tl.float16), ((254 - fb) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemm_mx_layout_kernel(
+        # pointers: codes (mxfp4: int32 words [N, K/8]; mxfp8: e4m3 [N, K]), pre-biased scale bytes uint8 [K/32, N],
+        # p_part/p_lock as gemm_splitk
+        p_x, p_w, p_s, p_y, p_part, p_lock,
+        # sizes (G_SPLIT: groups per split, a multiple of GROUPS)
+        M, N, K, G_SPLIT,
+        # strides (s_wn: words (mxfp4) or bytes (mxfp8) per row; s_sg: scale bytes per group row = N)
+        s_xm, s_xk, s_wn, s_sg, s_ym, s_yn,
+        W_FORMAT: tl.constexpr, MMA: tl.constexpr, C_SHIFT: tl.constexpr, ROUND_X: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, SPLIT_K: tl.constexpr):
+    i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_n = o_n < N
+    o_x = _group_cols(W_FORMAT)                                  # x columns in the layout's order
+    m_x = o_m[:, None] < M
+    p_xr = p_x + o_m[:, None] * s_xm + o_x[None, :] * s_xk
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    g_lo = i_s * G_SPLIT
+    g_hi = tl.minimum(K // 32, g_lo + G_SPLIT)
+    # fp16 weights carry 2**-C (mxfp4 pairs); converted e4m3 codes carry no factor
+    bias: tl.constexpr = 0 if W_FORMAT == "mxfp4" else C_SHIFT
+    for g0 in range(g_lo, g_hi, GROUPS):
+        for j in tl.static_range(GROUPS):
+            g = g0 + j
+            m_g = m_n & (o_n * 0 + g < g_hi)                    # rows of this group that exist
+            b_s = tl.load(p_s + g * s_sg + o_n, mask=m_g, other=0).to(tl.int32)
+            sw = ((b_s - bias) << 23).to(tl.float32, bitcast=True)
+            if W_FORMAT == "mxfp8":
+                sw = tl.where(b_s == bias, 5.877471754111438e-39, sw)      # E8M0 0: 2**-127
+            if W_FORMAT == "mxfp4":
+                b_w = tl.load(p_w + o_n[:, None] * s_wn + g * 4 + tl.arange(0, 4)[None, :],
+                              mask=m_g[:, None], other=0)
+                b_w = _e2m1_group(b_w, BLOCK_N)
+            else:
+                b_w = tl.load(p_w + o_n[:, None] * s_wn + g * 32 + tl.arange(0, 32)[None, :],
+                              mask=m_g[:, None], other=0.0)
+                if MMA == "fp16":
+                    b_w = b_w.to(tl.float16)
+            b_x, sx = _x_group(tl.load(p_xr + g * 32 * s_xk, mask=m_x & (o_x[None, :] * 0 + g < g_hi),
+                                      other=0.0), MMA, ROUND_X)
+            part = tl.dot(b_w, tl.trans(b_x))
+            acc += part * (sw[:, None] * sx[None, :])
+    splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn, BLOCK_N, BLOCK_M, SPLIT_K)
