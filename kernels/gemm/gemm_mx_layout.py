@@ -38,8 +38,8 @@ MAGS = tl.constexpr(0x0E000E00)              # E2M1 (e, m) under both fp16 halve
 def _group_cols(W_FORMAT: tl.constexpr):
     """[32] element index (within the group) of each column of the decoded group tile."""
     c = tl.arange(0, 32)
-    if W_FORMAT == "mxfp4":      # _e2m1_group's column c = (word w, half h, p0, p1) -> element 8w + 4p1 + 2p0 + h
-        e = (c // 8) * 8 + (c % 2) * 4 + ((c // 2) % 2) * 2 + (c // 4) % 2
+    if W_FORMAT == "mxfp4":      # _e2m1_group's column c = 8w + 4a + 2b + h -> element 8w + 2(2b + a) + h
+        e = (c // 8) * 8 + ((c // 2) % 2) * 4 + ((c // 4) % 2) * 2 + c % 2
     else:                        # layout bytes per word (e0, e2, e1, e3)
         b = c % 4
         e = (c // 4) * 4 + (b % 2) * 2 + b // 2
@@ -47,11 +47,15 @@ def _group_cols(W_FORMAT: tl.constexpr):
 
 
 @triton.jit
-def _halves(v):
-    """int32 [..] holding two fp16 bit patterns -> fp16 [.., 2] (low half, high half)."""
-    lo = v.to(tl.int16).to(tl.float16, bitcast=True)
-    hi = (v >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-    return tl.join(lo, hi)
+def _lo(v):
+    """int32 holding two fp16 bit patterns -> the low half as fp16."""
+    return v.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _hi(v):
+    """int32 holding two fp16 bit patterns -> the high half as fp16."""
+    return (v >> 16).to(tl.int16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -65,8 +69,20 @@ def _e2m1_group(b_w, BLOCK_N: tl.constexpr):
     v1 = ((b_w << 5) & MAGS) | ((b_w << 8) & SIGNS)
     v2 = ((b_w << 1) & MAGS) | ((b_w << 4) & SIGNS)
     v3 = ((b_w >> 3) & MAGS) | (b_w & SIGNS)
-    t = tl.join(tl.join(_halves(v0), _halves(v1)), tl.join(_halves(v2), _halves(v3)))   # [BN, 4, h, p0, p1]
-    return tl.reshape(t, (BLOCK_N, 32))
+    # [BN, 4 words, a, b, h] with pair p = 2b + a: the two halves of one pair-word stay neighbours in K
+    lo = tl.join(tl.join(_lo(v0), _lo(v1)), tl.join(_lo(v2), _lo(v3)))
+    hi = tl.join(tl.join(_hi(v0), _hi(v1)), tl.join(_hi(v2), _hi(v3)))
+    return tl.reshape(tl.join(lo, hi), (BLOCK_N, 32))
+
+
+@triton.jit
+def _e2m1_group_elem(b_w, BLOCK_N: tl.constexpr):
+    """As _e2m1_group, one element per lane of the tile (columns in element order): word broadcast, shift, mask."""
+    c = tl.arange(0, 32)
+    sh = 4 * ((c % 8) // 2) + 16 * (c % 2)                      # nibble of element c within its word
+    t = tl.reshape(tl.broadcast_to(b_w[:, :, None], (BLOCK_N, 4, 8)), (BLOCK_N, 32)) >> sh[None, :]
+    v = ((t << 9) & 0x0E00) | ((t << 12) & 0x8000)
+    return v.to(tl.int16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -101,15 +117,22 @@ def gemm_mx_layout_kernel(
         # strides (s_wn: words (mxfp4) or bytes (mxfp8) per row; s_sg: scale bytes per group row = N)
         s_xm, s_xk, s_wn, s_sg, s_ym, s_yn,
         W_FORMAT: tl.constexpr, MMA: tl.constexpr, C_SHIFT: tl.constexpr, ROUND_X: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, SPLIT_K: tl.constexpr):
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, SPLIT_K: tl.constexpr,
+        DECODE: tl.constexpr = "pairs", SWAP: tl.constexpr = True):
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_n = o_n < N
-    o_x = _group_cols(W_FORMAT)                                  # x columns in the layout's order
+    if DECODE == "elem":
+        o_x = tl.arange(0, 32)
+    else:
+        o_x = _group_cols(W_FORMAT)                              # x columns in the layout's order
     m_x = o_m[:, None] < M
     p_xr = p_x + o_m[:, None] * s_xm + o_x[None, :] * s_xk
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     g_lo = i_s * G_SPLIT
     g_hi = tl.minimum(K // 32, g_lo + G_SPLIT)
     # fp16 weights carry 2**-C (mxfp4 pairs); converted e4m3 codes carry no factor
@@ -125,7 +148,10 @@ def gemm_mx_layout_kernel(
             if W_FORMAT == "mxfp4":
                 b_w = tl.load(p_w + o_n[:, None] * s_wn + g * 4 + tl.arange(0, 4)[None, :],
                               mask=m_g[:, None], other=0)
-                b_w = _e2m1_group(b_w, BLOCK_N)
+                if DECODE == "elem":
+                    b_w = _e2m1_group_elem(b_w, BLOCK_N)
+                else:
+                    b_w = _e2m1_group(b_w, BLOCK_N)
             else:
                 b_w = tl.load(p_w + o_n[:, None] * s_wn + g * 32 + tl.arange(0, 32)[None, :],
                               mask=m_g[:, None], other=0.0)
@@ -133,6 +159,12 @@ def gemm_mx_layout_kernel(
                     b_w = b_w.to(tl.float16)
             b_x, sx = _x_group(tl.load(p_xr + g * 32 * s_xk, mask=m_x & (o_x[None, :] * 0 + g < g_hi),
                                       other=0.0), MMA, ROUND_X)
-            part = tl.dot(b_w, tl.trans(b_x))
-            acc += part * (sw[:, None] * sx[None, :])
+            if SWAP:
+                part = tl.dot(b_w, tl.trans(b_x))
+                acc += part * (sw[:, None] * sx[None, :])
+            else:
+                part = tl.dot(b_x, tl.trans(b_w))
+                acc += part * (sx[:, None] * sw[None, :])
+    if not SWAP:
+        acc = tl.trans(acc)
     splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn, BLOCK_N, BLOCK_M, SPLIT_K)

@@ -31,8 +31,11 @@ from m3lab.bench.timing import copies_needed, graph_time  # noqa: E402
 
 SHAPES = ((1536, 6144), (2304, 6144), (2560, 6144), (6144, 768), (6144, 2048), (6144, 3072), (6144, 6144))
 # (BLOCK_N, groups per step, num_warps, num_stages)
-TILES = ((128, 4, 4, 3), (128, 8, 4, 2), (64, 4, 4, 3), (64, 8, 4, 2), (256, 4, 8, 3), (128, 2, 4, 4))
-FILLS = (1, 2, 4)
+TILES = ((128, 4, 4, 3), (128, 8, 4, 2), (64, 4, 4, 3), (64, 4, 2, 3), (128, 4, 2, 3), (256, 4, 8, 3),
+         (128, 4, 4, 1), (128, 2, 4, 4))
+TILES_M64 = 4           # M 64 tries only the first few tiles
+FILLS = (2,)            # programs per SM the split count aims at; the first tile also tries EXTRA_FILLS
+EXTRA_FILLS = (1, 4)
 KERNELS = {"mxfp4": ("mxdec",), "mxfp8": ("mxdec", "mxdec_fp8")}
 GEMV_MAX_M = 8          # the gemv kernel is timed up to here (CUDA cores: it loses beyond)
 SMS = 132
@@ -49,10 +52,10 @@ def block_m(m):
 def configs(m, n, k, fmt):
     out = []
     for kern in KERNELS[fmt]:
-        for bn, g, nw, ns in TILES:
+        for i, (bn, g, nw, ns) in enumerate(TILES[:TILES_M64] if m > 32 else TILES):
             tiles = triton.cdiv(n, bn) * triton.cdiv(m, block_m(m))
             splits = sorted({max(1, min(k // (32 * g), 1 << round(math.log2(max(1.0, f * SMS / tiles)))))
-                             for f in FILLS})
+                             for f in FILLS + (EXTRA_FILLS if i == 0 else ())})
             out += [GemmConfig(kern, block_m(m), bn, 32 * g, SPLIT_K=s, num_warps=nw, num_stages=ns) for s in splits]
     return out
 
@@ -110,9 +113,14 @@ def resources():
                 try:
                     ck._init_handles()
                     md = ck.metadata
+                    ptx = ck.asm.get("ptx", "")
+                    ops = {f"ptx_{op}": sum(line.strip().startswith(op) for line in ptx.splitlines())
+                           for op in ("shl", "shr", "and", "or", "lop3", "prmt", "cvt", "mma", "wgmma", "ld.global",
+                                      "cp.async", "ld.shared", "ldmatrix", "st.shared", "shfl", "fma", "mul", "max",
+                                      "bar")}
                     rows.append({"kernel": kern.__name__, "n_regs": ck.n_regs, "n_spills": ck.n_spills,
                                  "shared": getattr(md, "shared", None), "num_warps": md.num_warps,
-                                 "num_stages": md.num_stages, "key": str(key)[:600]})
+                                 "num_stages": md.num_stages, **ops, "key": str(key)[:600]})
                 except Exception as err:
                     rows.append({"kernel": kern.__name__, "key": f"{type(err).__name__}: {err}"[:300]})
     return rows
@@ -148,8 +156,8 @@ def main():
     failed = precompile(jobs, a.workers)
     rows = []
     bf16 = {}
-    for fmt in fmts:
-        for n, k in shapes:
+    for n, k in shapes:
+        for fmt in fmts:
             if time.time() - t_start > a.budget_s:
                 print(f"budget reached: skipping {fmt} N={n} K={k}", flush=True)
                 continue
