@@ -13,16 +13,17 @@ Weights per group (no lookup, no int->float conversion):
 - mxfp8, MMA "fp16": the e4m3 codes (32 bytes per row) converted to fp16 (exact; one conversion per two codes
   on GPUs with e4m3 support). MMA "fp8": the codes go to an fp8 x fp8 MMA as they are.
 
-Activations per group and token (``_x_group``): "fp16" multiplies x_g by a power of two that puts the row's
-group maximum in [2**14, 2**15) and rounds to fp16 (exact for bf16 inputs down to 2**-29 of the group's
-maximum, no overflow), ``sx`` undoes it; "fp8" quantises x_g to MXFP8 as vLLM's activation quantiser does
+Activations: "fp16" multiplies x by a power of two per token (``_x_scale_fp16``: a first pass over the split's
+columns puts the token's maximum in [2**14, 2**15)) and rounds to fp16, exact for bf16 inputs down to 2**-29 of
+that maximum and never overflowing; ``sx`` undoes it once on the accumulator, so a group's partial product takes
+only its weight scale. "fp8" quantises each x_g to MXFP8 per token as vLLM's activation quantiser does
 (``_mxfp8_e4m3_quantize_torch``, vllm/model_executor/layers/quantization/utils/mxfp8_utils.py:38-71: E8M0
-``ceil(log2(amax / 448)) + 127`` clamped to [0, 254], elements x / 2**e rounded to e4m3), ``sx = 2**e``.
+``ceil(log2(amax / 448)) + 127`` clamped to [0, 254], elements x / 2**e rounded to e4m3), ``sx = 2**e`` per group.
 The CPU interpreter's fp32 -> e4m3 cast truncates, so there (ROUND_X) the rounding is done in fp32
 arithmetic first (triton_mx.round_e4m3); the GPU's cast rounds to nearest even itself.
 
-The layout permutes elements inside a group (decode_layout), so x_g is read in the same permutation
-(``_group_cols``): the MMA sums over the group in any order.
+The mxfp8 layout keeps its bytes in the order the CUDA-core kernel's pairs need (e0, e2, e1, e3 per word), so x_g is
+permuted the same way in registers (``_layout_order``); mxfp4 decodes in element order.
 """
 import triton
 import triton.language as tl
@@ -35,15 +36,12 @@ MAGS = tl.constexpr(0x0E000E00)              # E2M1 (e, m) under both fp16 halve
 
 
 @triton.jit
-def _group_cols(W_FORMAT: tl.constexpr):
-    """[32] element index (within the group) of each column of the decoded group tile."""
-    c = tl.arange(0, 32)
-    if W_FORMAT == "mxfp4":      # _e2m1_group's column c = 8w + 4a + 2b + h -> element 8w + 2(2b + a) + h
-        e = (c // 8) * 8 + ((c // 2) % 2) * 4 + ((c // 4) % 2) * 2 + c % 2
-    else:                        # layout bytes per word (e0, e2, e1, e3)
-        b = c % 4
-        e = (c // 4) * 4 + (b % 2) * 2 + b // 2
-    return e
+def _layout_order(b_x, W_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """x_g [BLOCK_M, 32] in element order -> the order of the decoded weight tile's columns: mxfp4 decodes in element
+    order; mxfp8 codes stay in the layout's byte order (e0, e2, e1, e3 per word), so x is permuted to match."""
+    if W_FORMAT == "mxfp8":
+        b_x = tl.reshape(tl.permute(tl.reshape(b_x, (BLOCK_M, 8, 2, 2)), (0, 1, 3, 2)), (BLOCK_M, 32))
+    return b_x
 
 
 @triton.jit
@@ -60,7 +58,7 @@ def _hi(v):
 
 @triton.jit
 def _e2m1_group(b_w, BLOCK_N: tl.constexpr):
-    """Words int32 [BLOCK_N, 4] of one mxfp4 group -> fp16 [BLOCK_N, 32] (value * 2**-14), columns as _group_cols.
+    """Words int32 [BLOCK_N, 4] of one mxfp4 group -> fp16 [BLOCK_N, 32] (value * 2**-14), columns in element order.
 
     Word w, pair p (elements 8w+2p, 8w+2p+1): the codes' nibbles sit at bits 4p (even) and 16+4p (odd); the
     magnitude (e, m) goes under fp16 bits 9-11, the sign to bit 15: ``((w << (9-4p)) & MAGS) | ((w << (12-4p)) & SIGNS)``.
@@ -69,42 +67,40 @@ def _e2m1_group(b_w, BLOCK_N: tl.constexpr):
     v1 = ((b_w << 5) & MAGS) | ((b_w << 8) & SIGNS)
     v2 = ((b_w << 1) & MAGS) | ((b_w << 4) & SIGNS)
     v3 = ((b_w >> 3) & MAGS) | (b_w & SIGNS)
-    # [BN, 4 words, a, b, h] with pair p = 2b + a: the two halves of one pair-word stay neighbours in K
-    lo = tl.join(tl.join(_lo(v0), _lo(v1)), tl.join(_lo(v2), _lo(v3)))
-    hi = tl.join(tl.join(_hi(v0), _hi(v1)), tl.join(_hi(v2), _hi(v3)))
+    # [BN, 4 words, a, b, h] with pair p = 2a + b, i.e. column 8w + 4a + 2b + h = element 8w + 2p + h
+    lo = tl.join(tl.join(_lo(v0), _lo(v2)), tl.join(_lo(v1), _lo(v3)))
+    hi = tl.join(tl.join(_hi(v0), _hi(v2)), tl.join(_hi(v1), _hi(v3)))
     return tl.reshape(tl.join(lo, hi), (BLOCK_N, 32))
 
 
 @triton.jit
-def _e2m1_group_elem(b_w, BLOCK_N: tl.constexpr):
-    """As _e2m1_group, one element per lane of the tile (columns in element order): word broadcast, shift, mask."""
-    c = tl.arange(0, 32)
-    sh = 4 * ((c % 8) // 2) + 16 * (c % 2)                      # nibble of element c within its word
-    t = tl.reshape(tl.broadcast_to(b_w[:, :, None], (BLOCK_N, 4, 8)), (BLOCK_N, 32)) >> sh[None, :]
-    v = ((t << 9) & 0x0E00) | ((t << 12) & 0x8000)
-    return v.to(tl.int16).to(tl.float16, bitcast=True)
+def _x_scale_fp16(p_xr, o_m, g_lo, g_hi, M, s_xk, BLOCK_M: tl.constexpr):
+    """Per token, over the groups g_lo..g_hi of x (p_xr: x tile pointers of group 0, [BLOCK_M, 32]): (fx, sx) [BLOCK_M]
+    fp32 powers of two, fx putting the maximum |x| in [2**14, 2**15) (fp16 holds x * fx exactly down to 2**-29 of
+    that maximum, and never overflows), sx = 1 / fx. Read in the main loop's tile shape, so both share a layout."""
+    amax = tl.zeros((BLOCK_M, 32), dtype=tl.float32)
+    for g in range(g_lo, g_hi):
+        b_x = tl.load(p_xr + g * 32 * s_xk, mask=o_m[:, None] < M, other=0.0)
+        amax = tl.maximum(amax, tl.abs(b_x.to(tl.float32)))
+    ex = (tl.max(amax, axis=1).to(tl.int32, bitcast=True) >> 23) & 0xFF    # biased exponent (NaN/inf: 255)
+    fb = tl.minimum(tl.maximum(268 - ex, 1), 253)                         # 2**(14 - floor(log2 amax)), biased
+    return (fb << 23).to(tl.float32, bitcast=True), ((254 - fb) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _x_group(b_x, MMA: tl.constexpr, ROUND_X: tl.constexpr):
-    """x_g [BLOCK_M, 32] (any float) -> (operand [BLOCK_M, 32] fp16 | fp8e4nv, sx [BLOCK_M] fp32) with x_g = operand * sx."""
+def _x_fp8(b_x, ROUND_X: tl.constexpr):
+    """x_g [BLOCK_M, 32] -> (e4m3 [BLOCK_M, 32], sx [BLOCK_M] fp32) as vLLM quantises activations (module docstring)."""
     b_x = b_x.to(tl.float32)
     amax = tl.max(tl.abs(b_x), axis=1)
     bits = amax.to(tl.int32, bitcast=True)
-    ex = (bits >> 23) & 0xFF                                     # biased exponent of the group maximum
-    if MMA == "fp8":                                             # vLLM: ceil(log2(amax / 448)), clamped
-        e = ex - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)      # 448 = 1.75 * 2**8
-        e = tl.where(amax == 0, -127, e)
-        e = tl.minimum(tl.maximum(e, -127), 127)
-        v = b_x * ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]  # x / 2**e (2**-e is normal here)
-        if ROUND_X:
-            v = round_e4m3(v)
-        sx = tl.where(e == -127, 5.877471754111438e-39, ((e + 127) << 23).to(tl.float32, bitcast=True))
-        return v.to(tl.float8e4nv), sx
-    else:                                                        # power of two: max in [2**14, 2**15)
-        fb = tl.minimum(tl.maximum(268 - ex, 1), 253)            # biased exponent of 2**(14 - floor(log2 amax))
-        v = b_x * (fb << 23).to(tl.float32, bitcast=True)[:, None]
-        return v.to(tl.float16), ((254 - fb) << 23).to(tl.float32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)   # 448 = 1.75 * 2**8
+    e = tl.where(amax == 0, -127, e)
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    v = b_x * ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]   # x / 2**e (2**-e is normal here)
+    if ROUND_X:
+        v = round_e4m3(v)
+    sx = tl.where(e == -127, 5.877471754111438e-39, ((e + 127) << 23).to(tl.float32, bitcast=True))
+    return v.to(tl.float8e4nv), sx
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -118,53 +114,48 @@ def gemm_mx_layout_kernel(
         s_xm, s_xk, s_wn, s_sg, s_ym, s_yn,
         W_FORMAT: tl.constexpr, MMA: tl.constexpr, C_SHIFT: tl.constexpr, ROUND_X: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, SPLIT_K: tl.constexpr,
-        DECODE: tl.constexpr = "pairs", SWAP: tl.constexpr = True):
+        EVEN: tl.constexpr):
+    """EVEN: N % BLOCK_N == 0 and every split holds G_SPLIT groups (no weight masks)."""
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_n = o_n < N
-    if DECODE == "elem":
-        o_x = tl.arange(0, 32)
-    else:
-        o_x = _group_cols(W_FORMAT)                              # x columns in the layout's order
-    m_x = o_m[:, None] < M
+    o_x = tl.arange(0, 32)
     p_xr = p_x + o_m[:, None] * s_xm + o_x[None, :] * s_xk
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     g_lo = i_s * G_SPLIT
     g_hi = tl.minimum(K // 32, g_lo + G_SPLIT)
+    if MMA == "fp16":
+        fx, sx = _x_scale_fp16(p_xr, o_m, g_lo, g_hi, M, s_xk, BLOCK_M)
     # fp16 weights carry 2**-C (mxfp4 pairs); converted e4m3 codes carry no factor
     bias: tl.constexpr = 0 if W_FORMAT == "mxfp4" else C_SHIFT
     for g0 in range(g_lo, g_hi, GROUPS):
         for j in tl.static_range(GROUPS):
             g = g0 + j
-            m_g = m_n & (o_n * 0 + g < g_hi)                    # rows of this group that exist
+            if EVEN:
+                m_g = o_n >= 0
+            else:
+                m_g = (o_n < N) & (o_n * 0 + g < g_hi)           # rows of this group that exist
             b_s = tl.load(p_s + g * s_sg + o_n, mask=m_g, other=0).to(tl.int32)
             sw = ((b_s - bias) << 23).to(tl.float32, bitcast=True)
             if W_FORMAT == "mxfp8":
                 sw = tl.where(b_s == bias, 5.877471754111438e-39, sw)      # E8M0 0: 2**-127
             if W_FORMAT == "mxfp4":
-                b_w = tl.load(p_w + o_n[:, None] * s_wn + g * 4 + tl.arange(0, 4)[None, :],
-                              mask=m_g[:, None], other=0)
-                if DECODE == "elem":
-                    b_w = _e2m1_group_elem(b_w, BLOCK_N)
-                else:
-                    b_w = _e2m1_group(b_w, BLOCK_N)
+                b_w = tl.load(p_w + o_n[:, None] * s_wn + g * 4 + tl.arange(0, 4)[None, :], mask=m_g[:, None],
+                              other=0)
+                b_w = _e2m1_group(b_w, BLOCK_N)
             else:
-                b_w = tl.load(p_w + o_n[:, None] * s_wn + g * 32 + tl.arange(0, 32)[None, :],
-                              mask=m_g[:, None], other=0.0)
+                b_w = tl.load(p_w + o_n[:, None] * s_wn + g * 32 + tl.arange(0, 32)[None, :], mask=m_g[:, None],
+                              other=0.0)
                 if MMA == "fp16":
                     b_w = b_w.to(tl.float16)
-            b_x, sx = _x_group(tl.load(p_xr + g * 32 * s_xk, mask=m_x & (o_x[None, :] * 0 + g < g_hi),
-                                      other=0.0), MMA, ROUND_X)
-            if SWAP:
-                part = tl.dot(b_w, tl.trans(b_x))
-                acc += part * (sw[:, None] * sx[None, :])
+            b_x = tl.load(p_xr + g * 32 * s_xk, mask=(o_m[:, None] < M) & (o_x[None, :] * 0 + g < g_hi), other=0.0)
+            b_x = _layout_order(b_x, W_FORMAT, BLOCK_M)
+            if MMA == "fp8":
+                b_x, sx_g = _x_fp8(b_x, ROUND_X)
+                acc += tl.dot(b_w, tl.trans(b_x)) * (sw[:, None] * sx_g[None, :])
             else:
-                part = tl.dot(b_x, tl.trans(b_w))
-                acc += part * (sx[:, None] * sw[None, :])
-    if not SWAP:
-        acc = tl.trans(acc)
+                b_x = (b_x.to(tl.float32) * fx[:, None]).to(tl.float16)
+                acc += tl.dot(b_w, tl.trans(b_x)) * sw[:, None]
+    if MMA == "fp16":
+        acc = acc * sx[None, :]
     splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn, BLOCK_N, BLOCK_M, SPLIT_K)

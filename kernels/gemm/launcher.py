@@ -151,7 +151,8 @@ def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | No
            x.stride(0), x.stride(1), codes.stride(0), dw.scales.stride(0), y.stride(0), y.stride(1),
            W_FORMAT=dw.w_format, MMA="fp8" if config.kernel == "mxdec_fp8" else "fp16",
            C_SHIFT=C_SHIFT[dw.w_format], ROUND_X=x.device.type != "cuda", BLOCK_M=config.BLOCK_M,
-           BLOCK_N=config.BLOCK_N, GROUPS=per_step, SPLIT_K=split, **opts)
+           BLOCK_N=config.BLOCK_N, GROUPS=per_step, SPLIT_K=split,
+           EVEN=n % config.BLOCK_N == 0 and groups % g_split == 0, **opts)
     return y
 
 
