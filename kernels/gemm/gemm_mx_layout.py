@@ -19,8 +19,9 @@ that maximum and never overflowing; ``sx`` undoes it once on the accumulator, so
 only its weight scale. "fp8" quantises each x_g to MXFP8 per token as vLLM's activation quantiser does
 (``_mxfp8_e4m3_quantize_torch``, vllm/model_executor/layers/quantization/utils/mxfp8_utils.py:38-71: E8M0
 ``ceil(log2(amax / 448)) + 127`` clamped to [0, 254], elements x / 2**e rounded to e4m3), ``sx = 2**e`` per group.
-The CPU interpreter's fp32 -> e4m3 cast truncates, so there (ROUND_X) the rounding is done in fp32
-arithmetic first (triton_mx.round_e4m3); the GPU's cast rounds to nearest even itself.
+The CPU interpreter's fp32 -> e4m3 cast truncates and turns NaN into 384, so there (ROUND_X) the rounding is done in
+fp32 arithmetic first (triton_mx.round_e4m3) and a group holding NaN sets its token's factor to NaN; the GPU's cast
+rounds to nearest even and keeps NaN (cvt.rn.satfinite), so a NaN in x reaches its output row either way.
 
 The mxfp8 layout keeps its bytes in the order the CUDA-core kernel's pairs need (e0, e2, e1, e3 per word), so x_g is
 permuted the same way in registers (``_layout_order``); mxfp4 decodes in element order.
@@ -100,6 +101,9 @@ def _x_fp8(b_x, ROUND_X: tl.constexpr):
     if ROUND_X:
         v = round_e4m3(v)
     sx = tl.where(e == -127, 5.877471754111438e-39, ((e + 127) << 23).to(tl.float32, bitcast=True))
+    if ROUND_X:                                  # the interpreter's cast also turns NaN into 384: flag the row
+        bad = tl.max((b_x != b_x).to(tl.int32), axis=1) > 0
+        sx = tl.where(bad, float("nan"), sx)
     return v.to(tl.float8e4nv), sx
 
 

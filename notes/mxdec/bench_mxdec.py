@@ -154,6 +154,16 @@ def main():
     jobs = [(f, c, k) for f in fmts for n, k in shapes for m in ms for c in configs(m, n, k, f)]
     jobs += [(f, gemv_config(m, n, k), k) for f in fmts for n, k in shapes for m in ms if gemv_config(m, n, k)]
     failed = precompile(jobs, a.workers)
+    for fmt in fmts:                       # a NaN in x reaches its output row only (the GPU's e4m3 cast keeps NaN)
+        n, k = shapes[0]
+        q, s = quantize_weight(torch.randn(n, k, device=dev) / k**0.5, fmt)
+        x = torch.randn(8, k, device=dev, dtype=torch.bfloat16)
+        x[3, 77] = float("nan")
+        for c in configs(8, n, k, fmt)[:1] + [c for c in configs(8, n, k, fmt) if c.kernel == "mxdec_fp8"][:1]:
+            y = launcher.linear_layout(x, pack(q, s, fmt), config=c)
+            rows_nan = torch.isnan(y).any(1).tolist()
+            print(f"nan check {fmt} {cfg_name(c)}: rows with NaN {[i for i, v in enumerate(rows_nan) if v]} "
+                  f"(row 3 all NaN: {bool(torch.isnan(y[3]).all())})", flush=True)
     rows = []
     bf16 = {}
     for n, k in shapes:
