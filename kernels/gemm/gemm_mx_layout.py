@@ -58,7 +58,7 @@ def _hi(v):
 
 
 @triton.jit
-def _e2m1_group(b_w, BLOCK_N: tl.constexpr):
+def _e2m1_group(b_w, BLOCK_N: tl.constexpr):  # BLOCK_N: rows of b_w
     """Words int32 [BLOCK_N, 4] of one mxfp4 group -> fp16 [BLOCK_N, 32] (value * 2**-14), columns in element order.
 
     Word w, pair p (elements 8w+2p, 8w+2p+1): the codes' nibbles sit at bits 4p (even) and 16+4p (odd); the
@@ -162,4 +162,70 @@ def gemm_mx_layout_kernel(
                 acc += tl.dot(b_w, tl.trans(b_x)) * sw[:, None]
     if MMA == "fp16":
         acc = acc * sx[None, :]
+    splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn, BLOCK_N, BLOCK_M, SPLIT_K)
+
+
+@triton.jit(do_not_specialize=["M"])
+def gemm_mx_fold_kernel(
+        # as gemm_mx_layout_kernel, plus p_r: uint8 [N], each row's largest E8M0 byte (DecodeWeights.row_exp)
+        p_x, p_w, p_s, p_r, p_y, p_part, p_lock,
+        M, N, K, G_SPLIT,
+        s_xm, s_xk, s_wn, s_sg, s_ym, s_yn,
+        W_FORMAT: tl.constexpr, C_SHIFT: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, SPLIT_K: tl.constexpr,
+        EVEN: tl.constexpr):
+    """Folded scales: one fp16 MMA per BLOCK_K = 32 x GROUPS columns. Each decoded fp16 weight is multiplied by
+    2**(s_g - r_n) (fp16, a power of two <= 1: the group's E8M0 byte against the row's largest, r_n), x by its
+    per-token power of two (_x_scale_fp16); 2**(r_n - 127) and 1 / fx multiply the accumulator once. Exact while a
+    group's scale is within 2**-15 (mxfp8) / 2**-23 (mxfp4) of its row's largest; a smaller group's elements
+    lose bits as fp16 subnormals (each error < 2**-24 of the row's largest scale)."""
+    BLOCK_K: tl.constexpr = 32 * GROUPS
+    i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_x = tl.arange(0, 32)
+    g_lo = i_s * G_SPLIT
+    g_hi = tl.minimum(K // 32, g_lo + G_SPLIT)
+    fx, sx = _x_scale_fp16(p_x + o_m[:, None] * s_xm + o_x[None, :] * s_xk, o_m, g_lo, g_hi, M, s_xk, BLOCK_M)
+    r = tl.load(p_r + o_n, mask=o_n < N, other=0).to(tl.int32)
+    # decoded mxfp4 pairs carry 2**-14, converted e4m3 codes nothing: f = 2**(s - C - r + CF)
+    CF: tl.constexpr = 14 if W_FORMAT == "mxfp4" else 0
+    o_k = tl.arange(0, BLOCK_K)
+    o_g = tl.arange(0, GROUPS)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for g0 in range(g_lo, g_hi, GROUPS):
+        p_g = p_s + (g0 + o_g)[None, :] * s_sg + o_n[:, None]
+        if EVEN:
+            b_s = tl.load(p_g).to(tl.int32)
+        else:
+            b_s = tl.load(p_g, mask=(o_n[:, None] < N) & (g0 + o_g[None, :] < g_hi), other=0).to(tl.int32)
+        d = b_s - C_SHIFT - r[:, None] + CF + 127                                   # biased exponent of f
+        f = tl.where(d > 0, d << 23, 0).to(tl.float32, bitcast=True).to(tl.float16)   # [BN, GROUPS]
+        f = tl.reshape(f, (BLOCK_N * GROUPS, 1))
+        if W_FORMAT == "mxfp4":
+            o_c = g0 * 4 + tl.arange(0, 4 * GROUPS)
+            p_c = p_w + o_n[:, None] * s_wn + o_c[None, :]
+            if EVEN:
+                b_w = tl.load(p_c)
+            else:
+                b_w = tl.load(p_c, mask=(o_n[:, None] < N) & (o_c[None, :] < g_hi * 4), other=0)
+            b_w = _e2m1_group(tl.reshape(b_w, (BLOCK_N * GROUPS, 4)), BLOCK_N * GROUPS)
+        else:
+            o_c = g0 * 32 + o_k
+            p_c = p_w + o_n[:, None] * s_wn + o_c[None, :]
+            if EVEN:
+                b_w = tl.load(p_c)
+            else:
+                b_w = tl.load(p_c, mask=(o_n[:, None] < N) & (o_c[None, :] < g_hi * 32), other=0.0)
+            b_w = tl.reshape(b_w.to(tl.float16), (BLOCK_N * GROUPS, 32))
+        b_w = tl.reshape(b_w * f, (BLOCK_N, BLOCK_K))
+        k_x = g0 * 32 + o_k
+        b_x = tl.load(p_x + o_m[:, None] * s_xm + k_x[None, :] * s_xk, mask=(o_m[:, None] < M) & (k_x[None, :] < g_hi * 32),
+                      other=0.0)
+        if W_FORMAT == "mxfp8":
+            b_x = tl.reshape(tl.permute(tl.reshape(b_x, (BLOCK_M, BLOCK_K // 4, 2, 2)), (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
+        b_x = (b_x.to(tl.float32) * fx[:, None]).to(tl.float16)
+        acc = tl.dot(b_w, tl.trans(b_x), acc)
+    fr = tl.where(r > 0, r << 23, 0x00400000).to(tl.float32, bitcast=True)           # 2**(r - 127)
+    acc = acc * fr[:, None] * sx[None, :]
     splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn, BLOCK_N, BLOCK_M, SPLIT_K)

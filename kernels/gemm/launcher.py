@@ -13,7 +13,7 @@ from .gemm_splitk import gemm_splitk_kernel
 from .gemm_tiled import gemm_tiled_kernel
 from .gemv_splitk import gemv_splitk_kernel
 from .gemv_mx_layout import gemv_mx_layout_kernel
-from .gemm_mx_layout import gemm_mx_layout_kernel
+from .gemm_mx_layout import gemm_mx_fold_kernel, gemm_mx_layout_kernel
 from ..mx.decode_layout import C_SHIFT, DecodeWeights
 from .reference import FP8_BLOCK, W_FORMATS
 
@@ -25,7 +25,7 @@ GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
 DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
 LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout gemv tiles (untuned)
-LAYOUT_KERNELS = ("gemv", "mxdec", "mxdec_fp8")   # the kernels linear_layout launches
+LAYOUT_KERNELS = ("gemv", "mxdec", "mxdec_fp8", "mxdec_fold")   # the kernels linear_layout launches
 LAYOUT_GEMV_MAX_M = 1                            # decode-layout M served by the gemv kernel; above: tensor cores
 LAYOUT_TILES = (128, 4, 4, 3)                    # mxdec fallback (BLOCK_N, groups per step, num_warps, num_stages)
 
@@ -147,12 +147,19 @@ def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | No
                SPLIT_K=split, **opts)
         return y
     codes = dw.codes.view(torch.int32 if dw.w_format == "mxfp4" else torch.float8_e4m3fn)
+    even = n % config.BLOCK_N == 0 and groups % g_split == 0
+    if config.kernel == "mxdec_fold":
+        launch(gemm_mx_fold_kernel, grid, x, codes, dw.scales, dw.row_exp, y, part, _locks(x.device, n_tiles), m, n, k,
+               g_split, x.stride(0), x.stride(1), codes.stride(0), dw.scales.stride(0), y.stride(0), y.stride(1),
+               W_FORMAT=dw.w_format, C_SHIFT=C_SHIFT[dw.w_format], BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
+               GROUPS=per_step, SPLIT_K=split, EVEN=even, **opts)
+        return y
     launch(gemm_mx_layout_kernel, grid, x, codes, dw.scales, y, part, _locks(x.device, n_tiles), m, n, k, g_split,
            x.stride(0), x.stride(1), codes.stride(0), dw.scales.stride(0), y.stride(0), y.stride(1),
            W_FORMAT=dw.w_format, MMA="fp8" if config.kernel == "mxdec_fp8" else "fp16",
            C_SHIFT=C_SHIFT[dw.w_format], ROUND_X=x.device.type != "cuda", BLOCK_M=config.BLOCK_M,
            BLOCK_N=config.BLOCK_N, GROUPS=per_step, SPLIT_K=split,
-           EVEN=n % config.BLOCK_N == 0 and groups % g_split == 0, **opts)
+           EVEN=even, **opts)
     return y
 
 

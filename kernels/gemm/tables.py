@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-KERNELS = ("tiled", "splitk", "gemv", "mxdec", "mxdec_fp8")
+KERNELS = ("tiled", "splitk", "gemv", "mxdec", "mxdec_fp8", "mxdec_fold")
 # The decode/prefill boundary: decode is M <= DECODE_MAX_M (split-K kernels by default, decode tiles),
 # prefill beyond. The tuner tunes decode M with the decode kernels, prefill M with the tiled kernel and
 # M in (DECODE_MAX_M, CROSSOVER_MAX_M] with both, so a table may carry either kernel there: the tuned
@@ -34,8 +34,9 @@ class GemmConfig:
     """One launch: which kernel, its tiles and compiler options (AMD-only options None elsewhere)."""
     kernel: str = "tiled"            # "tiled" (prefill, grouped order) | "splitk" (decode, swapped, split-K)
     #                                  | "gemv" (M <= GEMV_MAX_M: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
-    #                                  | "mxdec" / "mxdec_fp8" (MX decode layout on tensor cores: fp16 MMA /
-    #                                    mxfp8 on the fp8 MMA; launcher.linear_layout, BLOCK_K = 32 x groups)
+    #                                  | "mxdec" / "mxdec_fp8" / "mxdec_fold" (MX decode layout on tensor cores:
+    #                                    fp16 MMA per 32-group / mxfp8 on the fp8 MMA / scales folded into the fp16
+    #                                    weights, one MMA per BLOCK_K; launcher.linear_layout, BLOCK_K = 32 x groups)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64

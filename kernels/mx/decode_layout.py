@@ -21,6 +21,8 @@ Output (:func:`pack`): ``DecodeWeights(codes, scales, w_format, k)``
   fp16 exponent's two low bits and the mantissa's top bit (C = 14), E4M3's (eeee, mmm) on the fp16
   exponent's four low bits and the mantissa's top three (C = 8); E2M1 0.5 and the E4M3 subnormals become
   fp16 subnormals, exactly. E4M3 NaN codes (0x7F, 0xFF; the quantiser never writes them) decode as 480.
+- ``row_exp`` uint8 [N]: each row's largest E8M0 byte, the base the folded-scale kernel (gemm_mx_layout,
+  "mxdec_fold") measures its group scales from.
 - ``scales`` uint8 [K/32, N]: per 32-group, the E8M0 byte plus C, so the fp32 factor that undoes both the
   scale and 2**-C is the bit pattern ``scales << 23`` (one shift); transposed so that the scales of one
   group of neighbouring rows are contiguous. Scale bytes above 254 - C (2**113 and beyond for mxfp4) and
@@ -48,6 +50,7 @@ class DecodeWeights:
     scales: torch.Tensor         # uint8 [K/32, N]: E8M0 + C_SHIFT[w_format]
     w_format: str                # "mxfp8" | "mxfp4"
     k: int
+    row_exp: torch.Tensor | None = None   # uint8 [N]: each row's largest E8M0 byte (the folded-scale kernel's base)
 
 
 def _check(w_format: str) -> None:
@@ -83,7 +86,7 @@ def pack(q: torch.Tensor, s: torch.Tensor, w_format: str) -> DecodeWeights:
         word = lo | (hi << 16)                                   # int32 (bit 31 may be set: wraps, bits kept)
         codes = torch.stack([(word >> (8 * i)) & 255 for i in range(4)], dim=-1).to(torch.uint8).reshape(n, k // 2)
     scales = (s.to(torch.int32) + c).to(torch.uint8).t().contiguous()
-    return DecodeWeights(codes, scales, w_format, k)
+    return DecodeWeights(codes, scales, w_format, k, s.amax(dim=1).contiguous())
 
 
 def _words(codes: torch.Tensor) -> torch.Tensor:

@@ -30,15 +30,18 @@ from kernels.mx.decode_layout import pack, quantize_x_mxfp8  # noqa: E402
 from m3lab.bench.timing import copies_needed, graph_time  # noqa: E402
 
 SHAPES = ((1536, 6144), (2304, 6144), (2560, 6144), (6144, 768), (6144, 2048), (6144, 3072), (6144, 6144))
-# (BLOCK_N, groups per step, num_warps, num_stages)
-TILES = ((128, 4, 4, 3), (128, 8, 4, 2), (64, 4, 4, 3), (64, 4, 2, 3), (128, 4, 2, 3), (256, 4, 8, 3),
-         (128, 4, 4, 1), (128, 2, 4, 4))
-TILES_M64 = 4           # M 64 tries only the first few tiles
+# (BLOCK_N, groups per step, num_warps, num_stages) per kernel; M 64 tries only the first TILES_M64
+TILES = {"mxdec_fold": ((128, 4, 4, 3), (128, 4, 4, 1), (64, 4, 4, 3), (128, 8, 4, 2), (64, 8, 4, 3), (64, 4, 4, 1),
+                        (256, 4, 8, 3), (128, 2, 4, 4), (256, 2, 8, 1)),
+         "mxdec": ((128, 4, 4, 3), (64, 4, 4, 3)),
+         "mxdec_fp8": ((128, 4, 4, 3), (64, 4, 4, 3))}
+TILES_M64 = 4
 FILLS = (2,)            # programs per SM the split count aims at; the first tile also tries EXTRA_FILLS
 EXTRA_FILLS = (1, 4)
-KERNELS = {"mxfp4": ("mxdec",), "mxfp8": ("mxdec", "mxdec_fp8")}
+KERNELS = {"mxfp4": ("mxdec_fold", "mxdec"), "mxfp8": ("mxdec_fold", "mxdec_fp8")}
 GEMV_MAX_M = 8          # the gemv kernel is timed up to here (CUDA cores: it loses beyond)
 SMS = 132
+ALLOWED = ("gemv", "mxdec", "mxdec_fp8", "mxdec_fold")   # kernels a table entry may name
 
 
 def wbytes(n, k, fmt):
@@ -52,7 +55,7 @@ def block_m(m):
 def configs(m, n, k, fmt):
     out = []
     for kern in KERNELS[fmt]:
-        for i, (bn, g, nw, ns) in enumerate(TILES[:TILES_M64] if m > 32 else TILES):
+        for i, (bn, g, nw, ns) in enumerate(TILES[kern][:TILES_M64] if m > 32 else TILES[kern]):
             tiles = triton.cdiv(n, bn) * triton.cdiv(m, block_m(m))
             splits = sorted({max(1, min(k // (32 * g), 1 << round(math.log2(max(1.0, f * SMS / tiles)))))
                              for f in FILLS + (EXTRA_FILLS if i == 0 else ())})
@@ -139,16 +142,12 @@ def main():
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--rep-ms", type=float, default=8.0)
     ap.add_argument("--workers", type=int, default=15)
-    ap.add_argument("--tiles", default="")
     a = ap.parse_args()
     t_start = time.time()
     os.makedirs(a.out, exist_ok=True)
     ms = [int(v) for v in a.ms.split(",")]
     fmts = a.formats.split(",")
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
-    global TILES
-    if a.tiles:
-        TILES = tuple(tuple(int(v) for v in t.split(":")) for t in a.tiles.split(","))
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(dev), "triton", triton.__version__, "torch", torch.__version__, flush=True)
     jobs = [(f, c, k) for f in fmts for n, k in shapes for m in ms for c in configs(m, n, k, f)]
@@ -159,7 +158,7 @@ def main():
         q, s = quantize_weight(torch.randn(n, k, device=dev) / k**0.5, fmt)
         x = torch.randn(8, k, device=dev, dtype=torch.bfloat16)
         x[3, 77] = float("nan")
-        for c in configs(8, n, k, fmt)[:1] + [c for c in configs(8, n, k, fmt) if c.kernel == "mxdec_fp8"][:1]:
+        for c in [next(c for c in configs(8, n, k, fmt) if c.kernel == kern) for kern in KERNELS[fmt]]:
             y = launcher.linear_layout(x, pack(q, s, fmt), config=c)
             rows_nan = torch.isnan(y).any(1).tolist()
             print(f"nan check {fmt} {cfg_name(c)}: rows with NaN {[i for i, v in enumerate(rows_nan) if v]} "
@@ -240,7 +239,7 @@ def main():
         get = lambda p: min((r for r in rs if r["provider"] == p), key=lambda r: r["us_p50"], default=None)  # noqa: E731
         cb, ro, tr = get("cublas"), get("read-only"), get("triton")
         cands = [r for r in rs if r["provider"] in ("mxdec", "mx-layout-gemv") and r["rel_rms"] < 2e-2 + (
-            3e-2 if r["config"].startswith("mxdec_fp8") else 0)]
+            3e-2 if r["config"].startswith("mxdec_fp8") else 0) and r["config"].split(":")[0] in ALLOWED]
         bw = min(cands, key=lambda r: r["us_p50"], default=None)
         if not (cb and ro and bw):
             continue
