@@ -100,18 +100,22 @@ def test_nan_in_x_reaches_its_row_only(fmt, kernel):
 
 
 def test_launcher_routes_by_m():
-    """M 1: the CUDA-core layout kernel; 2..DECODE_MAX_M: the tensor-core kernel; beyond: unpacked to OCP MX."""
+    """Without a table, M 1..DECODE_MAX_M: the folded-scale tensor-core kernel; beyond: unpacked to OCP MX
+    (the tiled kernel's path); a forced gemv config reaches the CUDA-core layout kernel."""
     q, s = quantize_weight(torch.randn(40, 96) / 10, "mxfp4")
     dw = dl.pack(q, s, "mxfp4")
     seen = {}
-    for m in (1, 2, DECODE_MAX_M):
+    gemv = launcher.layout_heuristic(1, 40, 96, "mxfp4") if launcher.LAYOUT_GEMV_MAX_M else GemmConfig("gemv", 1, 16, 64)
+    for m, cfg in ((1, None), (2, None), (DECODE_MAX_M, None), (DECODE_MAX_M + 1, None), (1, gemv)):
         x = torch.randn(m, 96, dtype=torch.float16)
         with launches.recording() as log:
-            y = launcher.linear_layout(x, dw)
-        seen[m] = log
+            y = launcher.linear_layout(x, dw, config=cfg)
+        seen[m, cfg is None] = log
         ref = linear_ref(x.float(), q, w_format="mxfp4", w_scale=s)
         assert (y.float() - ref).norm() / ref.norm() < 1e-3
-    assert seen == {1: ["gemv_mx_layout_kernel"], 2: ["gemm_mx_layout_kernel"], DECODE_MAX_M: ["gemm_mx_layout_kernel"]}
+    assert seen[1, True] == seen[2, True] == seen[DECODE_MAX_M, True] == ["gemm_mx_fold_kernel"]
+    assert seen[1, False] == ["gemv_mx_layout_kernel"]
+    assert "gemm_mx_fold_kernel" not in seen[DECODE_MAX_M + 1, True]
 
 
 def test_bad_config_is_refused():

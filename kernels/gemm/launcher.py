@@ -26,8 +26,11 @@ DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
 LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout gemv tiles (untuned)
 LAYOUT_KERNELS = ("gemv", "mxdec", "mxdec_fp8", "mxdec_fold")   # the kernels linear_layout launches
-LAYOUT_GEMV_MAX_M = 1                            # decode-layout M served by the gemv kernel; above: tensor cores
-LAYOUT_TILES = (128, 4, 4, 3)                    # mxdec fallback (BLOCK_N, groups per step, num_warps, num_stages)
+# Decode-layout fallback without a tuned table (H200, graph24, notes/mxdec/run2): the folded-scale tensor-core kernel
+# won 63 of 70 points at M 1-64 (mxfp8 and mxfp4, the seven M3 TP4 shapes); the gemv kernel won M 1 on three small
+# shapes by 3-10% only, so it is reached through tables. Tiles of the winners: 16-32 x 64-128 x 128, 4 warps, 3 stages.
+LAYOUT_GEMV_MAX_M = 0                            # decode-layout M served by the gemv kernel without a table
+LAYOUT_TILES = (4, 4, 3)                         # mxdec_fold fallback (groups per step, num_warps, num_stages)
 
 
 def native_mx(device: torch.device) -> bool:
@@ -92,8 +95,9 @@ def layout_config(m: int, n: int, k: int, w_format: str, device: torch.device) -
 
 
 def layout_heuristic(m: int, n: int, k: int, w_format: str, sms: int = 132) -> GemmConfig:
-    """M <= LAYOUT_GEMV_MAX_M: the gemv kernel (gemv_mx_layout); above, the tensor-core kernel (gemm_mx_layout,
-    fp16 MMA) with LAYOUT_TILES; SPLIT_K so that programs >= FILL_PROGRAMS x SMs."""
+    """M <= LAYOUT_GEMV_MAX_M: the gemv kernel (gemv_mx_layout); above, the folded-scale tensor-core kernel
+    (gemm_mx_layout.gemm_mx_fold_kernel) with LAYOUT_TILES, BLOCK_N 128 where N >= 4096 (else 64), SPLIT_K so
+    that programs >= FILL_PROGRAMS x SMs."""
     from .tables import FILL_PROGRAMS, GEMV_MAX_M
     if m <= LAYOUT_GEMV_MAX_M:
         block_k = min(LAYOUT_BLOCK_K, triton.next_power_of_2(k))
@@ -101,19 +105,21 @@ def layout_heuristic(m: int, n: int, k: int, w_format: str, sms: int = 132) -> G
         split = max(1, min(triton.cdiv(FILL_PROGRAMS * sms, tiles), triton.cdiv(k, block_k)))
         return GemmConfig("gemv", min(GEMV_MAX_M, triton.next_power_of_2(m)), LAYOUT_BLOCK_N, block_k, SPLIT_K=split)
     block_m = max(16, min(64, triton.next_power_of_2(m)))
-    block_n, groups, warps, stages = LAYOUT_TILES
+    groups, warps, stages = LAYOUT_TILES
+    block_n = 128 if n >= 4096 else 64
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    split = max(1, min(triton.cdiv(FILL_PROGRAMS * sms, tiles), k // (32 * groups)))
-    return GemmConfig("mxdec", block_m, block_n, 32 * groups, SPLIT_K=split, num_warps=warps, num_stages=stages)
+    split = max(1, min(triton.next_power_of_2(triton.cdiv(FILL_PROGRAMS * sms, tiles)), k // (32 * groups)))
+    return GemmConfig("mxdec_fold", block_m, block_n, 32 * groups, SPLIT_K=split, num_warps=warps, num_stages=stages)
 
 
 def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | None = None,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (bf16; fp16/fp32 for CPU tests), MX weights in the decode layout -> y [M, N] in x.dtype.
 
-    M <= tables.DECODE_MAX_M: :func:`layout_config` picks the kernel: "gemv" (gemv_mx_layout.py, CUDA cores),
-    "mxdec" (gemm_mx_layout.py, fp16 MMA) or "mxdec_fp8" (mxfp8 only: fp8 MMA, x quantised per token and
-    32-group as vLLM does). Beyond, the weights are unpacked to OCP MX and served by :func:`linear` (prefill
+    M <= tables.DECODE_MAX_M: :func:`layout_config` picks the kernel: "mxdec_fold" (gemm_mx_layout.py: scales
+    folded into fp16 weights, one fp16 MMA per BLOCK_K; the default), "mxdec" (one fp16 MMA per 32-group),
+    "mxdec_fp8" (mxfp8 only: fp8 MMA per 32-group, x quantised per token and 32-group as vLLM does) or "gemv"
+    (gemv_mx_layout.py, CUDA cores). Beyond, the weights are unpacked to OCP MX and served by :func:`linear` (prefill
     keeps its own path).
     """
     from .tables import DECODE_MAX_M

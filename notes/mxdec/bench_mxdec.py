@@ -22,7 +22,7 @@ import triton
 
 sys.path.insert(0, os.getcwd())
 from kernels.gemm import launcher  # noqa: E402
-from kernels.gemm.gemm_mx_layout import gemm_mx_layout_kernel  # noqa: E402
+from kernels.gemm.gemm_mx_layout import gemm_mx_fold_kernel, gemm_mx_layout_kernel  # noqa: E402
 from kernels.gemm.gemv_mx_layout import gemv_mx_layout_kernel  # noqa: E402
 from kernels.gemm.reference import linear_ref, quantize_weight  # noqa: E402
 from kernels.gemm.tables import GemmConfig  # noqa: E402
@@ -110,7 +110,7 @@ def rel_rms(y, ref):
 
 def resources():
     rows = []
-    for kern in (gemm_mx_layout_kernel, gemv_mx_layout_kernel):
+    for kern in (gemm_mx_fold_kernel, gemm_mx_layout_kernel, gemv_mx_layout_kernel):
         for caches in getattr(kern, "device_caches", {}).values():
             for key, ck in caches[0].items():
                 try:
