@@ -142,3 +142,21 @@ def test_activation_rule_is_vllms():
     q, sc = mod._mxfp8_e4m3_quantize_torch(x)
     ref = (q.float().reshape(6, 16, 32) * torch.exp2(sc.float() - 127)[..., None]).reshape(6, 512)
     assert torch.equal(dl.quantize_x_mxfp8(x), ref)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_folded_scales_far_below_the_row_maximum(fmt):
+    """mxdec_fold measures each group's scale from its row's largest (DecodeWeights.row_exp): groups 2**-6 below are
+    exact, groups 2**-30 and 2**-40 below lose bits as fp16 subnormals (or vanish), each weight off by at most 2**-23
+    of its row's largest |w| (one-hot x reads the weights back)."""
+    n, k = 8, 128
+    q, s = quantize_weight(torch.randn(n, k), fmt)
+    s = s.clone()
+    s[:, 0], s[:, 1], s[:, 2], s[:, 3] = 130, 124, 90, 100           # base r = 130; groups 2**-6, 2**-40, 2**-30
+    dw = dl.pack(q, s, fmt)
+    w = (dequantize_mxfp8 if fmt == "mxfp8" else dequantize_mxfp4)(q, s)
+    y = torch.cat([_run(torch.eye(k, dtype=torch.float32)[i:i + 16], dw, GemmConfig("mxdec_fold", 16, 16, 128))
+                   for i in range(0, k, 16)])                           # y[k, n] = W[n, k]
+    err = (y - w.t()).abs()
+    assert torch.equal(err[:64], torch.zeros_like(err[:64]))            # groups 0 and 1: exact
+    assert (err <= 2.0**-23 * w.abs().amax(1)[None, :]).all()

@@ -177,8 +177,9 @@ def gemm_mx_fold_kernel(
     """Folded scales: one fp16 MMA per BLOCK_K = 32 x GROUPS columns. Each decoded fp16 weight is multiplied by
     2**(s_g - r_n) (fp16, a power of two <= 1: the group's E8M0 byte against the row's largest, r_n), x by its
     per-token power of two (_x_scale_fp16); 2**(r_n - 127) and 1 / fx multiply the accumulator once. Exact while a
-    group's scale is within 2**-15 (mxfp8) / 2**-23 (mxfp4) of its row's largest; a smaller group's elements
-    lose bits as fp16 subnormals (each error < 2**-24 of the row's largest scale)."""
+    group's scale is within 2**-15 (mxfp8) / 2**-23 (mxfp4) of its row's largest; a group further below loses bits
+    as fp16 subnormals or vanishes, each weight then off by at most 2**-23 of its row's largest |w|
+    (tests/test_kernels_gemm_mxdec.py::test_folded_scales_far_below_the_row_maximum)."""
     BLOCK_K: tl.constexpr = 32 * GROUPS
     i_n, i_m, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
