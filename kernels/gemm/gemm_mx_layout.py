@@ -1,11 +1,16 @@
-"""Decode GEMM on tensor cores for MX weights in the decode layout (kernels/mx/decode_layout), M 2 … 64.
+"""Decode GEMMs on tensor cores for MX weights in the decode layout (kernels/mx/decode_layout), M 1 … 64.
 
 ``y[M, N] = x[M, K] @ W[N, K]ᵀ`` with the swapped accumulator ``acc[BLOCK_N, BLOCK_M]`` (tiles.py), split-K
-(grid axis 2, epilogue tiles.splitk_store: one launch, CUDA-graph safe). The K loop runs over 32-element
-groups, GROUPS of them per iteration (unrolled), one K = 32 MMA per group, so each group's scale multiplies
-its partial product once: ``acc += (W_g @ x_gᵀ) * sw_g[n] * sx_g[m]``.
+(grid axis 2, epilogue tiles.splitk_store: one launch, CUDA-graph safe). Two kernels:
 
-Weights per group (no lookup, no int->float conversion):
+- ``gemm_mx_fold_kernel`` ("mxdec_fold", the launcher's default): each group's scale is folded into its decoded
+  fp16 weights as a power of two against the row's largest scale (one packed fp16 multiply per two weights), so
+  one MMA covers BLOCK_K = 32 x GROUPS columns; the row's base scale and x's factor multiply the accumulator once.
+- ``gemm_mx_layout_kernel`` ("mxdec", "mxdec_fp8"): one K = 32 MMA per group, each group's scale on its partial
+  product, ``acc += (W_g @ x_gᵀ) * sw_g[n] * sx_g[m]`` (exact for any scale spread; mxfp8 also on the fp8 MMA).
+  H200: slower than the folded kernel at every M (the per-group MMA waits and barriers, notes/mxdec/run2).
+
+Weights per group (no lookup, no int->float conversion), both kernels:
 
 - mxfp4: the group's four int32 words (16 bytes per row) become eight fp16 pair-words by one shift pair and
   two masks each (decode_layout's pairs, the shifts folded), then fp16 halves -> W_g fp16 [BLOCK_N, 32]

@@ -142,6 +142,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--rep-ms", type=float, default=8.0)
     ap.add_argument("--workers", type=int, default=15)
+    ap.add_argument("--write-tables", default="", help="also write the winners as table files into this folder "
+                    "(kernels/gemm/configs: launcher.layout_config reads w={fmt}_layout tables)")
     a = ap.parse_args()
     t_start = time.time()
     os.makedirs(a.out, exist_ok=True)
@@ -257,6 +259,13 @@ def main():
         wr.writeheader()
         wr.writerows(best_rows)
     json.dump(tables, open(os.path.join(a.out, "mxdec_tables.json"), "w"), indent=1)
+    if a.write_tables:
+        from kernels.gemm.tables import table_path, write_table
+        dev_name = torch.cuda.get_device_name(dev).replace(" ", "_")
+        for name, table in tables.items():
+            n, k, w = (part.split("=")[1] for part in name.split(","))
+            write_table(table_path(int(n), int(k), w, dev_name, a.write_tables),
+                        {int(m): GemmConfig.from_dict(c) for m, c in table.items()})
     res = resources()
     if res:
         keys = sorted({k for r in res for k in r})
