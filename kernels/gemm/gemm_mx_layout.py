@@ -67,7 +67,8 @@ def _e2m1_group(b_w, BLOCK_N: tl.constexpr):  # BLOCK_N: rows of b_w
     """Words int32 [BLOCK_N, 4] of one mxfp4 group -> fp16 [BLOCK_N, 32] (value * 2**-14), columns in element order.
 
     Word w, pair p (elements 8w+2p, 8w+2p+1): the codes' nibbles sit at bits 4p (even) and 16+4p (odd); the
-    magnitude (e, m) goes under fp16 bits 9-11, the sign to bit 15: ``((w << (9-4p)) & MAGS) | ((w << (12-4p)) & SIGNS)``.
+    magnitude (e, m) goes under fp16 bits 9-11, the sign to bit 15:
+    ``((w << (9-4p)) & MAGS) | ((w << (12-4p)) & SIGNS)``.
     """
     v0 = ((b_w << 9) & MAGS) | ((b_w << 12) & SIGNS)
     v1 = ((b_w << 5) & MAGS) | ((b_w << 8) & SIGNS)
@@ -226,10 +227,11 @@ def gemm_mx_fold_kernel(
             b_w = tl.reshape(b_w.to(tl.float16), (BLOCK_N * GROUPS, 32))
         b_w = tl.reshape(b_w * f, (BLOCK_N, BLOCK_K))
         k_x = g0 * 32 + o_k
-        b_x = tl.load(p_x + o_m[:, None] * s_xm + k_x[None, :] * s_xk, mask=(o_m[:, None] < M) & (k_x[None, :] < g_hi * 32),
-                      other=0.0)
+        b_x = tl.load(p_x + o_m[:, None] * s_xm + k_x[None, :] * s_xk,
+                      mask=(o_m[:, None] < M) & (k_x[None, :] < g_hi * 32), other=0.0)
         if W_FORMAT == "mxfp8":
-            b_x = tl.reshape(tl.permute(tl.reshape(b_x, (BLOCK_M, BLOCK_K // 4, 2, 2)), (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
+            b_x = tl.reshape(b_x, (BLOCK_M, BLOCK_K // 4, 2, 2))                  # the layout's (e0, e2, e1, e3)
+            b_x = tl.reshape(tl.permute(b_x, (0, 1, 3, 2)), (BLOCK_M, BLOCK_K))
         b_x = (b_x.to(tl.float32) * fx[:, None]).to(tl.float16)
         acc = tl.dot(b_w, tl.trans(b_x), acc)
     fr = tl.where(r > 0, r << 23, 0x00400000).to(tl.float32, bitcast=True)           # 2**(r - 127)

@@ -31,10 +31,11 @@ from m3lab.bench.timing import copies_needed, graph_time  # noqa: E402
 
 SHAPES = ((1536, 6144), (2304, 6144), (2560, 6144), (6144, 768), (6144, 2048), (6144, 3072), (6144, 6144))
 # (BLOCK_N, groups per step, num_warps, num_stages) per kernel; M 64 tries only the first TILES_M64
-# (128, 4, 8, 3) is untimed: 8 warps halve the registers at BLOCK_M 32-64 (sm_90 compile, triton 3.9: 95-166 vs
-# 167-255 with spills), where run 2 lost to occupancy
+# Untimed so far: (128, 4, 8, 3), 8 warps halve the registers at BLOCK_M 32-64 (sm_90 compile, triton 3.9: 95-166
+# vs 167-255 with spills), where run 2 lost to occupancy; (64, 4, 2, 3), 2 warps: the mma.sync path, whose decoded
+# A operand stays in registers (no shared-memory round trip)
 TILES = {"mxdec_fold": ((128, 4, 4, 3), (128, 4, 4, 1), (64, 4, 4, 3), (128, 8, 4, 2), (128, 4, 8, 3), (64, 8, 4, 3),
-                        (64, 4, 4, 1), (256, 4, 8, 3), (128, 2, 4, 4), (256, 2, 8, 1)),
+                        (64, 4, 4, 1), (256, 4, 8, 3), (128, 2, 4, 4), (256, 2, 8, 1), (64, 4, 2, 3)),
          "mxdec": ((128, 4, 4, 3), (64, 4, 4, 3)),
          "mxdec_fp8": ((128, 4, 4, 3), (64, 4, 4, 3))}
 TILES_M64 = 5
@@ -226,7 +227,8 @@ def main():
                 line = " ".join(f"{p}:{b['us_p50']:.1f}" for p, b in best.items())
                 mx = best.get("mxdec")
                 if mx:
-                    line += f" | best {mx['config']} {cb / mx['us_p50']:.2f}x cuBLAS, {ro / mx['us_p50']:.0%} of ceiling, err {mx['rel_rms']:.1e}"
+                    line += (f" | best {mx['config']} {cb / mx['us_p50']:.2f}x cuBLAS, {ro / mx['us_p50']:.0%} of "
+                             f"ceiling, err {mx['rel_rms']:.1e}")
                 print(f"{fmt} M={m} N={n} K={k}: {line}", flush=True)
             del dws, wq, flat
             torch.cuda.empty_cache()
@@ -240,7 +242,8 @@ def main():
         pts.setdefault((r["fmt"], r["n"], r["k"], r["m"]), []).append(r)
     best_rows, tables = [], {}
     for (fmt, n, k, m), rs in sorted(pts.items()):
-        get = lambda p: min((r for r in rs if r["provider"] == p), key=lambda r: r["us_p50"], default=None)  # noqa: E731
+        def get(p, rs=rs):
+            return min((r for r in rs if r["provider"] == p), key=lambda r: r["us_p50"], default=None)
         cb, ro, tr = get("cublas"), get("read-only"), get("triton")
         cands = [r for r in rs if r["provider"] in ("mxdec", "mx-layout-gemv") and r["rel_rms"] < 2e-2 + (
             3e-2 if r["config"].startswith("mxdec_fp8") else 0) and r["config"].split(":")[0] in ALLOWED]
