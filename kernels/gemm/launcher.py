@@ -27,8 +27,9 @@ _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zero
 LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout gemv tiles (untuned)
 LAYOUT_KERNELS = ("gemv", "mxdec", "mxdec_fp8", "mxdec_fold")   # the kernels linear_layout launches
 # Decode-layout fallback without a tuned table (H200, graph24, notes/mxdec/run2): the folded-scale tensor-core kernel
-# won 63 of 70 points at M 1-64 (mxfp8 and mxfp4, the seven M3 TP4 shapes); the gemv kernel won M 1 on three small
-# shapes by 3-10% only, so it is reached through tables. Tiles of the winners: 16-32 x 64-128 x 128, 4 warps, 3 stages.
+# won 64 of 70 points at M 1-64 (mxfp8 and mxfp4, the seven M3 TP4 shapes); the gemv kernel won M 1 on four shapes
+# by 3-12% and the per-group fp8 MMA two mxfp8 M 64 points, both reached through tables. Tiles of the winners:
+# 16-32 x 64-128 x 128, 4 warps, 3 stages.
 LAYOUT_GEMV_MAX_M = 0                            # decode-layout M served by the gemv kernel without a table
 LAYOUT_TILES = (4, 4, 3)                         # mxdec_fold fallback (groups per step, num_warps, num_stages)
 
@@ -155,6 +156,8 @@ def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | No
     codes = dw.codes.view(torch.int32 if dw.w_format == "mxfp4" else torch.float8_e4m3fn)
     even = n % config.BLOCK_N == 0 and groups % g_split == 0
     if config.kernel == "mxdec_fold":
+        if dw.row_exp is None:
+            raise ValueError("dw: row_exp is missing (pack the weights with kernels.mx.decode_layout.pack)")
         launch(gemm_mx_fold_kernel, grid, x, codes, dw.scales, dw.row_exp, y, part, _locks(x.device, n_tiles), m, n, k,
                g_split, x.stride(0), x.stride(1), codes.stride(0), dw.scales.stride(0), y.stride(0), y.stride(1),
                W_FORMAT=dw.w_format, C_SHIFT=C_SHIFT[dw.w_format], BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N,
