@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-KERNELS = ("tiled", "splitk", "gemv", "streamk", "persistent")
+KERNELS = ("tiled", "splitk", "gemv", "streamk", "persistent", "mxdec", "mxdec_fp8", "mxdec_fold")
 PREFILL_KERNELS = ("tiled", "persistent")       # the kernels tuned for prefill M
 # The decode/prefill boundary: decode is M <= DECODE_MAX_M (split-K kernels by default, decode tiles),
 # prefill beyond. The tuner tunes decode M with the decode kernels, prefill M with the tiled kernel and
@@ -27,6 +27,7 @@ PREFILL_KERNELS = ("tiled", "persistent")       # the kernels tuned for prefill 
 DECODE_MAX_M = 64
 CROSSOVER_MAX_M = 2 * DECODE_MAX_M
 GEMV_MAX_M = 4          # the gemv kernel's M (and BLOCK_M) bound: it loses to the split-K kernel above
+LAYOUT_GEMV_MAX_M = 0   # decode-layout M served by its gemv kernel without a table (the folded-scale MMA kernel won)
 FILL_PROGRAMS = 2       # split-K target: programs >= 2 x SMs, so each SM streams two weight slices
 
 
@@ -37,6 +38,9 @@ class GemmConfig:
     #                                  | "gemv" (M <= GEMV_MAX_M: CUDA-core FMAs, split-K; bf16/mxfp8/mxfp4)
     #                                  | "streamk" (decode, swapped, fixed grid of PER_SM x SMs programs)
     #                                  | "persistent" (prefill: one program per SM, TMA, tail split; gemm_persistent.py)
+    #                                  | "mxdec" / "mxdec_fp8" / "mxdec_fold" (MX decode layout on tensor cores:
+    #                                    fp16 MMA per 32-group / mxfp8 on the fp8 MMA / scales folded into the fp16
+    #                                    weights, one MMA per BLOCK_K; launcher.linear_layout, BLOCK_K = 32 x groups)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64

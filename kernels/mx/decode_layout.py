@@ -21,6 +21,8 @@ Output (:func:`pack`): ``DecodeWeights(codes, scales, w_format, k)``
   fp16 exponent's two low bits and the mantissa's top bit (C = 14), E4M3's (eeee, mmm) on the fp16
   exponent's four low bits and the mantissa's top three (C = 8); E2M1 0.5 and the E4M3 subnormals become
   fp16 subnormals, exactly. E4M3 NaN codes (0x7F, 0xFF; the quantiser never writes them) decode as 480.
+- ``row_exp`` uint8 [N]: each row's largest E8M0 byte, the base the folded-scale kernel (gemm_mx_layout,
+  "mxdec_fold") measures its group scales from.
 - ``scales`` uint8 [K/32, N]: per 32-group, the E8M0 byte plus C, so the fp32 factor that undoes both the
   scale and 2**-C is the bit pattern ``scales << 23`` (one shift); transposed so that the scales of one
   group of neighbouring rows are contiguous. Scale bytes above 254 - C (2**113 and beyond for mxfp4) and
@@ -48,6 +50,7 @@ class DecodeWeights:
     scales: torch.Tensor         # uint8 [K/32, N]: E8M0 + C_SHIFT[w_format]
     w_format: str                # "mxfp8" | "mxfp4"
     k: int
+    row_exp: torch.Tensor | None = None   # uint8 [N]: each row's largest E8M0 byte (the folded-scale kernel's base)
 
 
 def _check(w_format: str) -> None:
@@ -83,7 +86,7 @@ def pack(q: torch.Tensor, s: torch.Tensor, w_format: str) -> DecodeWeights:
         word = lo | (hi << 16)                                   # int32 (bit 31 may be set: wraps, bits kept)
         codes = torch.stack([(word >> (8 * i)) & 255 for i in range(4)], dim=-1).to(torch.uint8).reshape(n, k // 2)
     scales = (s.to(torch.int32) + c).to(torch.uint8).t().contiguous()
-    return DecodeWeights(codes, scales, w_format, k)
+    return DecodeWeights(codes, scales, w_format, k, s.amax(dim=1).contiguous())
 
 
 def _words(codes: torch.Tensor) -> torch.Tensor:
@@ -134,3 +137,22 @@ def dequantize(dw: DecodeWeights, dtype: torch.dtype = torch.float32) -> torch.T
     vals = torch.stack((_fp16(v), _fp16(v >> 16)), dim=-1).reshape(n, k)   # (lo, hi) = consecutive elements
     factor = (dw.scales.t().to(torch.int32) << 23).view(torch.float32)     # [N, K/32]
     return (vals.reshape(n, k // BLOCK, BLOCK) * factor[..., None]).reshape(n, k).to(dtype)
+
+
+def quantize_x_mxfp8(x: torch.Tensor) -> torch.Tensor:
+    """Activations x [M, K] (K % 32 == 0) quantised to MXFP8 per token and 32-group and dequantised again, fp32 [M, K]:
+    the x that the fp8-MMA decode kernel (kernels/gemm/gemm_mx_layout, MMA "fp8") multiplies.
+
+    The rule is vLLM's activation quantiser for its MXFP8 linear (``_mxfp8_e4m3_quantize_torch``,
+    vllm/model_executor/layers/quantization/utils/mxfp8_utils.py:38-71): E8M0 byte
+    ``ceil(log2(amax / 448)) + 127`` clamped to [0, 254], elements ``x / 2**(byte - 127)`` rounded to e4m3
+    (no saturation needed: the block maximum lands at or under 448). An all-zero block gets byte 0.
+    """
+    xb = x.float().reshape(x.shape[0], -1, BLOCK)
+    amax = xb.abs().amax(-1)
+    f, e = torch.frexp(torch.where(amax > 0, amax, torch.ones_like(amax)))      # amax = f * 2**e, f in [0.5, 1)
+    ex = (e - 1 - 8 + (f > 0.875).to(e.dtype)).clamp(-127, 127)                 # 448 = 1.75 * 2**8
+    ex = torch.where(amax > 0, ex, torch.full_like(ex, -127))
+    step = torch.pow(2.0, ex.double()).float()[..., None]                         # exact powers of two
+    q = (xb / step).to(torch.float8_e4m3fn).float()
+    return (q * step).reshape(x.shape)

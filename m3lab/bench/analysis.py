@@ -38,15 +38,31 @@ def tile_gain(df: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(keys).reset_index(drop=True)
 
 
-def stream_fraction(df: pd.DataFrame) -> pd.DataFrame:
-    """Each triton row with a ``read-only`` row at the same point (a kernel that only reads the same weight
-    bytes): ``frac_stream`` = read-only us / triton us, the fraction of the streaming ceiling reached."""
+def stream_fraction(df: pd.DataFrame, provider: str = "triton") -> pd.DataFrame:
+    """Each ``provider`` row with a ``read-only`` row at the same point (a kernel that only reads the same weight
+    bytes): ``frac_stream`` = read-only us / provider us, the fraction of the streaming ceiling reached."""
     keys = ["dtype", "M", "N", "K"]
-    tri = df[df["provider"] == "triton"].groupby(keys, as_index=False)["us_p50"].median()
+    tri = df[df["provider"] == provider].groupby(keys, as_index=False)["us_p50"].median()
     ro = df[df["provider"] == "read-only"].groupby(keys, as_index=False)["us_p50"].median()
     out = tri.merge(ro, on=keys, suffixes=("", "_read_only"))
     out["frac_stream"] = out["us_p50_read_only"] / out["us_p50"]
+    out["provider"] = provider
     return out.sort_values(keys).reset_index(drop=True)
+
+
+MX_DECODE_PROVIDERS = ("triton", "triton-mx-layout")   # MX weights as stored (OCP) / packed once into the decode layout
+
+
+def mx_decode_path(sp: pd.DataFrame, w_format: str) -> tuple[pd.DataFrame, str]:
+    """The MX decode rows (M <= MX_TARGET_MAX_M) of the weight path that serves them faster overall: weights
+    are packed one way at load, so the path is chosen for all M by geomean, never point by point.
+    ``sp``: :func:`speedups` rows. -> (its rows, provider name)."""
+    best, rows = "triton", sp.iloc[:0]
+    for prov in MX_DECODE_PROVIDERS:
+        r = sp[(sp["provider"] == prov) & (sp["dtype"] == w_format) & (sp["M"] <= MX_TARGET_MAX_M)]
+        if len(r) and (not len(rows) or _geomean(r["speedup"]) > _geomean(rows["speedup"])):
+            best, rows = prov, r
+    return rows, best
 
 
 def _geomean(x: pd.Series) -> float:
@@ -71,20 +87,21 @@ def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
     bf = tri[tri["dtype"] == "bf16"]
     dec = bf[bf["M"].isin(DECODE_MS)]
     pre = bf[bf["M"] >= PREFILL_MIN_M]
-    mx8 = tri[(tri["dtype"] == "mxfp8") & (tri["M"] <= MX_TARGET_MAX_M)]
-    mx4 = tri[(tri["dtype"] == "mxfp4") & (tri["M"] <= MX_TARGET_MAX_M)]
+    mx8, path8 = mx_decode_path(sp, "mxfp8")
+    mx4, path4 = mx_decode_path(sp, "mxfp4")
     fp8 = tri[(tri["dtype"] == "fp8") & (tri["M"].isin(DECODE_MS))]
     peer = sp[(sp["provider"] == "vllm-mxfp8") & (sp["M"] <= MX_TARGET_MAX_M)]
     gain = tile_gain(df)
     gain = gain[(gain["dtype"] == "bf16") & (gain["M"] <= DECODE_MAX_M)]
-    fs = stream_fraction(df)
-    fs = fs[fs["dtype"].isin(["mxfp8", "mxfp4"]) & (fs["M"] <= MX_TARGET_MAX_M)]
+    fs = pd.concat([stream_fraction(df, path8), stream_fraction(df, path4)])
+    fs = fs[((fs["dtype"] == "mxfp8") & (fs["provider"] == path8) | (fs["dtype"] == "mxfp4") & (fs["provider"] == path4))
+            & (fs["M"] <= MX_TARGET_MAX_M)]
     rows = [
         ("bf16 decode M in {1,8,32,64,128}: geomean vs cuBLAS", _geomean(dec["speedup"]), 1.05, ">="),
         ("bf16 decode: worst point vs cuBLAS", dec["speedup"].min(), 0.9, ">="),
         ("bf16 prefill M >= 2048: worst point vs cuBLAS", pre["speedup"].min(), 0.9, ">="),
-        ("MXFP8 decode M <= 32: geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">="),
-        ("MXFP4 decode M <= 32: geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">="),
+        (f"MXFP8 decode M <= 32 ({path8}): geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">="),
+        (f"MXFP4 decode M <= 32 ({path4}): geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">="),
         ("MX decode M <= 32: worst fraction of the streaming ceiling", fs["frac_stream"].min(), 0.7, ">="),
         (f"bf16 decode tiles vs prefill tiles, M <= {DECODE_MAX_M}: speed ratio (geomean)",
          _geomean(gain["ratio"]), 1.0, ">"),
@@ -149,13 +166,14 @@ TILE_MS = (1, 8, 32, 64, 128, 2048, 4096)
 
 
 def tile_choices(device_name: str = "NVIDIA_H200", ms=TILE_MS, w_format: str = "mxfp8",
-                 table: pd.DataFrame | None = None) -> pd.DataFrame:
+                 table: pd.DataFrame | None = None, sms: int = 132) -> pd.DataFrame:
     """Shape by shape (the M3 TP4 GEMMs × ``ms``): the tiles our launcher picks for ``w_format`` on
     ``device_name`` (its tuned table, else the heuristic; MX prefill runs the bf16 table's tiles on
     dequantised weights, as ``launcher.launch_config`` does) beside vLLM's ``_select_cfg``
     (vllm/model_executor/kernels/linear/mxfp8/rocm_native.py:128-215, tuned on gfx950). ``programs``: grid
     size; ``w_passes``: M tiles, i.e. how often the weights are streamed. With a benchmark ``table``, the
-    measured µs of both (providers ``triton`` and ``vllm-mxfp8``) and ``ours_speedup`` = vLLM µs / ours."""
+    measured µs of both (providers ``triton`` and ``vllm-mxfp8``) and ``ours_speedup`` = vLLM µs / ours.
+    ``sms``: the device's SM count (H200: 132), for the stream-K kernel's fixed grid."""
     import math
 
     from ..kernels.gemm.tables import heuristic_config, load_table, nearest, table_path
@@ -172,10 +190,13 @@ def tile_choices(device_name: str = "NVIDIA_H200", ms=TILE_MS, w_format: str = "
                 ours = nearest(load_table(table_path(n, k, "bf16", device_name)), m) or heuristic_config(m, n, k)
                 source += ", dequantised + bf16 tiles"
             split = ours.SPLIT_K if ours.kernel in ("splitk", "gemv") else 1
+            programs = math.ceil(m / ours.BLOCK_M) * math.ceil(n / ours.BLOCK_N) * split
+            if ours.kernel == "streamk":                  # a fixed grid: PER_SM x SMs, at most one per K-step
+                programs = min(ours.PER_SM * sms, programs * math.ceil(k / ours.BLOCK_K))
             bm, bn, bk, warps, stages = select(m, n, k)
             rows.append({"N": n, "K": k, "M": m, "ours_kernel": ours.kernel,
                          "ours_tile": f"{ours.BLOCK_M}x{ours.BLOCK_N}x{ours.BLOCK_K}", "ours_split_k": split,
-                         "ours_programs": math.ceil(m / ours.BLOCK_M) * math.ceil(n / ours.BLOCK_N) * split,
+                         "ours_programs": programs,
                          "ours_w_passes": math.ceil(m / ours.BLOCK_M), "ours_source": source,
                          "vllm_tile": f"{bm}x{bn}x{bk}", "vllm_warps_stages": f"{warps}/{stages}",
                          "vllm_programs": math.ceil(m / bm) * math.ceil(n / bn), "vllm_w_passes": math.ceil(m / bm)})

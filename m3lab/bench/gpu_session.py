@@ -47,13 +47,16 @@ def _mxfp8_mismatches(device, rows: int = 2560, k: int = 6144) -> str:
 
 def resource_report() -> "list[dict]":
     """Registers, spills, shared memory, warps and stages of every GEMM kernel binary compiled in this process."""
+    from ..kernels.gemm.gemm_mx_layout import gemm_mx_fold_kernel, gemm_mx_layout_kernel
     from ..kernels.gemm.gemm_persistent import gemm_persistent_kernel
     from ..kernels.gemm.gemm_splitk import gemm_splitk_kernel
     from ..kernels.gemm.gemm_streamk import gemm_streamk_kernel
     from ..kernels.gemm.gemm_tiled import gemm_tiled_kernel
+    from ..kernels.gemm.gemv_mx_layout import gemv_mx_layout_kernel
     from ..kernels.gemm.gemv_splitk import gemv_splitk_kernel
     rows = []
-    for kern in (gemm_splitk_kernel, gemm_streamk_kernel, gemm_tiled_kernel, gemv_splitk_kernel, gemm_persistent_kernel):
+    for kern in (gemm_splitk_kernel, gemm_streamk_kernel, gemm_tiled_kernel, gemv_splitk_kernel, gemm_persistent_kernel,
+                 gemm_mx_fold_kernel, gemm_mx_layout_kernel, gemv_mx_layout_kernel):
         for caches in getattr(kern, "device_caches", {}).values():
             for key, ck in caches[0].items():
                 try:
@@ -69,11 +72,13 @@ def resource_report() -> "list[dict]":
 
 def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float = 200.0,
          deadline_s: float = 500.0, formats: str = "bf16,mxfp8,mxfp4,fp8", bench_ms: str = ",".join(map(str, BENCH_MS)),
-         rep_ms: float = 20.0, workers: int = 12, gates_s: float = 120.0, tune_ms: str = "") -> None:
+         rep_ms: float = 20.0, workers: int = 12, gates_s: float = 120.0, tune_ms: str = "",
+         tune_formats: str = "") -> None:
     """Tune (candidates compiled in parallel), gate the tuned kernels, benchmark vs cuBLAS, write the baseline.
 
     Later phases are cut short when ``deadline_s`` (from start) is near (the benchmark leaves ``gates_s``
-    for the gates); the targets summary prints last. ``tune_ms``: the M values to tune (default: the tuner's).
+    for the gates); the targets summary prints last. ``tune_ms``: the M values to tune (default: the tuner's);
+    ``tune_formats``: the weight formats to tune (default: ``formats``; the others keep their committed tables).
     """
     import pandas as pd
     import triton
@@ -111,7 +116,8 @@ def main(out: str = "out", phases: str = ",".join(PHASES), tune_budget_s: float 
         from ..tune.gemm import tune_gemm
         try:
             ms = {"ms": tuple(int(v) for v in tune_ms.split(","))} if tune_ms else {}
-            df = tune_gemm(bench.model_gemm_shapes(), fmts, budget_s=min(tune_budget_s, left() - 150), log=log,
+            tfmts = tuple(tune_formats.split(",")) if tune_formats else fmts
+            df = tune_gemm(bench.model_gemm_shapes(), tfmts, budget_s=min(tune_budget_s, left() - 150), log=log,
                            workers=workers, **ms)
             df.to_csv(outdir / "tune.csv", index=False)
             tables = {p.name: json.loads(p.read_text()) for p in CONFIG_DIR.glob(f"*device={name}.json")}

@@ -69,18 +69,26 @@ def _cases(fmt: str, device: torch.device):
             yield _case(fmt, m, n, k, device, f"{other}_tiles", regime=other)
 
 
-def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: str, **launch) -> Case:
-    """MX weights packed once into the decode layout (kernels/mx/decode_layout) through launcher.linear_layout."""
-    from ..kernels.mx.decode_layout import pack
+def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: str,
+                 config: GemmConfig | None = None) -> Case:
+    """MX weights packed once into the decode layout (kernels/mx/decode_layout) through launcher.linear_layout. The
+    fp8-MMA kernel ("mxdec_fp8") multiplies x quantised to MXFP8 per token and 32-group (vLLM's activation rule),
+    so its reference takes that x (decode_layout.quantize_x_mxfp8); every other kernel is checked against x as given."""
+    from ..kernels.mx.decode_layout import pack, quantize_x_mxfp8
     dtype = act_dtype(device)
 
     def run():
         w, s = quantize_weight(torch.randn(n, k, device=device) / k**0.5, fmt)
         x = torch.randn(m, k, device=device, dtype=dtype)
         out = poison_(torch.empty(m, n, device=device, dtype=dtype))
-        launcher.linear_layout(x, pack(w, s, fmt), out=out, **launch)
-        return out, linear_ref(x.float(), w, w_format=fmt, w_scale=s)
+        launcher.linear_layout(x, pack(w, s, fmt), out=out, config=config)
+        xr = quantize_x_mxfp8(x) if config is not None and config.kernel == "mxdec_fp8" else x.float()
+        return out, linear_ref(xr, w, w_format=fmt, w_scale=s)
     return Case(f"M={m},N={n},K={k},{label}", str(dtype).removeprefix("torch."), run)
+
+
+def _layout_kernels(fmt: str) -> tuple[str, ...]:
+    return ("mxdec_fold", "mxdec", "mxdec_fp8") if fmt == "mxfp8" else ("mxdec_fold", "mxdec")
 
 
 def _layout_cases(fmt: str, device: torch.device):
@@ -88,11 +96,15 @@ def _layout_cases(fmt: str, device: torch.device):
         for m, n, k in CPU_PROBLEMS:
             yield _layout_case(fmt, m, n, k, device, "auto")
             yield _layout_case(fmt, m, n, k, device, "split3", config=GemmConfig("gemv", 4, 16, 64, SPLIT_K=3))
+            for kern in _layout_kernels(fmt):
+                yield _layout_case(fmt, m, n, k, device, kern, config=GemmConfig(kern, 16, 32, 64, SPLIT_K=3))
         return
     from ..bench.gemm import model_gemm_shapes
     for n, k in model_gemm_shapes():
         for m in (1, 7, 33):
             yield _layout_case(fmt, m, n, k, device, "auto")
+        for kern in _layout_kernels(fmt):
+            yield _layout_case(fmt, 7, n, k, device, kern, config=GemmConfig(kern, 16, 128, 128, SPLIT_K=4))
 
 
 for _fmt in GEMM_FORMATS:
