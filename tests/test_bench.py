@@ -101,6 +101,23 @@ def test_tune_point_on_the_interpreter():
     assert all(c.kernel in ("tiled", "persistent") for c in candidates(4096, 2560, 6144))
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8_layout", "mxfp4_layout"])
+def test_tune_point_decode_layout_on_the_interpreter(fmt):
+    """The tuner times decode-layout kernels through launcher.linear_layout on weights packed once; each candidate
+    is checked first (the fp8-MMA kernel against x quantised as it multiplies it), a wrong one is dropped."""
+    from dataclasses import replace
+
+    from m3lab.tune.gemm import LAYOUT_TUNE_KERNELS, base_format, layout_candidates, tune_point
+    cands = layout_candidates(5, 48, 256, sms=2, w_format=fmt)
+    assert {c.kernel for c in cands} == set(LAYOUT_TUNE_KERNELS[base_format(fmt)]) | {"gemv"}
+    assert not layout_candidates(40, 48, 256, sms=2, w_format=fmt)[-1].kernel == "gemv"   # CUDA cores lose there
+    picks = [next(c for c in cands if c.kernel == kern) for kern in dict.fromkeys(c.kernel for c in cands)]
+    picks = [replace(c, BLOCK_N=16, BLOCK_K=64, SPLIT_K=2) for c in picks]
+    rows = tune_point(5, 48, 256, fmt, picks, {}, device=torch.device("cpu"),
+                      timer=lambda calls: cpu_time(calls[0], reps=1))
+    assert all(r["us"] > 0 and not r["error"] for r in rows), rows
+
+
 def test_optable_gives_the_benchmarked_shapes(monkeypatch):
     # MiniMax M3 at TP4, per rank (minimax_m3.md §3): sparse-layer fused qkv+indexer, dense-layer qkv, o_proj,
     # dense-MLP gate_up, dense-MLP down, and the shared expert's gate_up and down (vLLM runs it as its own MLP

@@ -13,7 +13,7 @@ def test_committed_table_views_and_figures(repo_dir):
     targets = analysis.gemm_targets(table)
     assert len(targets) == 9 and targets["measured"].notna().all()
     cfgs = analysis.tuned_configs("NVIDIA_H200")
-    assert set(cfgs["w_format"]) == {"bf16", "mxfp8", "mxfp4", "mxfp8_layout", "mxfp4_layout"}
+    assert set(cfgs["w_format"]) == {"bf16", "fp8", "mxfp8", "mxfp4", "mxfp8_layout", "mxfp4_layout"}
     assert set(cfgs["kernel"]) <= set(tables.KERNELS)
     figs = [kplots.speedup_figure(analysis.speedups(table)),
             kplots.bandwidth_figure(table, analysis.copy_ceiling(table)),

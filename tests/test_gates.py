@@ -130,8 +130,10 @@ def test_committed_gpu_gate_results(repo_dir):
     families = {g.split(".")[0] for g in every["gate"]}
     assert {"gemm", "mx", "moe", "sparse", "vllm", "perf"} <= families
     assert every["gate"].str.startswith("vllm.").sum() >= 6 and (every["dtype"] == "bfloat16").any()
+    session = df[df["phase"] == "gemm_session"]     # the GEMM session that re-tuned the tables and re-recorded the baseline
+    assert len(session) >= 400 and session["passed"].all() and session["gate"].str.endswith("_layout").sum() >= 70
     base = perf.load_baseline(repo_dir / "traces" / "gates" / "baseline_NVIDIA_H200.csv")
-    assert set(base["provider"]) == {"triton"} and len(base) >= 50
+    assert set(base["provider"]) == {"triton"} and len(base) >= 50 and set(base["commit"]) == set(session["commit"])
 
 
 def test_cli_tune_rejects_bad_input():

@@ -161,20 +161,28 @@ def test_heuristic_regimes():
     assert tables.heuristic_config(4096, 2560, 6144).kernel == "tiled"
 
 
-UNTUNED_SHARED_EXPERT = {(1536, 6144), (6144, 768)}  # the unfused shared expert's GEMMs: no H200 table yet
+UNTUNED_MX_SHARED_EXPERT = {(1536, 6144), (6144, 768)}  # the unfused shared expert's GEMMs: no H200 MX (OCP) table
 
 
 def test_committed_h200_tables_cover_the_m3_shapes():
     from m3lab.bench.gemm import model_gemm_shapes
-    for n, k in UNTUNED_SHARED_EXPERT:   # the launcher's heuristic serves them until `m3lab tune gemm` runs
-        assert not tables.load_table(tables.table_path(n, k, "bf16", "NVIDIA_H200"))
-    for n, k in sorted(set(model_gemm_shapes()) - UNTUNED_SHARED_EXPERT):
-        for fmt in ("bf16", "mxfp8", "mxfp4"):
+    from m3lab.tune.gemm import LAYOUT_FORMATS
+    shapes = set(model_gemm_shapes())
+    for n, k in UNTUNED_MX_SHARED_EXPERT:   # the launcher's heuristic serves them until `m3lab tune gemm` runs
+        assert not tables.load_table(tables.table_path(n, k, "mxfp8", "NVIDIA_H200"))
+    for n, k in sorted(shapes):
+        for fmt in LAYOUT_FORMATS:          # decode-layout tables: decode M only
+            table = tables.load_table(tables.table_path(n, k, fmt, "NVIDIA_H200"))
+            assert table and max(table) <= tables.DECODE_MAX_M, (n, k, fmt)
+    for n, k in sorted(shapes):
+        for fmt in ("bf16", "fp8", "mxfp8", "mxfp4"):
+            if fmt.startswith("mx") and (n, k) in UNTUNED_MX_SHARED_EXPERT:
+                continue
             table = tables.load_table(tables.table_path(n, k, fmt, "NVIDIA_H200"))
             assert table, (n, k, fmt)
             assert min(table) == 1 and max(table) >= 2048
-            assert table[1].kernel in ("splitk", "gemv") and table[1].BLOCK_M <= 16   # decode vs prefill tiles
-            assert all(c.kernel != "tiled" for m, c in table.items() if m <= tables.DECODE_MAX_M)
+            assert table[1].kernel in ("splitk", "gemv", "streamk") and table[1].BLOCK_M <= 16   # decode vs prefill tiles
+            assert all(c.kernel not in tables.PREFILL_KERNELS for m, c in table.items() if m <= tables.DECODE_MAX_M)
             assert all(c.kernel != "gemv" or m <= tables.GEMV_MAX_M for m, c in table.items())
             assert all(c.kernel in tables.PREFILL_KERNELS for m, c in table.items() if m > tables.CROSSOVER_MAX_M)
             assert table[max(table)].kernel in tables.PREFILL_KERNELS and table[max(table)].BLOCK_M >= 64

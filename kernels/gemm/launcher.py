@@ -32,8 +32,8 @@ _SUMS: dict[torch.device, torch.Tensor] = {}    # stream-K ATOMIC tile sums (fp3
 CPU_PROGRAMS = 4                                 # the SM count the persistent and stream-K kernels assume in the CPU interpreter
 LAYOUT_BLOCK_N, LAYOUT_BLOCK_K = 32, 256         # decode-layout gemv tiles (untuned)
 LAYOUT_KERNELS = ("gemv", "mxdec", "mxdec_fp8", "mxdec_fold")   # the kernels linear_layout launches
-# Decode-layout fallback without a tuned table (H200, graph24, notes/mxdec/run2): the folded-scale tensor-core kernel
-# won 64 of 70 points at M 1-64 (mxfp8 and mxfp4, the seven M3 TP4 shapes); the gemv kernel won M 1 on four shapes
+# Decode-layout fallback without a tuned table (H200, graph24, traces/bench/gemm_mx_layout_sweep_NVIDIA_H200.csv at
+# e2d9a2a): the folded-scale tensor-core kernel won 64 of 70 points at M 1-64 (mxfp8 and mxfp4, the seven M3 TP4 shapes); the gemv kernel won M 1 on four shapes
 # by 3-12% and the per-group fp8 MMA two mxfp8 M 64 points, both reached through tables. Tiles of the winners:
 # 16-32 x 64-128 x 128, 4 warps, 3 stages.
 LAYOUT_TILES = (4, 4, 3)                         # mxdec_fold fallback (groups per step, num_warps, num_stages)
@@ -100,22 +100,37 @@ def layout_config(m: int, n: int, k: int, w_format: str, device: torch.device) -
     """The decode-layout launch for M <= DECODE_MAX_M: the tuned table ``w={w_format}_layout`` (nearest M), else
     :func:`layout_heuristic`."""
     from .tables import load_table, nearest, table_path, device_name
-    cfg = nearest(load_table(table_path(n, k, f"{w_format}_layout", device_name(device))), m)
+    cfg = nearest(load_table(table_path(n, k, layout_table_format(w_format), device_name(device))), m)
     if cfg is not None:
         return cfg
     return layout_heuristic(m, n, k, w_format, _sm_count(device))
+
+
+LAYOUT_SUFFIX = "_layout"
+
+
+def layout_table_format(w_format: str) -> str:
+    """The ``w=`` name of a decode-layout table: "mxfp8" -> "mxfp8_layout" (the tuner writes it, layout_config reads it)."""
+    return w_format + LAYOUT_SUFFIX
+
+
+def layout_gemv_config(m: int, n: int, k: int, sms: int = 132) -> GemmConfig:
+    """The decode-layout gemv kernel's launch (gemv_mx_layout.py): LAYOUT_BLOCK_N x LAYOUT_BLOCK_K tiles, SPLIT_K so
+    that programs >= FILL_PROGRAMS x SMs."""
+    from .tables import FILL_PROGRAMS, GEMV_MAX_M
+    block_k = min(LAYOUT_BLOCK_K, triton.next_power_of_2(k))
+    tiles = triton.cdiv(n, LAYOUT_BLOCK_N) * triton.cdiv(m, GEMV_MAX_M)
+    split = max(1, min(triton.cdiv(FILL_PROGRAMS * sms, tiles), triton.cdiv(k, block_k)))
+    return GemmConfig("gemv", min(GEMV_MAX_M, triton.next_power_of_2(m)), LAYOUT_BLOCK_N, block_k, SPLIT_K=split)
 
 
 def layout_heuristic(m: int, n: int, k: int, w_format: str, sms: int = 132) -> GemmConfig:
     """M <= LAYOUT_GEMV_MAX_M: the gemv kernel (gemv_mx_layout); above, the folded-scale tensor-core kernel
     (gemm_mx_layout.gemm_mx_fold_kernel) with LAYOUT_TILES, BLOCK_N 128 where N >= 4096 (else 64), SPLIT_K so
     that programs >= FILL_PROGRAMS x SMs."""
-    from .tables import FILL_PROGRAMS, GEMV_MAX_M, LAYOUT_GEMV_MAX_M
+    from .tables import FILL_PROGRAMS, LAYOUT_GEMV_MAX_M
     if m <= LAYOUT_GEMV_MAX_M:
-        block_k = min(LAYOUT_BLOCK_K, triton.next_power_of_2(k))
-        tiles = triton.cdiv(n, LAYOUT_BLOCK_N) * triton.cdiv(m, GEMV_MAX_M)
-        split = max(1, min(triton.cdiv(FILL_PROGRAMS * sms, tiles), triton.cdiv(k, block_k)))
-        return GemmConfig("gemv", min(GEMV_MAX_M, triton.next_power_of_2(m)), LAYOUT_BLOCK_N, block_k, SPLIT_K=split)
+        return layout_gemv_config(m, n, k, sms)
     block_m = max(16, min(64, triton.next_power_of_2(m)))
     groups, warps, stages = LAYOUT_TILES
     block_n = 128 if n >= 4096 else 64

@@ -1,7 +1,7 @@
 """``m3lab gate`` (checklist step 5) and ``m3lab tune gemm``.
 
     m3lab gate [--device cpu|cuda] [--only 'gemm.*'] [--no-perf] [--threshold 0.10] [--baseline CSV] [--json]
-    m3lab tune gemm [--model minimax-m3 --tp 4 | --shapes 2560x6144,...] [--formats bf16,mxfp8,mxfp4] [--budget-s 240] [--json]
+    m3lab tune gemm [--model minimax-m3 --tp 4 | --shapes 2560x6144,...] [--formats bf16,mxfp8,mxfp4,mxfp4_layout] [--budget-s 240] [--json]
 
 ``gate`` exits 0 when every correctness and performance gate passes, 1 otherwise (2 on bad input).
 """
@@ -76,7 +76,8 @@ def _parse_shapes(text: str | None, model: str, tp: int):
 def tune_gemm_cmd(shapes: Optional[str] = typer.Option(None, help="N x K list (default: the model's GEMMs from the OpTable)"),
                   model: str = typer.Option("minimax-m3", help="model whose OpTable gives the shapes"),
                   tp: int = typer.Option(4, help="tensor-parallel size of those shapes"),
-                  formats: str = typer.Option("bf16,mxfp8,mxfp4", help="weight formats"),
+                  formats: str = typer.Option("bf16,mxfp8,mxfp4",
+                                              help="weight formats (+ mxfp8_layout, mxfp4_layout: the decode layout)"),
                   ms: Optional[str] = typer.Option(None, help="token counts M to tune (default decode+prefill set)"),
                   budget_s: float = typer.Option(240.0, help="stop after this many seconds"),
                   config_dir: Optional[str] = typer.Option(None, help="where to write tables (default kernels/gemm/configs)"),
@@ -84,13 +85,12 @@ def tune_gemm_cmd(shapes: Optional[str] = typer.Option(None, help="N x K list (d
     """Benchmark candidate GEMM configs at the model's shapes on the GPU and write the tables."""
     import torch
 
-    from m3lab.kernels.gemm.reference import W_FORMATS
     from m3lab.kernels.gemm.tables import CONFIG_DIR
     from m3lab.tune import gemm as tuner
     fmts = tuple(formats.split(","))
-    bad = [f for f in fmts if f not in W_FORMATS]
+    bad = [f for f in fmts if f not in tuner.TUNABLE_FORMATS]
     if bad:
-        raise M3LabError(f"formats: {bad} not in {W_FORMATS}", field="formats")
+        raise M3LabError(f"formats: {bad} not in {tuner.TUNABLE_FORMATS}", field="formats")
     nk = _parse_shapes(shapes, model, tp)
     if not torch.cuda.is_available():
         raise M3LabError("tune: needs a GPU (timings on the CPU interpreter mean nothing)", field="device")

@@ -16,7 +16,7 @@ import torch
 from ..kernels.gemm import launcher
 from ..kernels.gemm.tables import (CONFIG_DIR, CROSSOVER_MAX_M, DECODE_MAX_M, GEMV_MAX_M, PREFILL_KERNELS, GemmConfig,
                                    device_name, heuristic_config, load_table, table_path, write_table)
-from ..kernels.gemm.reference import linear_ref
+from ..kernels.gemm.reference import W_FORMATS, linear_ref
 from ..spec.dtypes import element_bytes
 
 DECODE_MS = tuple(1 << i for i in range(CROSSOVER_MAX_M.bit_length()))     # 1, 2, 4, ..., CROSSOVER_MAX_M
@@ -48,10 +48,25 @@ PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3
                  (64, 256, 64, 4, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4))
 # prefill: persistent (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K, FLATTEN), GROUP_M 8, TMA where
 # the GPU has it; SPLIT_K > 1 splits the last partial wave's tiles along K (launcher.persistent_plan). The per-point
-# winners of 16 configs at M 2048/4096 x the 7 M3 TP4 shapes (H200, notes/prefill: 128 x 256 won 10 of 14 points;
+# winners of 16 configs at M 2048/4096 x the 7 M3 TP4 shapes (H200, traces/bench/gemm_prefill_sweep_NVIDIA_H200.csv: 128 x 256 won 10 of 14 points;
 # 256 x 128, warp specialisation and pointer loads never won; the tail split gained up to 25% at N 1536-2560).
 PERSISTENT_TILES = ((128, 256, 64, 8, 3, 8, True), (128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 1, True),
                     (128, 128, 64, 8, 4, 8, False), (128, 128, 64, 4, 4, 8, True))
+# decode layout (launcher.linear_layout; tables w={format}_layout), M <= DECODE_MAX_M: (BLOCK_N, 32-groups per K step,
+# num_warps, num_stages) per kernel and the kernels each format tries. H200 sweeps at f5560d7 and e2d9a2a
+# (traces/bench/gemm_mx_layout_sweep_NVIDIA_H200.csv): mxdec_fold won 64 of 70 points, 16-32 x 64-128 x 128 tiles,
+# 4 warps, 3 stages; the per-group kernels (mxdec, mxdec_fp8) lost everywhere but two mxfp8 M 64 points; the gemv
+# kernel won four M 1 points by 3-12%. M > 32 tries the first LAYOUT_WIDE tiles only.
+LAYOUT_SWEEP = {"mxdec_fold": ((128, 4, 4, 3), (128, 4, 4, 1), (64, 4, 4, 3), (128, 8, 4, 2), (128, 4, 8, 3),
+                               (64, 8, 4, 3), (64, 4, 4, 1), (256, 4, 8, 3), (128, 2, 4, 4), (256, 2, 8, 1),
+                               (64, 4, 2, 3)),
+                "mxdec": ((128, 4, 4, 3), (64, 4, 4, 3)),
+                "mxdec_fp8": ((128, 4, 4, 3), (64, 4, 4, 3))}
+LAYOUT_TUNE_KERNELS = {"mxfp4": ("mxdec_fold", "mxdec"), "mxfp8": ("mxdec_fold", "mxdec_fp8")}
+LAYOUT_WIDE = 5
+LAYOUT_GEMV_TUNE_MAX_M = 8       # the layout gemv kernel is timed up to here (CUDA cores: it loses beyond)
+LAYOUT_FORMATS = tuple(launcher.layout_table_format(f) for f in launcher.MX_FORMATS)
+TUNABLE_FORMATS = W_FORMATS + LAYOUT_FORMATS
 
 
 def _pow2_ceil(v: float) -> int:
@@ -95,6 +110,53 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
     return list(dict.fromkeys(out))
 
 
+def layout_candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "mxfp8_layout") -> list[GemmConfig]:
+    """Decode-layout candidates (M <= DECODE_MAX_M): the LAYOUT_SWEEP tiles of the format's kernels, SPLIT_K aiming
+    at 2 x SMs programs (the first tile also at 1 and 4), and the gemv kernel up to LAYOUT_GEMV_TUNE_MAX_M."""
+    fmt = base_format(w_format)
+    bm = max(16, min(64, _pow2_ceil(m)))
+    out = []
+    for kern in LAYOUT_TUNE_KERNELS[fmt]:
+        for i, (bn, groups, nw, ns) in enumerate(LAYOUT_SWEEP[kern][:LAYOUT_WIDE] if m > 32 else LAYOUT_SWEEP[kern]):
+            tiles = math.ceil(n / bn) * math.ceil(m / bm)
+            fills = (2, 1, 4) if i == 0 else (2,)
+            splits = {max(1, min(k // (32 * groups), 1 << round(math.log2(max(1.0, f * sms / tiles))))) for f in fills}
+            out += [GemmConfig(kern, bm, bn, 32 * groups, SPLIT_K=sp, num_warps=nw, num_stages=ns) for sp in sorted(splits)]
+    if m <= LAYOUT_GEMV_TUNE_MAX_M:
+        out.append(launcher.layout_gemv_config(m, n, k, sms))
+    return list(dict.fromkeys(out))
+
+
+def base_format(w_format: str) -> str:
+    """"mxfp8_layout" -> "mxfp8"; formats as stored are their own base."""
+    return w_format.removesuffix(launcher.LAYOUT_SUFFIX)
+
+
+def _weights(w: torch.Tensor, s, w_format: str):
+    """What a launch of ``w_format`` takes: (w, scales), or the decode-layout package of them (packed once)."""
+    if w_format in LAYOUT_FORMATS:
+        from ..kernels.mx.decode_layout import pack
+        return pack(w, s, base_format(w_format))
+    return w, s
+
+
+def _launch(x: torch.Tensor, weights, w_format: str, cfg: GemmConfig, out=None) -> torch.Tensor:
+    if w_format in LAYOUT_FORMATS:
+        return launcher.linear_layout(x, weights, config=cfg, out=out)
+    w, s = weights
+    return launcher.linear(x, w, w_format=w_format, w_scale=s, config=cfg, out=out)
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, s, w_format: str, cfg: GemmConfig) -> torch.Tensor:
+    """linear_ref of the point; the fp8-MMA layout kernel multiplies x quantised to MXFP8 (vLLM's rule), so its
+    reference takes that x (decode_layout.quantize_x_mxfp8)."""
+    xr = x.float()
+    if cfg.kernel == "mxdec_fp8":
+        from ..kernels.mx.decode_layout import quantize_x_mxfp8
+        xr = quantize_x_mxfp8(x)
+    return linear_ref(xr, w, w_format=base_format(w_format), w_scale=s)
+
+
 def _compile_worker(jobs: list[tuple[str, dict, int]]) -> list[str]:
     """Run each (w_format, config, K) once on a small problem (N 512, the real K: the split count a config
     gets depends on K) with the real shapes' divisibility, which fills the Triton disk cache;
@@ -105,8 +167,8 @@ def _compile_worker(jobs: list[tuple[str, dict, int]]) -> list[str]:
     for w_format, cfg, k in jobs:
         try:
             x = torch.randn(16, k, device=device, dtype=torch.bfloat16)
-            w, s = quantize_weight(torch.randn(512, k, device=device, dtype=torch.bfloat16), w_format)
-            launcher.linear(x, w, w_format=w_format, w_scale=s, config=GemmConfig.from_dict(cfg))
+            w, s = quantize_weight(torch.randn(512, k, device=device, dtype=torch.bfloat16), base_format(w_format))
+            _launch(x, _weights(w, s, w_format), w_format, GemmConfig.from_dict(cfg))
             torch.cuda.synchronize()
             errors.append("")
         except Exception as err:
@@ -147,21 +209,20 @@ def tune_point(m: int, n: int, k: int, w_format: str, cands: list[GemmConfig], c
     device = device or torch.device("cuda")
     timer = timer or (lambda calls: graph_time(calls, rep_ms=rep_ms, warmup_ms=2))
     tol = TOLERANCES["bfloat16" if device.type == "cuda" else "float16"]
-    ops = make_operands(m, n, k, w_format, device)
+    ops = make_operands(m, n, k, base_format(w_format), device)
     w, s = ops.ws[0]
+    packed = [_weights(w_, s_, w_format) for w_, s_ in ops.ws]
     rows = []
     for cfg in cands:
         row = {"M": m, "N": n, "K": k, "w_format": w_format, "config": cfg, "us": math.nan, "error": ""}
         try:
             key = (n, k, w_format, cfg)
             if key not in checked:
-                y = launcher.linear(ops.x, w, w_format=w_format, w_scale=s, config=cfg)
-                checked[key] = rel_rms(y, linear_ref(ops.x.float(), w, w_format=w_format, w_scale=s))
+                y = _launch(ops.x, packed[0], w_format, cfg)
+                checked[key] = rel_rms(y, _reference(ops.x, w, s, w_format, cfg))
             if not checked[key] <= tol:
                 raise RuntimeError(f"rel_rms {checked[key]:.3g} over tolerance")
-            calls = [lambda w=w_, s=s_, y=y_, c=cfg: launcher.linear(ops.x, w, w_format=w_format, w_scale=s,
-                                                                      out=y, config=c)
-                     for (w_, s_), y_ in zip(ops.ws, ops.ys)]
+            calls = [lambda p=p, y=y_, c=cfg: _launch(ops.x, p, w_format, c, out=y) for p, y_ in zip(packed, ops.ys)]
             row["us"] = timer(calls).us_p50
         except Exception as err:
             row["error"] = f"{type(err).__name__}: {str(err)[:120]}"
@@ -173,6 +234,9 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
               config_dir: Path = CONFIG_DIR, budget_s: float = 240.0, log=print, workers: int = 12) -> pd.DataFrame:
     """Tune every (shape, format, M) within the budget; write one table per (N, K, format). -> all timings.
 
+    Formats: W_FORMATS (weights as stored, :func:`launcher.linear`) and LAYOUT_FORMATS (MX weights packed into the
+    decode layout, :func:`launcher.linear_layout`; decode M only).
+
     shapes: (N, K) pairs, normally :func:`m3lab.bench.gemm.model_gemm_shapes` (the OpTable's distinct GEMMs).
     Candidates are compiled in parallel first (``workers`` processes); MX formats at prefill M take the
     bf16 winner (the launcher dequantises W, then runs the bf16 kernel), timed once for the record.
@@ -181,7 +245,8 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     dev_name = device_name(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     t0, checked, all_rows = time.time(), {}, []
-    plan = {(f, n, k, m): candidates(m, n, k, sms, f) for f in w_formats for n, k in shapes for m in ms}
+    plan = {(f, n, k, m): (layout_candidates(m, n, k, sms, f) if f in LAYOUT_FORMATS else candidates(m, n, k, sms, f))
+            for f in w_formats for n, k in shapes for m in ms if f not in LAYOUT_FORMATS or m <= DECODE_MAX_M}
     jobs = [(f, c, k) for (f, n, k, m), cs in plan.items() for c in cs
             if not (f in launcher.MX_FORMATS and c.kernel in PREFILL_KERNELS)]
     failed = {}
@@ -198,7 +263,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     for w_format in order:
         for n, k in shapes:
             table = tables.setdefault((n, k, w_format), {})
-            for m in ms:
+            for m in (m for m in ms if (w_format, n, k, m) in plan):
                 if time.time() - t0 > budget_s:
                     log(f"tune: budget {budget_s:.0f}s spent; N={n} K={k} {w_format} M={m} keeps the heuristic")
                     break
@@ -220,4 +285,4 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     return df
 
 
-__all__ = ["candidates", "heuristic_config", "tune_gemm", "tune_point"]
+__all__ = ["candidates", "heuristic_config", "layout_candidates", "tune_gemm", "tune_point"]
