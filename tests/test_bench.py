@@ -103,7 +103,7 @@ def test_tune_point_on_the_interpreter():
 
 @pytest.mark.parametrize("fmt", ["mxfp8_layout", "mxfp4_layout"])
 def test_tune_point_decode_layout_on_the_interpreter(fmt):
-    """The tuner times decode-layout kernels through launcher.linear_layout on weights packed once; each candidate
+    """The tuner times decode-layout kernels through layout_launcher.linear_layout on weights packed once; each candidate
     is checked first (the fp8-MMA kernel against x quantised as it multiplies it), a wrong one is dropped."""
     from dataclasses import replace
 

@@ -83,7 +83,7 @@ def test_bad_input_is_refused():
 
 
 def test_layout_gates_on_the_interpreter():
-    """The decode-layout kernels (launcher.linear_layout) vs linear_ref: odd N and K, split-K, M tiles; per problem
+    """The decode-layout kernels (layout_launcher.linear_layout) vs linear_ref: odd N and K, split-K, M tiles; per problem
     the auto config, the gemv kernel and each tensor-core kernel (mxfp8 also on the fp8 MMA)."""
     from m3lab.gates.runner import run_gates
     df = run_gates("cpu", names=["gemm.mxfp8_layout", "gemm.mxfp4_layout"], perf=False)
@@ -91,15 +91,15 @@ def test_layout_gates_on_the_interpreter():
 
 
 def test_layout_prefill_goes_through_the_mx_path():
-    from kernels.gemm import launcher
+    from kernels.gemm import layout_launcher
     from kernels.gemm.reference import linear_ref
     from kernels.gemm.tables import DECODE_MAX_M
     q, s = quantize_mxfp4(torch.randn(24, 64))
     x = torch.randn(DECODE_MAX_M + 3, 64, dtype=torch.float16)
     with __import__("kernels.launches", fromlist=["recording"]).recording() as log:
-        y = launcher.linear_layout(x, dl.pack(q, s, "mxfp4"))
+        y = layout_launcher.linear_layout(x, dl.pack(q, s, "mxfp4"))
     ref = linear_ref(x.float(), q, w_format="mxfp4", w_scale=s)
     assert "gemv_mx_layout_kernel" not in log and (y.float() - ref).norm() / ref.norm() < 2e-3
     with __import__("kernels.launches", fromlist=["recording"]).recording() as log:
-        launcher.linear_layout(x[:2], dl.pack(q, s, "mxfp4"))
+        layout_launcher.linear_layout(x[:2], dl.pack(q, s, "mxfp4"))
     assert log == ["gemm_mx_fold_kernel"]

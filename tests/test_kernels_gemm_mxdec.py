@@ -1,4 +1,4 @@
-"""The tensor-core MX decode kernel (kernels/gemm/gemm_mx_layout) through launcher.linear_layout, in the CPU
+"""The tensor-core MX decode kernel (kernels/gemm/gemm_mx_layout) through layout_launcher.linear_layout, in the CPU
 interpreter: every E2M1/E4M3 code decoded exactly, odd N and K, fresh random inputs against linear_ref (fp16 MMA)
 and against the x-quantised reference (fp8 MMA, vLLM's activation rule), NaN-poisoned outputs, repeated calls,
 x far outside fp16's range, the routing by M and bad configs refused.
@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels import launches  # noqa: E402
-from kernels.gemm import launcher  # noqa: E402
+from kernels.gemm import layout_launcher  # noqa: E402
 from kernels.gemm.reference import linear_ref, quantize_weight  # noqa: E402
 from kernels.gemm.tables import DECODE_MAX_M, GemmConfig  # noqa: E402
 from kernels.mx import decode_layout as dl  # noqa: E402
@@ -32,7 +32,7 @@ def _ref(x, q, s, fmt, kernel):
 
 def _run(x, dw, config):
     out = torch.full((x.shape[0], dw.codes.shape[0]), float("nan"), dtype=x.dtype)
-    launcher.linear_layout(x, dw, config=config, out=out)
+    layout_launcher.linear_layout(x, dw, config=config, out=out)
     return out
 
 
@@ -110,7 +110,7 @@ def test_launcher_routes_by_m():
     for m, cfg in ((1, None), (2, None), (DECODE_MAX_M, None), (DECODE_MAX_M + 1, None), (1, gemv)):
         x = torch.randn(m, 96, dtype=torch.float16)
         with launches.recording() as log:
-            y = launcher.linear_layout(x, dw, config=cfg)
+            y = layout_launcher.linear_layout(x, dw, config=cfg)
         seen[m, cfg is None] = log
         ref = linear_ref(x.float(), q, w_format="mxfp4", w_scale=s)
         assert (y.float() - ref).norm() / ref.norm() < 1e-3
@@ -123,9 +123,9 @@ def test_bad_config_is_refused():
     q, s = quantize_weight(torch.randn(8, 64), "mxfp4")
     x = torch.randn(2, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="^config: kernel 'mxdec_fp8'"):
-        launcher.linear_layout(x, dl.pack(q, s, "mxfp4"), config=GemmConfig("mxdec_fp8", 16, 16, 32))
+        layout_launcher.linear_layout(x, dl.pack(q, s, "mxfp4"), config=GemmConfig("mxdec_fp8", 16, 16, 32))
     with pytest.raises(ValueError, match="^config: kernel 'splitk'"):
-        launcher.linear_layout(x, dl.pack(q, s, "mxfp4"), config=GemmConfig("splitk", 16, 16, 32))
+        layout_launcher.linear_layout(x, dl.pack(q, s, "mxfp4"), config=GemmConfig("splitk", 16, 16, 32))
 
 
 def test_activation_rule_is_vllms():

@@ -8,7 +8,8 @@
   one MMA covers BLOCK_K = 32 x GROUPS columns; the row's base scale and x's factor multiply the accumulator once.
 - ``gemm_mx_layout_kernel`` ("mxdec", "mxdec_fp8"): one K = 32 MMA per group, each group's scale on its partial
   product, ``acc += (W_g @ x_gᵀ) * sw_g[n] * sx_g[m]`` (exact for any scale spread; mxfp8 also on the fp8 MMA).
-  H200: slower than the folded kernel at every M (the per-group MMA waits and barriers, traces/bench/gemm_mx_layout_sweep_NVIDIA_H200.csv, commit e2d9a2a).
+  H200: slower than the folded kernel at every M (the per-group MMA waits and barriers;
+  traces/bench/gemm_mx_layout_sweep_NVIDIA_H200.csv, commit e2d9a2a).
 
 Weights per group (no lookup, no int->float conversion), both kernels:
 

@@ -40,7 +40,7 @@ class GemmConfig:
     #                                  | "persistent" (prefill: one program per SM, TMA, tail split; gemm_persistent.py)
     #                                  | "mxdec" / "mxdec_fp8" / "mxdec_fold" (MX decode layout on tensor cores:
     #                                    fp16 MMA per 32-group / mxfp8 on the fp8 MMA / scales folded into the fp16
-    #                                    weights, one MMA per BLOCK_K; launcher.linear_layout, BLOCK_K = 32 x groups)
+    #                                    weights, one MMA per BLOCK_K; layout_launcher.linear_layout, BLOCK_K = 32 x groups)
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64

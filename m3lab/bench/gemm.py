@@ -7,7 +7,7 @@ tile comparison) and, for mxfp8, ``vllm-mxfp8`` (vLLM's ``_mxfp8_linear_kernel``
 tiles, :func:`vllm_mxfp8_linear`: a reported peer, not a target — without MX units its ``tl.dot_scaled``
 is emulated) and, at decode M <= READ_ONLY_MAX_M, ``read-only`` (a reduction that only reads as many bytes
 as the format's weights and scales, one copy per call: the streaming ceiling of the point) and
-``triton-mx-layout`` (MX weights packed once into kernels/mx/decode_layout, launcher.linear_layout; decode M). Timing: :func:`m3lab.bench.timing.graph_time` (every row carries ``harness``). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
+``triton-mx-layout`` (MX weights packed once into kernels/mx/decode_layout, ``layout_launcher.linear_layout``; decode M). Timing: :func:`m3lab.bench.timing.graph_time` (every row carries ``harness``). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
 launcher takes x in bf16 and quantises nothing). Shapes: the OpTable's dense GEMMs (:func:`model_gemm_shapes`).
 """
 from dataclasses import dataclass
@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import torch
 
-from ..kernels.gemm import launcher
+from ..kernels.gemm import launcher, layout_launcher
 from ..kernels.gemm.tables import DECODE_MAX_M, select_config
 from ..kernels.gemm.reference import quantize_weight
 from ..spec.dtypes import weight_bytes
@@ -115,7 +115,7 @@ def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, 
     if provider == "triton-mx-layout":
         from ..kernels.mx.decode_layout import pack
         dws = [pack(w, s, w_format) for w, s in ops.ws]
-        return [lambda dw=dw, y=y: launcher.linear_layout(ops.x, dw, out=y) for dw, y in zip(dws, ops.ys)]
+        return [lambda dw=dw, y=y: layout_launcher.linear_layout(ops.x, dw, out=y) for dw, y in zip(dws, ops.ys)]
     if provider == "vllm-mxfp8":
         return [lambda w=w, s=s, y=y: vllm_mxfp8_linear(ops.x, w, s, out=y) for (w, s), y in zip(ops.ws, ops.ys)]
     config = None

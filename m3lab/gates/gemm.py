@@ -9,7 +9,7 @@ regime's tiles.
 import torch
 import triton
 
-from ..kernels.gemm import launcher
+from ..kernels.gemm import launcher, layout_launcher
 from ..kernels.gemm.tables import GemmConfig, regime_of
 from ..kernels.gemm.reference import linear_ref, quantize_weight
 from .checks import poison_
@@ -71,7 +71,7 @@ def _cases(fmt: str, device: torch.device):
 
 def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: str,
                  config: GemmConfig | None = None) -> Case:
-    """MX weights packed once into the decode layout (kernels/mx/decode_layout) through launcher.linear_layout. The
+    """MX weights packed once into the decode layout (kernels/mx/decode_layout) through linear_layout. The
     fp8-MMA kernel ("mxdec_fp8") multiplies x quantised to MXFP8 per token and 32-group (vLLM's activation rule),
     so its reference takes that x (decode_layout.quantize_x_mxfp8); every other kernel is checked against x as given."""
     from ..kernels.mx.decode_layout import pack, quantize_x_mxfp8
@@ -81,7 +81,7 @@ def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: 
         w, s = quantize_weight(torch.randn(n, k, device=device) / k**0.5, fmt)
         x = torch.randn(m, k, device=device, dtype=dtype)
         out = poison_(torch.empty(m, n, device=device, dtype=dtype))
-        launcher.linear_layout(x, pack(w, s, fmt), out=out, config=config)
+        layout_launcher.linear_layout(x, pack(w, s, fmt), out=out, config=config)
         xr = quantize_x_mxfp8(x) if config is not None and config.kernel == "mxdec_fp8" else x.float()
         return out, linear_ref(xr, w, w_format=fmt, w_scale=s)
     return Case(f"M={m},N={n},K={k},{label}", str(dtype).removeprefix("torch."), run)

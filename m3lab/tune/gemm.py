@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..kernels.gemm import launcher
+from ..kernels.gemm import launcher, layout_launcher
 from ..kernels.gemm.tables import (CONFIG_DIR, CROSSOVER_MAX_M, DECODE_MAX_M, GEMV_MAX_M, PREFILL_KERNELS, GemmConfig,
                                    device_name, heuristic_config, load_table, table_path, write_table)
 from ..kernels.gemm.reference import W_FORMATS, linear_ref
@@ -48,11 +48,12 @@ PREFILL_TILES = ((128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3
                  (64, 256, 64, 4, 4), (256, 128, 64, 8, 4), (128, 256, 64, 8, 4))
 # prefill: persistent (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K, FLATTEN), GROUP_M 8, TMA where
 # the GPU has it; SPLIT_K > 1 splits the last partial wave's tiles along K (launcher.persistent_plan). The per-point
-# winners of 16 configs at M 2048/4096 x the 7 M3 TP4 shapes (H200, traces/bench/gemm_prefill_sweep_NVIDIA_H200.csv: 128 x 256 won 10 of 14 points;
-# 256 x 128, warp specialisation and pointer loads never won; the tail split gained up to 25% at N 1536-2560).
+# winners of 16 configs at M 2048/4096 x the 7 M3 TP4 shapes (H200, traces/bench/gemm_prefill_sweep_NVIDIA_H200.csv:
+# 128 x 256 won 10 of 14 points; 256 x 128, warp specialisation and pointer loads never won; the tail split gained
+# up to 25% at N 1536-2560).
 PERSISTENT_TILES = ((128, 256, 64, 8, 3, 8, True), (128, 256, 64, 8, 3, 8, False), (128, 256, 64, 8, 3, 1, True),
                     (128, 128, 64, 8, 4, 8, False), (128, 128, 64, 4, 4, 8, True))
-# decode layout (launcher.linear_layout; tables w={format}_layout), M <= DECODE_MAX_M: (BLOCK_N, 32-groups per K step,
+# decode layout (layout_launcher.linear_layout; tables w={format}_layout), M <= DECODE_MAX_M: (BLOCK_N, 32-groups per K step,
 # num_warps, num_stages) per kernel and the kernels each format tries. H200 sweeps at f5560d7 and e2d9a2a
 # (traces/bench/gemm_mx_layout_sweep_NVIDIA_H200.csv): mxdec_fold won 64 of 70 points, 16-32 x 64-128 x 128 tiles,
 # 4 warps, 3 stages; the per-group kernels (mxdec, mxdec_fp8) lost everywhere but two mxfp8 M 64 points; the gemv
@@ -65,7 +66,7 @@ LAYOUT_SWEEP = {"mxdec_fold": ((128, 4, 4, 3), (128, 4, 4, 1), (64, 4, 4, 3), (1
 LAYOUT_TUNE_KERNELS = {"mxfp4": ("mxdec_fold", "mxdec"), "mxfp8": ("mxdec_fold", "mxdec_fp8")}
 LAYOUT_WIDE = 5
 LAYOUT_GEMV_TUNE_MAX_M = 8       # the layout gemv kernel is timed up to here (CUDA cores: it loses beyond)
-LAYOUT_FORMATS = tuple(launcher.layout_table_format(f) for f in launcher.MX_FORMATS)
+LAYOUT_FORMATS = tuple(layout_launcher.layout_table_format(f) for f in launcher.MX_FORMATS)
 TUNABLE_FORMATS = W_FORMATS + LAYOUT_FORMATS
 
 
@@ -121,15 +122,16 @@ def layout_candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "m
             tiles = math.ceil(n / bn) * math.ceil(m / bm)
             fills = (2, 1, 4) if i == 0 else (2,)
             splits = {max(1, min(k // (32 * groups), 1 << round(math.log2(max(1.0, f * sms / tiles))))) for f in fills}
-            out += [GemmConfig(kern, bm, bn, 32 * groups, SPLIT_K=sp, num_warps=nw, num_stages=ns) for sp in sorted(splits)]
+            out += [GemmConfig(kern, bm, bn, 32 * groups, SPLIT_K=sp, num_warps=nw, num_stages=ns)
+                    for sp in sorted(splits)]
     if m <= LAYOUT_GEMV_TUNE_MAX_M:
-        out.append(launcher.layout_gemv_config(m, n, k, sms))
+        out.append(layout_launcher.layout_gemv_config(m, n, k, sms))
     return list(dict.fromkeys(out))
 
 
 def base_format(w_format: str) -> str:
     """"mxfp8_layout" -> "mxfp8"; formats as stored are their own base."""
-    return w_format.removesuffix(launcher.LAYOUT_SUFFIX)
+    return w_format.removesuffix(layout_launcher.LAYOUT_SUFFIX)
 
 
 def _weights(w: torch.Tensor, s, w_format: str):
@@ -142,7 +144,7 @@ def _weights(w: torch.Tensor, s, w_format: str):
 
 def _launch(x: torch.Tensor, weights, w_format: str, cfg: GemmConfig, out=None) -> torch.Tensor:
     if w_format in LAYOUT_FORMATS:
-        return launcher.linear_layout(x, weights, config=cfg, out=out)
+        return layout_launcher.linear_layout(x, weights, config=cfg, out=out)
     w, s = weights
     return launcher.linear(x, w, w_format=w_format, w_scale=s, config=cfg, out=out)
 
@@ -235,7 +237,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     """Tune every (shape, format, M) within the budget; write one table per (N, K, format). -> all timings.
 
     Formats: W_FORMATS (weights as stored, :func:`launcher.linear`) and LAYOUT_FORMATS (MX weights packed into the
-    decode layout, :func:`launcher.linear_layout`; decode M only).
+    decode layout, :func:`layout_launcher.linear_layout`; decode M only).
 
     shapes: (N, K) pairs, normally :func:`m3lab.bench.gemm.model_gemm_shapes` (the OpTable's distinct GEMMs).
     Candidates are compiled in parallel first (``workers`` processes); MX formats at prefill M take the
