@@ -130,6 +130,11 @@ def test_committed_gpu_gate_results(repo_dir):
     families = {g.split(".")[0] for g in every["gate"]}
     assert {"gemm", "mx", "moe", "sparse", "vllm", "perf"} <= families
     assert every["gate"].str.startswith("vllm.").sum() >= 6 and (every["dtype"] == "bfloat16").any()
+    allg = df[df["phase"] == "gemm_all_gates"]      # `m3lab gate --device cuda --only 'gemm.*' 'mx.*' 'perf.*'`
+    assert allg[~allg["gate"].str.startswith("perf.")]["passed"].all() and len(allg) >= 480
+    recheck = df[(df["phase"] == "perf_recheck") & (df["commit"] == allg["commit"].iloc[0])]
+    assert (~allg["passed"]).sum() <= 1 and recheck["gate"].str.startswith("perf.").sum() >= 100
+    assert recheck["passed"].all()                  # the perf gates alone, right after, on the same commit
     session = df[df["phase"] == "gemm_session"]     # the GEMM session that re-tuned the tables and re-recorded the baseline
     assert len(session) >= 400 and session["passed"].all() and session["gate"].str.endswith("_layout").sum() >= 70
     base = perf.load_baseline(repo_dir / "traces" / "gates" / "baseline_NVIDIA_H200.csv")

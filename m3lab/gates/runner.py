@@ -96,7 +96,8 @@ def summary(df: pd.DataFrame) -> dict:
 
 def recorded_results(device_name: str = "NVIDIA_H200") -> pd.DataFrame:
     """Gate results recorded on a GPU and committed (traces/gates/gates_cuda_<device>.csv; column ``phase``:
-    before_tune / after_tune / perf_recheck of a GEMM tuning session, or all_gates for ``m3lab gate --device cuda``;
+    before_tune / after_tune / perf_recheck of a GEMM tuning session, gemm_session of ``m3lab.bench.gpu_session``,
+    gemm_all_gates for ``m3lab gate --device cuda`` on the GEMM, MX and perf gates, or all_gates for every gate;
     ``commit`` and ``date`` say what ran when)."""
     from .perf import BASELINE_DIR
     path = BASELINE_DIR / f"gates_cuda_{device_name}.csv"
