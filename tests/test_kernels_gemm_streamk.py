@@ -115,3 +115,15 @@ def test_streamk_atomic_sums_match_reference_and_rest_at_zero(m, n, k, cfg):
         assert rel_rms(y, linear_ref(x.float(), w)) <= FP16
         assert float(launcher._SUMS[torch.device("cpu")].abs().sum()) == 0.0
         assert int(launcher._locks(torch.device("cpu"), 1)[:64].abs().sum()) == 0
+
+
+def test_outgrown_workspaces_stay_alive_for_captured_graphs():
+    """A CUDA graph captured at one batch size keeps the address of the counters / ATOMIC sums it used; when a
+    larger problem needs a larger buffer, the old one must not be freed (its memory would be reused under the graph)."""
+    dev = torch.device("cpu")
+    pool: dict = {}
+    small = launcher._zeroed(pool, dev, 10, torch.float32)
+    assert launcher._zeroed(pool, dev, 4096, torch.float32) is small          # fits: the same buffer
+    big = launcher._zeroed(pool, dev, 5000, torch.float32)
+    assert big.numel() >= 2 * small.numel() and float(big.abs().sum()) == 0.0
+    assert any(b is small for b in launcher._OUTGROWN)
