@@ -144,6 +144,8 @@ def test_committed_gpu_gate_results(repo_dir):
 def test_cli_tune_rejects_bad_input():
     from m3lab.cli.main import app
     runner = CliRunner()
-    for args, field in ((["--shapes", "12y"], "shapes"), (["--formats", "int3"], "formats")):
+    for args, field in ((["--shapes", "12y"], "shapes"), (["--formats", "int3"], "formats"),
+                        (["--formats", "bf16_layout"], "formats"),
+                        (["--formats", "mxfp4_layout,mxfp8_layout"], "needs a GPU")):   # valid formats; no GPU here
         res = runner.invoke(app, ["tune", "gemm", *args])
         assert res.exit_code == 2 and field in res.output
