@@ -6,19 +6,10 @@ import nbformat as nbf
 import pytest
 
 from m3lab.errors import M3LabError
+from notebook_files import write_notebook
 from m3lab.pipeline.params import notebook_parameters, parse_overrides, resolve_parameters
 from m3lab.pipeline.runner import resume_run, run_pipeline
 from m3lab.pipeline.spec import list_pipelines, load_pipeline
-
-
-def _notebook(path: Path, params: str, *code: str) -> Path:
-    cells = [nbf.v4.new_markdown_cell(f"# {path.stem}"),
-             nbf.v4.new_code_cell(params, metadata={"tags": ["parameters"]})]
-    cells += [nbf.v4.new_code_cell(c) for c in code]
-    nb = nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                   "language": "python"}})
-    nbf.write(nb, path)
-    return path
 
 
 @pytest.fixture
@@ -28,18 +19,18 @@ def toy(tmp_path):
     d.mkdir()
     counter = tmp_path / "executions.log"
     marker = tmp_path / "fixed"
-    _notebook(d / "01_produce.ipynb", "n = 5  # rows to make\nlabel = 'x'  # a label",
+    write_notebook(d / "01_produce.ipynb", "n = 5  # rows to make\nlabel = 'x'  # a label",
               "from m3lab import artifacts\nimport pandas as pd",
               f"open({str(counter)!r}, 'a').write('produce\\n')",
               "artifacts.save('table', pd.DataFrame({'i': range(n), 'label': label}))",
               "artifacts.save('meta', {'n': n, 'label': label})")
-    _notebook(d / "02_consume.ipynb", "scale = 2.0  # multiplier\nn = 1  # unused here",
+    write_notebook(d / "02_consume.ipynb", "scale = 2.0  # multiplier\nn = 1  # unused here",
               "from m3lab import artifacts",
               f"open({str(counter)!r}, 'a').write('consume\\n')",
               "t = artifacts.load('table'); meta = artifacts.load('meta')",
               "assert len(t) == meta['n'], (len(t), meta)",
               "artifacts.save('total', {'total': float(t.i.sum() * scale)})")
-    _notebook(d / "03_flaky.ipynb", "strict = True  # raise unless fixed",
+    write_notebook(d / "03_flaky.ipynb", "strict = True  # raise unless fixed",
               "from pathlib import Path\nfrom m3lab import artifacts",
               f"open({str(counter)!r}, 'a').write('flaky\\n')",
               f"if strict and not Path({str(marker)!r}).exists():\n    raise RuntimeError('flaky step is broken')",

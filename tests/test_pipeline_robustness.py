@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from m3lab.cli.main import app
 from m3lab.errors import M3LabError
+from notebook_files import write_notebook
 from m3lab.pipeline.params import resolve_parameters
 from m3lab.pipeline.run_folder import RunLock, load_summary, new_run_dir
 from m3lab.pipeline.runner import resume_run, run_pipeline
@@ -26,25 +27,17 @@ cli = CliRunner()
 QUIET = dict(progress=False, echo=lambda s: None)
 
 
-def _notebook(path: Path, params: str, *code: str) -> Path:
-    cells = [nbf.v4.new_markdown_cell(f"# {path.stem}"), nbf.v4.new_code_cell(params, metadata={"tags": ["parameters"]})]
-    cells += [nbf.v4.new_code_cell(c) for c in code]
-    nbf.write(nbf.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                        "language": "python"}}), path)
-    return path
-
-
 @pytest.fixture
 def toy(tmp_path):
     """first (saves n) -> big (prints `big` kB of text; sleeps `pause` s) -> last (reads n)."""
     d = tmp_path / "pipe"
     d.mkdir()
     log = tmp_path / "executions.log"
-    _notebook(d / "01_first.ipynb", "n = 3  # rows", "from m3lab import artifacts",
+    write_notebook(d / "01_first.ipynb", "n = 3  # rows", "from m3lab import artifacts",
               f"open({str(log)!r}, 'a').write('first\\n')", "artifacts.save('meta', {'n': n})")
-    _notebook(d / "02_big.ipynb", "big = 1  # kB of output\npause = 0.0  # seconds to sleep", "import time",
+    write_notebook(d / "02_big.ipynb", "big = 1  # kB of output\npause = 0.0  # seconds to sleep", "import time",
               f"open({str(log)!r}, 'a').write('big\\n')", "time.sleep(pause)", "print('x' * (1000 * big))")
-    _notebook(d / "03_last.ipynb", "scale = 2  # multiplier", "from m3lab import artifacts",
+    write_notebook(d / "03_last.ipynb", "scale = 2  # multiplier", "from m3lab import artifacts",
               f"open({str(log)!r}, 'a').write('last\\n')",
               "artifacts.save('total', {'total': artifacts.load('meta')['n'] * scale})")
     (d / "toy.yaml").write_text("name: toy\ndescription: test pipeline\nsteps:\n  - notebook: 01_first.ipynb\n"

@@ -12,6 +12,8 @@ asked, the compact page-16 table row of the sparse page adapter (full blocks fir
 import triton
 import triton.language as tl
 
+from ..ragged import query_row
+
 LOCAL_SCORE = tl.constexpr(1e29)  # forced score of the local blocks (vLLM index_topk kernels)
 INIT_SCORE = tl.constexpr(1e30)   # forced score of the init blocks
 EMPTY_KEY = tl.constexpr(-(2**63))  # sort key of an unused slot (below every real key)
@@ -82,12 +84,9 @@ def select_kernel(s_ptr, topk_ptr, cu_q_ptr, seq_lens_ptr, bt_ptr, table_ptr, ct
     i = tl.program_id(0)
     r = tl.program_id(1)
     h = tl.program_id(2)
-    q0 = tl.load(cu_q_ptr + r)
-    q_len = tl.load(cu_q_ptr + r + 1) - q0
+    q_len, t, pos = query_row(cu_q_ptr, seq_lens_ptr, r, i)
     if i >= q_len:
         return
-    t = (q0 + i).to(tl.int64)
-    pos = tl.load(seq_lens_ptr + r) - q_len + i
     own = pos // BLOCK_SIZE
     n_valid = own + 1
     best = tl.full([BLOCK_T], EMPTY_KEY, tl.int64)

@@ -14,6 +14,8 @@ scale applied to the output.
 import triton
 import triton.language as tl
 
+from ..ragged import query_row
+
 
 @triton.jit
 def _online_update(q, k, v, kmask, m_i, l_i, acc, scale_log2):
@@ -81,12 +83,9 @@ def sparse_attn_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, bt_ptr, cu_q_ptr, seq_lens
     r = tl.program_id(1)
     kvh = tl.program_id(2) // SPLIT
     s = tl.program_id(2) % SPLIT
-    q0 = tl.load(cu_q_ptr + r)
-    q_len = tl.load(cu_q_ptr + r + 1) - q0
+    q_len, t, pos = query_row(cu_q_ptr, seq_lens_ptr, r, i)
     if i >= q_len:
         return
-    t = (q0 + i).to(tl.int64)
-    pos = tl.load(seq_lens_ptr + r) - q_len + i
     own = pos // BLOCK_SIZE
     q, heads, h_ok, d, scale_log2, v_scale, m_i, l_i, acc = _group_start(
         q_ptr, k_scale_ptr, v_scale_ptr, sm_scale, t, kvh, group, stride_qt, stride_qh, HEAD_DIM, BLOCK_H, HAS_SCALE)
