@@ -68,6 +68,27 @@ def layout_heuristic(m: int, n: int, k: int, w_format: str, sms: int = 132) -> G
     return GemmConfig("mxdec_fold", block_m, block_n, 32 * groups, SPLIT_K=split, num_warps=warps, num_stages=stages)
 
 
+def layout_kernel(m: int, n: int, k: int, w_format: str, device: torch.device,
+                  config: GemmConfig | None = None) -> str | None:
+    """The layout kernel :func:`linear_layout` launches for this problem (the forced ``config``'s, else the table's
+    or the heuristic's), or None where it hands the weights to :func:`linear` (M > DECODE_MAX_M, no config)."""
+    from .tables import DECODE_MAX_M
+    if m > DECODE_MAX_M and config is None:
+        return None
+    return (config or layout_config(m, n, k, w_format, device)).kernel
+
+
+def layout_linear_ref(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_format: str,
+                      kernel: str | None) -> torch.Tensor:
+    """fp32 reference [M, N] of a decode-layout launch by ``kernel`` (:func:`layout_kernel`): linear_ref on x as
+    given, except the fp8-MMA kernel ("mxdec_fp8"), which multiplies x quantised to MXFP8 per token and 32-group
+    (vLLM's activation rule, decode_layout.quantize_x_mxfp8). w, w_scale: the OCP MX weights that were packed."""
+    from ..mx.decode_layout import quantize_x_mxfp8
+    from .reference import linear_ref
+    xr = quantize_x_mxfp8(x) if kernel == "mxdec_fp8" else x.float()
+    return linear_ref(xr, w, w_format=w_format, w_scale=w_scale)
+
+
 def linear_layout(x: torch.Tensor, dw: DecodeWeights, *, config: GemmConfig | None = None,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (bf16; fp16/fp32 for CPU tests), MX weights in the decode layout -> y [M, N] in x.dtype.

@@ -71,10 +71,10 @@ def _cases(fmt: str, device: torch.device):
 
 def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: str,
                  config: GemmConfig | None = None) -> Case:
-    """MX weights packed once into the decode layout (kernels/mx/decode_layout) through linear_layout. The
-    fp8-MMA kernel ("mxdec_fp8") multiplies x quantised to MXFP8 per token and 32-group (vLLM's activation rule),
-    so its reference takes that x (decode_layout.quantize_x_mxfp8); every other kernel is checked against x as given."""
-    from ..kernels.mx.decode_layout import pack, quantize_x_mxfp8
+    """MX weights packed once into the decode layout (kernels/mx/decode_layout) through linear_layout, against the
+    reference of the kernel it launches (the auto case included: a table may pick the fp8-MMA kernel, whose
+    reference quantises x; layout_launcher.layout_linear_ref)."""
+    from ..kernels.mx.decode_layout import pack
     dtype = act_dtype(device)
 
     def run():
@@ -82,8 +82,8 @@ def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: 
         x = torch.randn(m, k, device=device, dtype=dtype)
         out = poison_(torch.empty(m, n, device=device, dtype=dtype))
         layout_launcher.linear_layout(x, pack(w, s, fmt), out=out, config=config)
-        xr = quantize_x_mxfp8(x) if config is not None and config.kernel == "mxdec_fp8" else x.float()
-        return out, linear_ref(xr, w, w_format=fmt, w_scale=s)
+        kernel = layout_launcher.layout_kernel(m, n, k, fmt, device, config)
+        return out, layout_launcher.layout_linear_ref(x, w, s, fmt, kernel)
     return Case(f"M={m},N={n},K={k},{label}", str(dtype).removeprefix("torch."), run)
 
 

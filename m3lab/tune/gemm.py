@@ -150,13 +150,10 @@ def _launch(x: torch.Tensor, weights, w_format: str, cfg: GemmConfig, out=None) 
 
 
 def _reference(x: torch.Tensor, w: torch.Tensor, s, w_format: str, cfg: GemmConfig) -> torch.Tensor:
-    """linear_ref of the point; the fp8-MMA layout kernel multiplies x quantised to MXFP8 (vLLM's rule), so its
-    reference takes that x (decode_layout.quantize_x_mxfp8)."""
-    xr = x.float()
-    if cfg.kernel == "mxdec_fp8":
-        from ..kernels.mx.decode_layout import quantize_x_mxfp8
-        xr = quantize_x_mxfp8(x)
-    return linear_ref(xr, w, w_format=base_format(w_format), w_scale=s)
+    """linear_ref of the point; for the decode layout, the reference of the kernel ``cfg`` launches."""
+    if w_format in LAYOUT_FORMATS:
+        return layout_launcher.layout_linear_ref(x, w, s, base_format(w_format), cfg.kernel)
+    return linear_ref(x.float(), w, w_format=w_format, w_scale=s)
 
 
 def _compile_worker(jobs: list[tuple[str, dict, int]]) -> list[str]:
