@@ -607,8 +607,21 @@ def _load_named(key: str) -> ModelSpec:
     if key == "minimax-m3-mini":
         return ModelSpec.mini()
     entry = _index()[key]
-    cfg = json.loads((CONFIG_DIR / entry["file"]).read_text())
-    return parse_hf_config(cfg, name=key, source=entry["source"])
+    path = CONFIG_DIR / entry["file"]
+    spec = parse_hf_config(json.loads(path.read_text()), name=key, source=entry["source"])
+    spec.extra["config_file"] = str(path)
+    return spec
+
+
+def raw_config(model: ModelSpec) -> dict:
+    """The ``config.json`` dict ``model`` was parsed from (a fresh copy), for building vLLM's own model."""
+    if model.name == "minimax-m3-mini":
+        return json.loads(json.dumps(MINI_M3_CONFIG))
+    path = model.extra.get("config_file")
+    if not path:
+        raise M3LabError(f"model {model.name!r} was not loaded from a config.json", field="model",
+                         hint="load it by name or from a config.json path")
+    return json.loads(Path(path).read_text())
 
 
 def _resolve_name(name: str) -> str | None:
@@ -639,7 +652,9 @@ def load_model(name_or_path: str | ModelSpec) -> ModelSpec:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             reason = err.msg if hasattr(err, "msg") else err
             raise M3LabError(f"model config {str(path)!r} is not valid JSON ({reason})", field="model") from None
-        return parse_hf_config(cfg, name=path.parent.name if path.name == "config.json" else path.stem,
+        spec = parse_hf_config(cfg, name=path.parent.name if path.name == "config.json" else path.stem,
                                source=f"file {path}")
+        spec.extra["config_file"] = str(path)
+        return spec
     raise M3LabError(f"unknown model {str(name_or_path)!r}", field="model",
                      hint=f"use one of {', '.join(list_models())} or a path to a config.json")

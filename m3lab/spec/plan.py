@@ -8,8 +8,9 @@ Rules as vLLM applies them:
 - Gated DeltaNet (linear attention) key and value heads shard by TP (both must be divisible).
 - M3 sparse layers project q, k, v, index q and index k with ONE fused GEMM (vLLM
   ``MinimaxM3QKVParallelLinearWithIndexer``, ``vllm/model_executor/layers/linear.py:1374-1445``): index q shards
-  like the KV heads, or is replicated on every rank with the indexer context parallelism
-  (``minimax_m3_indexer_cp``, ``replicate_index_q``, ``vllm/models/minimax_m3/amd/model.py:681-698``).
+  like the KV heads, or is replicated on every rank when vLLM runs the indexer context-parallel
+  (``index_q_replicated``: ``replicate_index_q``, ``vllm/models/minimax_m3/amd/model.py:681-698``; asking for it
+  with ``minimax_m3_indexer_cp`` is ``indexer_cp``, and vLLM turns it on only when its MSA-CP gate passes).
 - MoE: with ep == 1 every rank holds all experts at inter / tp (TP-MoE); with ep > 1 each rank holds
   experts / ep whole experts. The shared expert is a TP-sharded MergedColumnParallelLinear (shared_inter / tp)
   whatever the EP degree (``amd/model.py:286-300``). Shared-expert fusion (the shared expert as an extra row of
@@ -43,7 +44,8 @@ class ParallelPlan:
     dp: int = 1
     role: str = "both"
     fused_shared_expert: bool = False  # asked for (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS); see fuses_shared
-    indexer_cp: bool = False           # --attention-config minimax_m3_indexer_cp: index q replicated per rank
+    indexer_cp: bool = False           # asked for: --attention-config minimax_m3_indexer_cp
+    index_q_replicated: bool = False   # vLLM runs the indexer context-parallel: index q replicated per rank
 
     @property
     def world(self) -> int:
@@ -96,9 +98,15 @@ class ParallelPlan:
         return max(1, self.tp // model.heads_kv)
 
     def index_heads_local(self, model: ModelSpec) -> int:
-        """Index q heads per rank: sharded exactly like the KV heads (M3); all of them for DSA and under the
-        M3 indexer context parallelism (replicated)."""
-        if model.sparse is not None and (model.sparse.index_q_replicated or self.indexer_cp):
+        """Index q heads per rank: sharded exactly like the KV heads (M3); all of them for DSA and when vLLM
+        runs the M3 indexer context-parallel (``index_q_replicated``).
+
+        Asking for indexer CP (``indexer_cp``) does not replicate anything by itself: vLLM replicates index q
+        only when ``msa_indexer_cp_enabled`` holds (the MSA indexer runs and its CP gate passes,
+        ``vllm/models/minimax_m3/amd/indexer_msa.py``). That is vLLM's decision, taken by the fast-path
+        resolver (``m3lab.vllm.fastpaths.effective_plan`` gives the plan with it set).
+        """
+        if model.sparse is not None and (model.sparse.index_q_replicated or self.index_q_replicated):
             return model.index_heads
         return max(1, model.index_heads // self.tp)
 
@@ -112,6 +120,10 @@ class ParallelPlan:
             return qkv
         d = model.sparse.index_dim
         return (*qkv, self.index_heads_local(model) * d, d)
+
+    def dense_inter_local(self, model: ModelSpec) -> int:
+        """Dense-MLP intermediate width per rank (column-parallel over tp)."""
+        return model.dense_inter // self.tp
 
     def linear_heads_local(self, model: ModelSpec) -> tuple[int, int]:
         """Gated DeltaNet (key heads, value heads) per rank."""
@@ -171,7 +183,8 @@ class ParallelPlan:
 
     def describe(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "role": self.role,
-                "fused_shared_expert": self.fused_shared_expert, "indexer_cp": self.indexer_cp}
+                "fused_shared_expert": self.fused_shared_expert, "indexer_cp": self.indexer_cp,
+                "index_q_replicated": self.index_q_replicated}
 
 
 def as_plan(plan: Any) -> ParallelPlan:
