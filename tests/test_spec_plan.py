@@ -45,7 +45,11 @@ def test_fused_projection_widths(m3):
     assert sum(ParallelPlan(tp=4).qkv_widths(m3, sparse=True)) == 2560
     assert sum(ParallelPlan(tp=1).qkv_widths(m3, sparse=True)) == 9856
     assert sum(ParallelPlan(tp=4).qkv_widths(m3, sparse=False)) == 2304
-    assert sum(ParallelPlan(tp=4, indexer_cp=True).qkv_widths(m3, sparse=True)) == 2944   # index q replicated
+    # asking for indexer CP replicates nothing by itself (vLLM replicates index q only when its MSA-CP gate
+    # passes); the resolver's answer sets index_q_replicated (tests/test_vllm_decides.py checks it against vLLM)
+    assert sum(ParallelPlan(tp=4, indexer_cp=True).qkv_widths(m3, sparse=True)) == 2560
+    assert sum(ParallelPlan(tp=8, indexer_cp=True).qkv_widths(m3, sparse=True)) == 1536
+    assert sum(ParallelPlan(tp=4, index_q_replicated=True).qkv_widths(m3, sparse=True)) == 2944
 
 
 @pytest.mark.parametrize("plan, field", [

@@ -561,8 +561,14 @@ _FAMILIES = {
 }
 
 
-def parse_hf_config(config: dict, name: str | None = None, source: str = "") -> ModelSpec:
-    """Build a :class:`ModelSpec` from a config dict; M3LabError names the missing or bad field."""
+def parse_hf_config(config: dict, name: str | None = None, source: str = "", *, reader: str = "auto") -> ModelSpec:
+    """Build a :class:`ModelSpec` from a config dict; M3LabError names the missing or bad field.
+
+    MiniMax M3 configs in the checkpoint's own format (``sparse_attention_config``) are parsed by vLLM's
+    ``MiniMaxM3Config`` (:mod:`m3lab.spec.vllm_config`) when vLLM is installed; m3lab's own reader serves the
+    flat transformers-5 names (which vLLM 0.33.0's class does not read) and machines without vLLM.
+    ``reader="m3lab"`` forces m3lab's reader (compared with vLLM's in a test).
+    """
     if not isinstance(config, dict):
         raise M3LabError("config must be a JSON object (a Hugging Face config.json)", field="config")
     text = config.get("text_config")
@@ -584,9 +590,20 @@ def parse_hf_config(config: dict, name: str | None = None, source: str = "") -> 
     if parser is None:
         raise M3LabError(f"config field 'model_type' is {model_type or 'missing'!r}: not supported",
                          field="model_type", hint=f"supported: {', '.join(sorted(_FAMILIES))}")
-    values = parser(t)
+    values = parser(t)  # m3lab's reader: its input checks run for every family
     name = name or str(config.get("_name_or_path") or model_type)
+    if parser is _minimax_m3 and reader != "m3lab" and "sparse_attention_config" in t and _vllm_parses():
+        # vLLM's MiniMaxM3Config is the production parse (m3lab.spec.vllm_config imports this module)
+        from m3lab.spec.vllm_config import cached_spec_via_vllm
+        spec = cached_spec_via_vllm(config, name=name, source=source)
+        return dataclasses.replace(spec, extra={**spec.extra, "model_type": model_type})
     return ModelSpec(name=name, source=source, extra={"model_type": model_type}, **values)
+
+
+def _vllm_parses() -> bool:
+    """Whether vLLM's config class parses M3 configs here (else m3lab's reader, with a one-time notice)."""
+    from m3lab.vllm import install  # the install check reads package metadata only (no vLLM import)
+    return install.tell_once("parsing MiniMax M3 configs with vLLM's MiniMaxM3Config (m3lab's own reader is used)")
 
 
 # ---- registry ----------------------------------------------------------------------------------------

@@ -1,32 +1,65 @@
 """MiniMax M3 configs parsed through vLLM's own config class, read the way vLLM 0.33.0's AMD model reads them.
 
-:func:`vllm_text_config` returns vLLM's ``MiniMaxM3TextConfig`` for a ``config.json`` dict (through
+This is m3lab's production parse of MiniMax M3 configs (``m3lab.spec.model.parse_hf_config`` calls
+:func:`spec_via_vllm` whenever vLLM is installed; m3lab's own reader serves only where it is not, and says so
+once). :func:`vllm_text_config` returns vLLM's ``MiniMaxM3TextConfig`` for a ``config.json`` dict (through
 ``MiniMaxM3Config(**config)``, ``vllm/transformers_utils/configs/minimax_m3.py``), so keys the checkpoint omits
-take vLLM's defaults. :func:`spec_via_vllm` turns it into a :class:`~m3lab.spec.model.ModelSpec` with the rules of
-``vllm/models/minimax_m3/amd/model.py``; ``m3lab.spec.model.parse_hf_config`` must give the same ModelSpec
-(tested on every shipped M3 config). Needs vLLM (``m3lab.vllm.install``); import cost a few seconds on a CPU.
+take vLLM's defaults; :func:`spec_via_vllm` turns it into a :class:`~m3lab.spec.model.ModelSpec` with the rules
+of ``vllm/models/minimax_m3/amd/model.py``.
+
+That config module imports only ``transformers``: it is loaded from the installed vLLM's file without
+importing the ``vllm`` package when nothing has imported vLLM yet (vLLM's import fixes platform state). The
+parse costs torch + transformers' import (seconds on a CPU), so its result is kept on disk
+(:func:`cached_spec_via_vllm`, keyed by the config, the vLLM version and this parser's source).
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
 from typing import Any
 
+from m3lab.atomic import atomic_path
 from m3lab.errors import M3LabError
 from m3lab.spec.model import (ATTN_DENSE, ATTN_SPARSE, MLP_DENSE, MLP_MOE, ModelSpec, SparseConfig, _frozen,
                               _index_value)
 
 CONFIG_MODULE = "vllm.transformers_utils.configs.minimax_m3"
+_STANDALONE = "_m3lab_vllm_minimax_m3_config"  # vLLM's config module loaded by file (vllm not imported)
+
+
+def _config_module() -> Any:
+    """vLLM's M3 config module: the imported one, or its file loaded alone (it imports only transformers)."""
+    if "vllm" in sys.modules:
+        from m3lab.vllm.imports import vllm_module
+        return vllm_module(CONFIG_MODULE, feature="parsing MiniMax M3 configs with vLLM's config class")
+    if _STANDALONE in sys.modules:
+        return sys.modules[_STANDALONE]
+    from m3lab.vllm import install
+    install.require("parsing MiniMax M3 configs with vLLM's config class")
+    root = Path(list(importlib.util.find_spec("vllm").submodule_search_locations)[0])
+    spec = importlib.util.spec_from_file_location(_STANDALONE, root / "transformers_utils/configs/minimax_m3.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[_STANDALONE] = module
+    return module
 
 
 def vllm_text_config(config: dict) -> Any:
     """vLLM's ``MiniMaxM3TextConfig`` of a MiniMax M3 ``config.json`` dict (VL wrapper or bare text config)."""
-    from m3lab.vllm.imports import vllm_module
-
-    mod = vllm_module(CONFIG_MODULE, feature="parsing MiniMax M3 configs with vLLM's config class")
+    mod = _config_module()
     if not isinstance(config, dict):
         raise M3LabError("config must be a JSON object (a Hugging Face config.json)", field="config")
-    if "text_config" in config:
-        return mod.MiniMaxM3Config(**config).text_config
-    return mod.MiniMaxM3TextConfig(**config)
+    try:
+        if "text_config" in config:
+            return mod.MiniMaxM3Config(**config).text_config
+        return mod.MiniMaxM3TextConfig(**config)
+    except (KeyError, ValueError, TypeError) as err:  # transformers' validation of the config's fields
+        raise M3LabError(f"vLLM's MiniMaxM3Config rejects this config: {err}", field="config") from None
 
 
 def spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> ModelSpec:
@@ -67,3 +100,32 @@ def spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> Mo
         tie_embeddings=bool(t.tie_word_embeddings), max_position=int(t.max_position_embeddings),
         rope_scaling=_frozen(scaling) if scaling else None, mtp_modules=int(t.num_mtp_modules), source=source,
         extra={"model_type": str(config.get("model_type") or t.model_type)})
+
+
+def _cache_dir() -> Path:
+    """Where parsed specs are kept: ``$M3LAB_CACHE_DIR`` or ``~/.cache/m3lab``."""
+    return Path(os.environ.get("M3LAB_CACHE_DIR") or Path.home() / ".cache" / "m3lab") / "vllm-config"
+
+
+def _cache_key(config: dict, name: str | None, source: str) -> str:
+    from m3lab.spec import model
+    from m3lab.vllm import install
+    parts = [json.dumps(config, sort_keys=True, default=str), str(name), source, str(install.installed_version()),
+             Path(__file__).read_text(encoding="utf-8"), Path(model.__file__).read_text(encoding="utf-8")]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def cached_spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> ModelSpec:
+    """:func:`spec_via_vllm`, kept on disk (see the module docstring); a damaged entry is re-parsed."""
+    path = _cache_dir() / f"{_cache_key(config, name, source)}.pkl"
+    try:
+        return pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError):
+        pass
+    spec = spec_via_vllm(config, name=name, source=source)
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(pickle.dumps(spec))
+    except OSError:  # a read-only home: parse every time
+        pass
+    return spec

@@ -124,3 +124,11 @@ def lm_head(module, shape: GemmShape) -> Decision:
               Check("quant method vLLM bound", type(module.quant_method).__name__, True,
                     cite_of(type(module.quant_method)))]
     return _unquantized("lm_head", "model", shape, checks, "logits only for the sampled rows")
+
+
+def tile_regime(hardware, m: int, n: int, k: int) -> str:
+    """``"decode"`` when vLLM's MXFP8 ``_select_cfg`` on ``hardware`` gives (m, n, k) the one-row tile, else
+    ``"prefill"`` (run in the target's worker process: it enters the emulated platform)."""
+    from m3lab.vllm.emulate import Target, emulate
+    with emulate(Target.of(hardware)):
+        return "decode" if is_decode_tile(m, n, k) else "prefill"
