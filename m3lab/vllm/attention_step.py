@@ -35,6 +35,24 @@ class Step:
         return self.context + self.query_len
 
 
+def _gpu_resident():
+    """A CPU tensor subclass whose ``is_cuda`` is True: vLLM's launch wrappers check that their inputs live
+    on the GPU before launching (the launches are recorded, never run, so the data may stay on the CPU)."""
+    import torch
+
+    class OnGpu(torch.Tensor):
+        @property
+        def is_cuda(self) -> bool:
+            return True
+
+    return OnGpu
+
+
+def _on_gpu(*tensors):
+    cls = _gpu_resident()
+    return tuple(t.as_subclass(cls) for t in tensors)
+
+
 def _common_metadata(step: Step, block_size: int, blocks_per_req: int, table_width: int) -> Any:
     """The scheduler's batch description: ``step.requests`` requests, each with its own blocks; the block
     table is as wide as vLLM's (``cdiv(max_model_len, block_size)`` columns)."""
@@ -47,6 +65,7 @@ def _common_metadata(step: Step, block_size: int, blocks_per_req: int, table_wid
     table[:, :blocks_per_req] = torch.arange(r * blocks_per_req, dtype=torch.int32).reshape(r, blocks_per_req)
     pos = (torch.arange(q) + step.context).repeat(r)
     slots = (table[:, :1].repeat_interleave(q, 0).flatten() * block_size + pos).to(torch.int64)
+    qsl, seq, table, pos, slots = _on_gpu(qsl, seq, table, pos, slots)
     return CommonAttentionMetadata(
         query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq, num_reqs=r,
         num_actual_tokens=step.tokens, max_query_len=q, max_seq_len=step.capture_seq_len or step.seq_len,
@@ -67,7 +86,7 @@ def _cache(backend, spec, name: str, blocks: int) -> Any:
     from vllm.v1.kv_cache_layout import KVCacheLayout
     layout = (backend.supported_kv_cache_layouts() or (KVCacheLayout.LBHNC,))[0]
     page = spec.page_size_bytes
-    raw = torch.empty(page * blocks, dtype=torch.int8)
+    (raw,) = _on_gpu(torch.empty(page * blocks, dtype=torch.int8))
     tensor = KVCacheTensor(size=page * blocks, layers=[name], layer_stride=page * blocks, block_stride=page)
     return create_kv_cache_views(raw, spec, blocks, layout, tensor)[0]
 
@@ -77,7 +96,8 @@ def _bound(attn, kv_cache, index_cache, topk_buffer) -> Any:
     """The layer with caches bound (as vLLM's KV-cache manager would) for the duration of the step."""
     saved = (attn.kv_cache, attn.indexer.index_cache.kv_cache, attn.topk_indices_buffer,
              getattr(attn, "_aiter_sparse_pa_cache_data_ptr", 0))
-    attn.kv_cache, attn.indexer.index_cache.kv_cache = kv_cache, index_cache
+    attn.bind_kv_cache(kv_cache)  # each layer unpacks its view as vLLM's runner binds it
+    attn.indexer.index_cache.bind_kv_cache(index_cache)
     attn.topk_indices_buffer = topk_buffer
     if hasattr(attn.indexer, "topk_indices_buffer"):
         attn.indexer.topk_indices_buffer = topk_buffer
@@ -105,10 +125,10 @@ def run(attn, vllm_config, step: Step) -> recorder.Trace:
     main_md = _builder(attn.get_attn_backend(), spec, attn.layer_name, vllm_config).build(0, common)
     index_md = _builder(icache.get_attn_backend(), ispec, icache.prefix, vllm_config).build(0, common)
     t = step.tokens
-    topk = torch.empty(attn.num_idx_heads, t, attn.impl.topk_blocks if hasattr(attn.impl, "topk_blocks") else 16,
-                       dtype=torch.int32)
-    q = torch.empty(t, attn.num_heads * attn.head_dim, dtype=torch.bfloat16)
-    iq = None if getattr(attn, "skip_index_topk", False) else torch.empty(t, attn.index_q_size, dtype=icache.dtype)
+    topk, q = _on_gpu(torch.empty(attn.num_idx_heads, t, getattr(attn.impl, "topk_blocks", 16), dtype=torch.int32),
+                      torch.empty(t, attn.num_heads * attn.head_dim, dtype=torch.bfloat16))
+    iq = None if getattr(attn, "skip_index_topk", False) else _on_gpu(
+        torch.empty(t, attn.index_q_size, dtype=icache.dtype))[0]
     ctx = ForwardContext(no_compile_layers={}, attn_metadata={attn.layer_name: main_md, icache.prefix: index_md},
                          slot_mapping={attn.layer_name: common.slot_mapping, icache.prefix: common.slot_mapping})
     with _bound(attn, _cache(attn.get_attn_backend(), spec, attn.layer_name, blocks),

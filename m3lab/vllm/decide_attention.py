@@ -21,6 +21,8 @@ from m3lab.vllm.fastpath_types import Check, Decision
 ATTEND_PATHS = {"MiniMaxM3SparseAiterPAImpl": "aiter_sparse_pa", "MiniMaxM3SparseTritonImpl": "triton_sparse",
                 "MiniMaxM3SparseMSAImpl": "msa_sm100"}
 TABLE_BUILDERS = ("_build_sparse_block_table_kernel", "_build_sparse_block_table_prefill_kernel")
+# the launch that writes the page-16 table itself (EMIT_SPARSE_TABLE) -> path id
+EMITTER_PATHS = {"_decode_topk_fused_kernel": "fused_topk_emits", "_merge_topk_keys": "cp_merge_emits"}
 
 
 def _impl(attn):
@@ -103,7 +105,6 @@ def page_table(kind: str, attn, trace, attend) -> Decision:
         return Decision("page_table", kind, "A1", "none", (), (base,), base.cite, status="skipped",
                         note="the Triton attend reads the top-k directly", vllm="use_aiter_sparse_pa=False")
     built = next((k for k in attend.kernels if k in TABLE_BUILDERS), None)
-    fused = trace.launch("_decode_topk_fused_kernel")
     label = "A5" if getattr(attn, 'skip_index_topk', False) else "A1"
     if built:
         why = ("reuse layer: rebuilt from the shared top-k" if getattr(attn, 'skip_index_topk', False) else "built by the attend")
@@ -113,10 +114,13 @@ def page_table(kind: str, attn, trace, attend) -> Decision:
         return Decision("page_table", kind, "A2" if not getattr(attn, 'skip_index_topk', False) else "A5", "msa_topk_emits",
                         (), (base,), cite_of(type(attn).__init__, "self.indexer_emits_table = "), status="skipped",
                         note="emitted by the MSA top-k launch: no separate kernel", vllm="indexer_emits_table=True")
-    if fused is not None and fused.get("EMIT_SPARSE_TABLE"):
-        return Decision("page_table", kind, "A3", "fused_topk_emits", (), (base,),
-                        trace.sites.get("_decode_topk_fused_kernel") or base.cite, status="skipped",
-                        note="emitted by the fused decode top-k: no separate kernel", vllm="EMIT_SPARSE_TABLE=True")
+    emitter = next((x for x in trace.launches if x.get("EMIT_SPARSE_TABLE")), None)
+    if emitter is not None:
+        path = EMITTER_PATHS.get(emitter.kernel, emitter.kernel.strip("_"))
+        return Decision("page_table", kind, "A3" if path == "fused_topk_emits" else "A4", path, (), (base,),
+                        trace.sites.get(emitter.kernel) or base.cite, status="skipped",
+                        note=f"emitted by {emitter.kernel}: no separate kernel", vllm=f"{emitter.kernel} "
+                        "EMIT_SPARSE_TABLE=True")
     return Decision("page_table", kind, label, "unknown", (), (base,), base.cite, status="skipped",
                     note="no table writer was recorded", vllm="")
 

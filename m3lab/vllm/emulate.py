@@ -266,7 +266,8 @@ def _torch_cuda(target: Target) -> Iterator[None]:
     props = target.device_properties()
     with _patched(torch.cuda, get_device_properties=lambda *a, **k: props,
                   get_device_capability=lambda *a, **k: target.capability,
-                  get_device_name=lambda *a, **k: target.name, Stream=_FakeStream, Event=_FakeStream):
+                  get_device_name=lambda *a, **k: target.name, Stream=_FakeStream, Event=_FakeStream), \
+            _patched(torch.accelerator, current_device_index=lambda: 0):  # rank 0's GPU
         yield
 
 

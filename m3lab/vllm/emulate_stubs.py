@@ -140,8 +140,26 @@ class StubPackages(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 del sys.modules[name]
 
 
+# Collectives during a recorded step: the recorder sets this to log "<group>.<collective>" (None otherwise).
+COLLECTIVE_LOG: list = []
+
+
+def _collective(name: str) -> None:
+    if COLLECTIVE_LOG:
+        COLLECTIVE_LOG[-1](name)
+
+
+def _gathered(x, world: int, dim: int = 0):
+    """An (empty) result of the all-gather of ``x`` over ``world`` ranks along ``dim``."""
+    import torch
+    shape = list(x.shape)
+    shape[dim] *= world
+    return torch.empty(shape, dtype=x.dtype).as_subclass(type(x))
+
+
 class AiterCustomAllreduceStandIn:
-    """AITER's ``CustomAllreduce`` as vLLM's ``AiterCustomAllreduce`` uses it: sizes and the size rule."""
+    """AITER's ``CustomAllreduce`` as vLLM's ``AiterCustomAllreduce`` uses it: sizes, the size rules
+    (:func:`m3lab.vllm.target_image.aiter_should_custom_ar`, ``should_custom_ag``) and shaped results."""
 
     fully_connected = True  # set per context from the image profile
 
@@ -152,6 +170,21 @@ class AiterCustomAllreduceStandIn:
 
     def should_custom_ar(self, inp, prefill_support: bool = False) -> bool:
         return aiter_should_custom_ar(inp.numel() * inp.element_size(), self.world_size, self.fully_connected)
+
+    def should_custom_ag(self, inp) -> bool:
+        """AITER's all-gather rule (``CustomAllreduce.should_custom_ag``): 16-byte multiple, 2 GPUs or fully
+        connected, and the gathered output within the registered buffer."""
+        n = inp.numel() * inp.element_size()
+        return n % 16 == 0 and (self.world_size == 2 or self.fully_connected) and \
+            n <= self.max_size / (self.world_size * 2)
+
+    def custom_all_gather(self, inp, dim: int = 0):
+        _collective("aiter.custom_all_gather")
+        return _gathered(inp, self.world_size, dim)
+
+    def custom_all_reduce(self, inp):
+        _collective("aiter.custom_all_reduce")
+        return inp
 
 
 def amdsmi_module(arch: str, market_name: str, memory_bytes: int, devices: int = 8) -> types.ModuleType:
@@ -206,6 +239,14 @@ class FakeGroup:
         self.cpu_group = self.device_group = None
         self.use_custom_op_call = False
         self.mq_broadcaster = None
+
+    def all_gather(self, input_, dim: int = -1):
+        _collective(f"{self.unique_name.split(':')[0]}.all_gather")
+        return _gathered(input_, self.world_size, dim)
+
+    def all_reduce(self, input_):
+        _collective(f"{self.unique_name.split(':')[0]}.all_reduce")
+        return input_
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__"):

@@ -27,7 +27,7 @@ key on ``(op, path)``):
   sparse: ``aiter_sparse_pa``, ``triton_sparse``, ``msa_sm100``;
 - ``indexer``: ``msa_fp8``, ``msa_fp8_cp``, ``triton_cp``, ``triton_amd_fused_topk``,
   ``triton_amd_fused_topk_emit_table``, ``triton_amd_prefill``, ``triton_common``, ``reuse_topk``;
-- ``page_table``: ``none``, ``msa_topk_emits``, ``fused_topk_emits``, ``triton_builder``;
+- ``page_table``: ``none``, ``msa_topk_emits``, ``fused_topk_emits``, ``cp_merge_emits``, ``triton_builder``;
 - ``allreduce_norm``: ``norm_only`` (TP1), ``aiter_fused_ar_rmsnorm``, ``flashinfer_fused_ar_norm``,
   ``allreduce_then_norm``, ``flashinfer_fused_ar_norm_or_nccl`` (restated, CUDA);
 - ``router``: ``rocm_fp32_router_gemm``, ``rocm_bf16x3``, ``fp32_router_gemm``, ``fp32_linear``;

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from m3lab.vllm.emulate_stubs import StubCalled
+from m3lab.vllm.emulate_stubs import COLLECTIVE_LOG, StubCalled
 
 # ATen ops that move, view or allocate: not decisions, not recorded
 _PLUMBING = re.compile(r"^aten\.(empty|empty_like|new_empty|empty_strided|view|_unsafe_view|reshape|as_strided|"
@@ -80,11 +80,12 @@ def _constants(fn: Any, args: tuple, kwargs: dict) -> tuple[tuple[str, Any], ...
 
 
 def _vllm_site(frame: Any) -> Any:
-    """The innermost frame of vLLM's code at or above ``frame``, as a Cite (None when there is none)."""
+    """The innermost frame of vLLM's code at or above ``frame``, as a Cite (None when there is none); vLLM's
+    communicator wrappers are passed over (the call site that asked for the collective decides)."""
     from m3lab.vllm.cite import cite_line
     while frame is not None:
         site = cite_line(frame.f_code.co_filename, frame.f_code.co_qualname, frame.f_lineno)
-        if site is not None:
+        if site is not None and not site.file.startswith("distributed/"):
             return site
         frame = frame.f_back
     return None
@@ -156,6 +157,8 @@ def record(body: Callable[..., Any], *args: Any, **kwargs: Any) -> Trace:
             for mode in modes.values():  # fake CUDA tensors: their allocations stay fake too
                 stack.enter_context(mode)
             stack.enter_context(_triton_logged())
+            COLLECTIVE_LOG.append(_event)
+            stack.callback(COLLECTIVE_LOG.pop)
             stack.enter_context(_dispatch_logger())
             trace.result = body(*args, **kwargs)
     except StubCalled as stop:

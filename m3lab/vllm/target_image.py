@@ -42,6 +42,11 @@ def aiter_should_custom_ar(nbytes: int, world_size: int, fully_connected: bool) 
     return (world_size == 2 or fully_connected) and nbytes <= AITER_CAR_MAX_BYTES
 
 
+def _numel(world: int, heads: int, rows: int, topk: int) -> int:
+    """A buffer size for AITER's CP candidate exchange (any positive size serves: nothing reads it here)."""
+    return world * heads * rows * topk
+
+
 @dataclass(frozen=True)
 class TargetImage:
     """What the serving image answers to vLLM's environment probes (see the module docstring)."""
@@ -76,8 +81,12 @@ ROCM_IMAGE = TargetImage(
     aiter_signatures=MappingProxyType({"aiter.fused_moe.fused_moe": _FUSED_MOE_PARAMS}),
     # aiter/ops/msa_block_select.py: the fp8 MFMA score pass holds 16 query columns; the CP top-k merge 64
     # candidates (public AITER source of the MSA indexer; this repository holds no copy)
+    # The CP merge's buffer sizes (CP_MAX_BLOCKS, topk_cp_candidate_numel) only size allocations nothing
+    # reads here: any positive size serves.
     aiter_constants=MappingProxyType({"aiter.ops.msa_block_select.SCORE_MFMA_COLS": 16,
-                                      "aiter.ops.msa_block_select.TOPK_CP_MAX_CAND": 64}),
+                                      "aiter.ops.msa_block_select.TOPK_CP_MAX_CAND": 64,
+                                      "aiter.ops.msa_block_select.CP_MAX_BLOCKS": 8192,
+                                      "aiter.ops.msa_block_select.topk_cp_candidate_numel": _numel}),
     fully_connected=True,
     source="public AITER source (github.com/ROCm/aiter) for signatures, constants and the custom-AR size "
            "rule; package set assumed (vLLM's ROCm image ships AITER; amd-quark is not a vLLM requirement)")

@@ -237,6 +237,24 @@ def _cpu_device():
         yield
 
 
+@contextlib.contextmanager
+def _no_ipc():
+    """The MSA-CP indexer maps peer buffers over IPC at construction: here every peer is address 0."""
+    import sys
+
+    import torch
+    module = sys.modules.get("vllm.models.minimax_m3.amd.indexer_cp")
+    if module is None:
+        yield
+        return
+    saved = module._ipc_alloc
+    module._ipc_alloc = lambda nbytes, group: torch.zeros(group.world_size, dtype=torch.int64)
+    try:
+        yield
+    finally:
+        module._ipc_alloc = saved
+
+
 def _model_class():
     from vllm.model_executor.models.registry import ModelRegistry
     from vllm.models import minimax_m3
@@ -258,8 +276,10 @@ def build(dep: Deployment) -> Built:
     vc, model, refusal = None, None, None
     try:
         vc = _engine_config(dep, model_dir)
-        with set_current_vllm_config(vc), set_default_torch_dtype(torch.bfloat16), _cpu_device():
+        with set_current_vllm_config(vc), set_default_torch_dtype(torch.bfloat16), _cpu_device(), _no_ipc():
             model = cls(vllm_config=vc, prefix="")
+            from vllm.platforms import current_platform
+            current_platform.update_block_size_for_backend(vc)  # as vLLM's executor does after loading
     except REFUSALS as err:
         refusal = refusal_of(err)
     out = Built(vllm_config=vc, model=model, refusal=refusal)
