@@ -112,23 +112,54 @@ def activation(kind: str, mlp, tokens: int, what: str) -> Decision:
                     cite_of(body), vllm=f"{type(mlp).__name__} -> {kernels[0]}")
 
 
-def graphs(vllm_config, tokens: int, decode: bool, query_len: int, backend) -> Decision:
-    """A8: the CUDA-graph mode vLLM's dispatcher gives this step (configured mode; backend support shown)."""
+def graphs(vllm_config, layers, tokens: int, decode: bool) -> Decision:
+    """A8: the CUDA-graph mode for the step, as vLLM's runner resolves it: the attention backends' graph
+    support (``get_cudagraph_support``) -> ``resolve_cudagraph_mode_and_sizes`` -> ``CudagraphDispatcher``."""
+    import copy
+
+    from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-    mode = vllm_config.compilation_config.cudagraph_mode
-    dispatcher = CudagraphDispatcher(vllm_config)
-    dispatcher.initialize_cudagraph_keys(mode, query_len)
+    support, weakest = AttentionCGSupport.ALWAYS, None
+    for backend, spec in _backends(vllm_config, layers):
+        s = backend.get_builder_cls().get_cudagraph_support(vllm_config, spec)
+        if s.value < support.value:
+            support, weakest = s, backend.__name__
+    vc, cc = copy.copy(vllm_config), copy.copy(vllm_config.compilation_config)
+    for name in ("cudagraph_capture_sizes", "compile_sizes"):  # the lists the resolution rewrites
+        if isinstance(getattr(cc, name, None), list):
+            object.__setattr__(cc, name, list(getattr(cc, name)))
+    object.__setattr__(vc, "compilation_config", cc)  # vLLM's runner resolves on its own copy too
+    q = vllm_config.uniform_decode_query_len
+    mode = vc.compilation_config.resolve_cudagraph_mode_and_sizes(
+        support, weakest, q, use_v2_model_runner=vllm_config.use_v2_model_runner,
+        max_num_reqs=vllm_config.scheduler_config.max_num_seqs)
+    dispatcher = CudagraphDispatcher(vc)
+    dispatcher.initialize_cudagraph_keys(mode, q)
     runtime, _ = dispatcher.dispatch(tokens, uniform_decode=decode)
-    support = backend.get_builder_cls()._cudagraph_support
     path = {"FULL": "full", "PIECEWISE": "piecewise", "NONE": "eager"}[runtime.name]
-    checks = (Check("cudagraph_mode (compilation config)", mode.name, mode.name != "NONE",
+    checks = (Check("configured cudagraph_mode", vllm_config.compilation_config.cudagraph_mode.name, True,
                     cite_of(type(vllm_config.compilation_config))),
-              Check("sparse backend's graph support", support.name, True, cite_of(backend.get_builder_cls())),
+              Check("weakest attention backend's graph support", f"{support.name} ({weakest})", True,
+                    cite_of(AttentionCGSupport)),
+              Check("resolved mode (resolve_cudagraph_mode_and_sizes)", mode.name, mode.name != "NONE",
+                    cite_of(type(vllm_config.compilation_config).resolve_cudagraph_mode_and_sizes)),
               Check(f"dispatch({tokens} tokens, uniform_decode={decode})", runtime.name, runtime.name != "NONE",
                     cite_of(CudagraphDispatcher.dispatch)))
     return Decision("cuda_graphs", "model", "A8", path, (), checks, cite_of(CudagraphDispatcher.dispatch),
                     note="indexer + attend run inside FULL graphs for uniform decode; under PIECEWISE capture "
                          "they run eagerly (@eager_break_during_capture)", vllm=runtime.name)
+
+
+def _backends(vllm_config, layers):
+    """(attention backend, KV cache spec) of every attention the model holds (dense, sparse, indexer)."""
+    for layer in layers.values():
+        attn = layer.self_attn
+        if hasattr(attn, "indexer"):
+            yield attn.get_attn_backend(), attn.get_kv_cache_spec(vllm_config)
+            cache = attn.indexer.index_cache
+            yield cache.get_attn_backend(), cache.get_kv_cache_spec(vllm_config)
+        else:
+            yield attn.attn.attn_backend, attn.attn.get_kv_cache_spec(vllm_config)
 
 
 def monokernel(model, vllm_config, tokens: int, main_md, mode) -> Decision | None:

@@ -121,6 +121,14 @@ def _prepare_process() -> None:
     _PROCESS.prepared = True
 
 
+def bind(target: Target) -> str:
+    """Bind this process to ``target`` (a worker's first call): vLLM imported, the platform modules and
+    vLLM's M3 package imported under the emulation. -> the target's arch."""
+    with emulate(target):
+        pass
+    return target.arch
+
+
 def bound_target() -> Target | None:
     """The target this process is bound to (None before its first emulation)."""
     return _PROCESS.bound

@@ -79,15 +79,19 @@ class Worker:
 _WORKERS: OrderedDict[tuple[str, str], Worker] = OrderedDict()
 
 
-def _worker(key: tuple[str, str]) -> Worker:
+def _worker(target) -> Worker:
+    key = (target.kind, target.arch)
     if key in _WORKERS and _WORKERS[key].proc.poll() is None:
         _WORKERS.move_to_end(key)
         return _WORKERS[key]
     while len(_WORKERS) >= MAX_WORKERS:
         _, old = _WORKERS.popitem(last=False)
         old.stop()
-    _WORKERS[key] = Worker(key)
-    return _WORKERS[key]
+    worker = Worker(key)
+    from m3lab.vllm.emulate import bind
+    worker.call(bind, (target,), {})  # vLLM imported under the target before anything else runs there
+    _WORKERS[key] = worker
+    return worker
 
 
 def call(target, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -95,7 +99,7 @@ def call(target, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
     ``fn`` must be importable by name (a module-level function). An M3LabError raised there is raised here.
     """
-    status, value, field = _worker((target.kind, target.arch)).call(fn, args, kwargs)
+    status, value, field = _worker(target).call(fn, args, kwargs)
     if status == "error":
         raise M3LabError(value, field=field)
     if status == "exception":
