@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # the MXFP8 decode tiles' M bound
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # m3lab's GEMM launcher bound (not vLLM's)
 from m3lab.traces.dispatch import DispatchTraceWriter
 
 KV_HEADS, Q_HEADS, HEAD_DIM, HIDDEN, EXPERTS, EXPERT_INTER, DENSE_LAYERS = 4, 64, 128, 6144, 128, 3072, 3
@@ -34,7 +34,8 @@ def _gemm(w: DispatchTraceWriter, rng: np.random.Generator, op: str, layer: int,
     w.write(op, layer=layer, shapes={"x": [m, k], "w": [n, k]}, dtypes={"x": "bfloat16", "w": "float8_e4m3fn"},
             path=DECODE_GEMM if decode else FALLBACK,
             kernels=["_mxfp8_linear_kernel"] if decode else ["m3lab.kernels.gemm.reference.linear_ref"],
-            rejected=[] if decode else [(DECODE_GEMM, f"M <= {DECODE_M_MAX} (got M={m})")],
+            rejected=[] if decode else [(DECODE_GEMM, f"M <= {DECODE_M_MAX} (m3lab's GEMM launcher decode bound) "
+                                                      f"(got M={m})")],
             t_us=float(rng.uniform(2, 20)))
 
 

@@ -117,6 +117,7 @@ def _prepare_process() -> None:
     import transformers  # noqa: F401  (probes find_spec("torchvision") before the stand-in exists)
     import vllm.platforms
     import vllm.triton_utils  # noqa: F401  (HAS_TRITON is decided here, against this box's drivers)
+    import vllm.v1.structured_output  # noqa: F401  (xgrammar's FFI probes cuda-python at import: the real one)
     _PROCESS.original_platform = vllm.platforms.current_platform
     _PROCESS.prepared = True
 
@@ -356,12 +357,11 @@ def _ray_initialized() -> bool:
 
 
 def _reset_process_globals() -> None:
-    """State vLLM keeps per process that one build must not hand the next (see the module docstring)."""
+    """State vLLM keeps per process that must not outlive the context: the auxiliary stream it creates
+    while building (a stand-in here). (The AITER top-k buffers belong to a built model:
+    :mod:`m3lab.vllm.vllm_build` keeps them with it.)"""
     import vllm.utils.torch_utils as torch_utils
     torch_utils._aux_stream = None
-    moe = sys.modules.get("vllm.model_executor.layers.fused_moe.experts.rocm_aiter_moe")
-    if moe is not None:
-        moe.aiter_topK_meta_data = None
 
 
 @contextlib.contextmanager

@@ -61,14 +61,16 @@ class StandIn:
     def __or__(self, other):  # used in annotations: ``StandIn | None``
         return self
 
+    def __getitem__(self, key):  # generic types and DSL indexing (``cute.Tensor[...]``)
+        return StandIn(f"{self._name}[]")
+
+    def __mro_entries__(self, bases):  # a class deriving from a library class
+        return (object,)
+
     __ror__ = __or__
 
     def __repr__(self) -> str:
         return f"<stand-in {self._name}>"
-
-
-def stand_in(name: str, params: tuple[str, ...] | None = None) -> StandIn:
-    return StandIn(name, params)
 
 
 class _StubModule(types.ModuleType):
@@ -84,7 +86,7 @@ class _StubModule(types.ModuleType):
             self._owner.misses.add(full)
             raise AttributeError(f"{full} is not in the declared target image")
         self._owner.used.add(full)
-        value = stand_in(full, self._owner.image.aiter_signatures.get(full))
+        value = StandIn(full, self._owner.image.aiter_signatures.get(full))
         setattr(self, attr, value)
         return value
 
@@ -123,7 +125,7 @@ class StubPackages(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         prefix = module.__name__ + "."
-        for full, value in self.image.aiter_constants.items():
+        for full, value in self.image.library_values.items():
             if full.startswith(prefix) and "." not in full[len(prefix):]:
                 setattr(module, full[len(prefix):], value)
         if module.__name__ == "aiter.dist.device_communicators.custom_all_reduce":
@@ -290,7 +292,7 @@ def cuda_stand_ins(image: TargetImage) -> Iterator[None]:
     fa.fa_version_unsupported_reason = lambda version, *a, **k: (None if version in versions
                                                                    else f"FA{version} is not in the image")
     for name in ("flash_attn_varlen_func", "get_scheduler_metadata", "compile_flash_attn_varlen_func_from_specs"):
-        setattr(fa, name, stand_in(f"{_FLASH_ATTN}.{name}"))
+        setattr(fa, name, StandIn(f"{_FLASH_ATTN}.{name}"))
     old_fa = sys.modules.get(_FLASH_ATTN)
     sys.modules[_FLASH_ATTN] = fa
     queries = ("cutlass_scaled_mm_supports_fp8", "cutlass_scaled_mm_supports_block_fp8",

@@ -10,7 +10,8 @@ declared once, here, with where each answer comes from. Everything else vLLM dec
 
 An AITER module listed in :attr:`TargetImage.aiter_modules` exists and every attribute of it is a callable
 stand-in that raises when called (nothing AITER runs here); names in :attr:`aiter_absent` do not exist;
-:attr:`aiter_signatures` gives the parameters vLLM inspects; :attr:`aiter_constants` the values it reads.
+:attr:`aiter_signatures` gives the parameters vLLM inspects; :attr:`library_values` the constants it reads
+and the answers of the device queries it makes while building (functions of the emulated device).
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class TargetImage:
     aiter_modules: tuple[str, ...] = ()          # AITER modules that exist (each attribute a stand-in)
     aiter_absent: tuple[str, ...] = ()           # AITER attributes that do not exist on the image
     aiter_signatures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    aiter_constants: Mapping[str, object] = field(default_factory=dict)
+    library_values: Mapping[str, object] = field(default_factory=dict)  # constants and queries' answers
     fully_connected: bool = True                 # XGMI / NVLink: every GPU one hop from every other
     flash_attn_versions: tuple[int, ...] = ()    # vllm.vllm_flash_attn versions available (CUDA)
     compiled_ops: tuple[str, ...] = ()           # vLLM's compiled ops bound at import ("_C.rotary_embedding")
@@ -83,7 +84,7 @@ ROCM_IMAGE = TargetImage(
     # candidates (public AITER source of the MSA indexer; this repository holds no copy)
     # The CP merge's buffer sizes (CP_MAX_BLOCKS, topk_cp_candidate_numel) only size allocations nothing
     # reads here: any positive size serves.
-    aiter_constants=MappingProxyType({"aiter.ops.msa_block_select.SCORE_MFMA_COLS": 16,
+    library_values=MappingProxyType({"aiter.ops.msa_block_select.SCORE_MFMA_COLS": 16,
                                       "aiter.ops.msa_block_select.TOPK_CP_MAX_CAND": 64,
                                       "aiter.ops.msa_block_select.CP_MAX_BLOCKS": 8192,
                                       "aiter.ops.msa_block_select.topk_cp_candidate_numel": _numel}),
@@ -91,9 +92,26 @@ ROCM_IMAGE = TargetImage(
     source="public AITER source (github.com/ROCm/aiter) for signatures, constants and the custom-AR size "
            "rule; package set assumed (vLLM's ROCm image ships AITER; amd-quark is not a vLLM requirement)")
 
+def _buffer_bytes(*args, **kwargs) -> int:
+    """A buffer size (any positive size serves: nothing reads the buffer here)."""
+    return 4096
+
+
+def _sm_count(*args, **kwargs) -> int:
+    """flashinfer's SM-count query, answered from the emulated device's properties."""
+    import torch
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
 CUDA_IMAGE = TargetImage(
     name="vLLM 0.33.0 CUDA image (H200 / B200)",
-    packages=("flashinfer",),  # vLLM 0.33.0's metadata requires flashinfer-python==0.7.2.post1
+    # vLLM 0.33.0's metadata requires flashinfer-python==0.7.2.post1. Not declared: the CuteDSL stack
+    # (nvidia-cutlass-dsl): vLLM's CuteDSL paths (the H200 router's <= 16-token tier, SM100's fmha_sm100,
+    # which compiles CUDA C++ while the model is built) are not emulated, so they count as absent.
+    packages=("flashinfer",),
+    # device queries answered from the emulated device; buffer sizes only size allocations nothing reads here
+    library_values=MappingProxyType({"flashinfer.utils.get_device_sm_count": _sm_count,
+                                     "flashinfer.utils.get_trtllm_gen_multi_ctas_kv_counter_bytes": _buffer_bytes}),
     fully_connected=True,
     flash_attn_versions=(2, 3),
     # the CUDA wheel's vllm._C: ops vLLM's compilation passes bind at import (they exist in every build)

@@ -138,6 +138,7 @@ class Built:
     vllm_config: Any
     model: Any
     refusal: Refusal | None
+    topk_meta: Any = None    # the AITER top-k buffers this build's fused shared expert registered (process-global)
 
     def layers(self) -> dict[str, Any]:
         """Decoder layer per kind: "dense", "sparse" (computes its top-k), "sparse_reuse" (index sharing)."""
@@ -166,6 +167,7 @@ def refusal_of(err: BaseException) -> Refusal:
 
 
 REFUSALS = (ValueError, NotImplementedError)  # what vLLM raises to refuse a configuration at start-up
+CUTE_DSL = ("cutlass", "quack", "cuda")  # SM100's fmha_sm100 kernels (compiled at construction, not emulated)
 _BUILDS: dict[str, Built] = {}
 _MAX_BUILDS = 6
 
@@ -255,6 +257,11 @@ def _no_ipc():
         module._ipc_alloc = saved
 
 
+def _aiter_moe():
+    import sys
+    return sys.modules.get("vllm.model_executor.layers.fused_moe.experts.rocm_aiter_moe")
+
+
 def _model_class():
     from vllm.model_executor.models.registry import ModelRegistry
     from vllm.models import minimax_m3
@@ -266,8 +273,13 @@ def _model_class():
 def build(dep: Deployment) -> Built:
     """vLLM's config and model for ``dep`` (call inside ``emulate`` with the deployment's env and sizes)."""
     key = build_key(dep)
+    moe = _aiter_moe()
     if key in _BUILDS:
+        if moe is not None:  # the process-global buffers vLLM's layers of this build use
+            moe.aiter_topK_meta_data = _BUILDS[key].topk_meta
         return _BUILDS[key]
+    if moe is not None:
+        moe.aiter_topK_meta_data = None  # vLLM registers them once per process; this build registers its own
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -280,9 +292,19 @@ def build(dep: Deployment) -> Built:
             model = cls(vllm_config=vc, prefix="")
             from vllm.platforms import current_platform
             current_platform.update_block_size_for_backend(vc)  # as vLLM's executor does after loading
+    except M3LabError:
+        raise
     except REFUSALS as err:
         refusal = refusal_of(err)
-    out = Built(vllm_config=vc, model=model, refusal=refusal)
+    except ModuleNotFoundError as err:
+        if err.name and err.name.split(".")[0] in CUTE_DSL:
+            raise M3LabError(f"vLLM's kernels for {dep.hardware.name} import the CuteDSL stack ({err.name}) and "
+                             "compile at model construction: they cannot be built on an emulated platform",
+                             field="hardware", hint="the emulation covers MI355X, MI300X and H200") from None
+        raise
+    moe = _aiter_moe()
+    out = Built(vllm_config=vc, model=model, refusal=refusal,
+                topk_meta=moe.aiter_topK_meta_data if moe is not None else None)
     if len(_BUILDS) >= _MAX_BUILDS:
         _BUILDS.pop(next(iter(_BUILDS)))
     _BUILDS[key] = out
