@@ -29,7 +29,7 @@ EXPERTS = {
                                                          "_swiglu_oai_quant_kernel", "_mxfp8_grouped_gemm_kernel")),
     "Mxfp8EmulationTritonExperts": ("mxfp8_emulation", ("MXFP8 experts dequantised to BF16", "fused_moe_kernel")),
     "AiterMxfp4Experts": ("aiter_mxfp4_mxfp4", ("aiter fused_moe (CK W4A4, BLOCK_1X32)",)),
-    "AiterExperts": ("aiter_ck_fused_moe", ("aiter fused_moe (CK 2-stage)",)),
+    "AiterUnquantizedExperts": ("aiter_ck_fused_moe", ("aiter fused_moe (CK 2-stage, BF16)",)),
     "TritonExperts": ("triton_fused_moe", ("fused_moe_kernel",)),
     "MarlinExperts": ("marlin", ("Marlin MoE GEMM (weight-only)",)),
 }

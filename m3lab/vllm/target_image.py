@@ -108,7 +108,9 @@ CUDA_IMAGE = TargetImage(
     # vLLM 0.33.0's metadata requires flashinfer-python==0.7.2.post1. Not declared: the CuteDSL stack
     # (nvidia-cutlass-dsl): vLLM's CuteDSL paths (the H200 router's <= 16-token tier, SM100's fmha_sm100,
     # which compiles CUDA C++ while the model is built) are not emulated, so they count as absent.
-    packages=("flashinfer",),
+    # flashinfer_cubin: the pre-downloaded TRT-LLM cubins (assumed in the image; without it vLLM would probe
+    # NVIDIA's artifactory over the network to decide whether TRT-LLM attention kernels are available)
+    packages=("flashinfer", "flashinfer_cubin"),
     # device queries answered from the emulated device; buffer sizes only size allocations nothing reads here
     library_values=MappingProxyType({"flashinfer.utils.get_device_sm_count": _sm_count,
                                      "flashinfer.utils.get_trtllm_gen_multi_ctas_kv_counter_bytes": _buffer_bytes}),
