@@ -86,7 +86,7 @@ def test_every_decision_equals_vllms_own_answer():
             want = workers.call(target, probe.expected, dep, tokens, phase)
             compared += len(want)
             failures += [f"{dep.hardware.name} {dep.to_vllm()} {phase} {tokens}: {x}" for x in differences(res, want)]
-    assert compared >= 1000
+    assert compared >= 800
     assert not failures, "\n".join(failures[:20])
 
 

@@ -195,3 +195,27 @@ def edited_restated(dep, tokens: int) -> list:
         return decide.decide(dep, tokens, "decode")
     finally:
         decide_comm._cuda_allreduce_norm = saved
+
+
+def restore_check(target) -> dict:
+    """Enter and leave the emulation once more (in a worker already bound to ``target``): what is left over."""
+    import os
+    import sys
+
+    import vllm.platforms
+    from vllm.distributed import parallel_state as ps
+
+    from m3lab.vllm.emulate import emulate, stale_bindings
+    before = (vllm.platforms._current_platform, ps._TP, torch.cuda.get_device_properties)
+    with emulate(target, env={"VLLM_ROCM_USE_AITER": "1", "M3LAB_PROBE": "x"}, tp=4) as platform:
+        import aiter  # noqa: F401  (the stub package of the declared image)
+        inside = {"platform": type(platform).__name__, "tp": ps.get_tensor_model_parallel_world_size(),
+                  "aiter_found": "aiter" in sys.modules, "env": os.environ.get("M3LAB_PROBE")}
+    rocm = sys.modules.get("vllm.platforms.rocm")
+    return {"inside": inside,
+            "platform_restored": vllm.platforms._current_platform is before[0],
+            "stale": stale_bindings(platform), "tp_group_restored": ps._TP is before[1],
+            "cuda_restored": torch.cuda.get_device_properties is before[2],
+            "aiter_gone": "aiter" not in sys.modules and "amdsmi" not in sys.modules,
+            "env_gone": "M3LAB_PROBE" not in os.environ and "VLLM_ROCM_USE_AITER" not in os.environ,
+            "no_arch": rocm is None or (rocm._GCN_ARCH == "" and not rocm.on_gfx950())}

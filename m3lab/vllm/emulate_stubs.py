@@ -28,7 +28,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from m3lab.vllm.target_image import TargetImage, aiter_should_custom_ar
+from m3lab.vllm.target_image import TargetImage, aiter_should_custom_ag, aiter_should_custom_ar
 
 
 class StubCalled(RuntimeError):
@@ -174,11 +174,8 @@ class AiterCustomAllreduceStandIn:
         return aiter_should_custom_ar(inp.numel() * inp.element_size(), self.world_size, self.fully_connected)
 
     def should_custom_ag(self, inp) -> bool:
-        """AITER's all-gather rule (``CustomAllreduce.should_custom_ag``): 16-byte multiple, 2 GPUs or fully
-        connected, and the gathered output within the registered buffer."""
-        n = inp.numel() * inp.element_size()
-        return n % 16 == 0 and (self.world_size == 2 or self.fully_connected) and \
-            n <= self.max_size / (self.world_size * 2)
+        return aiter_should_custom_ag(inp.numel() * inp.element_size(), self.world_size, self.fully_connected,
+                                      self.max_size)
 
     def custom_all_gather(self, inp, dim: int = 0):
         _collective("aiter.custom_all_gather")

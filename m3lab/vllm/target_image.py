@@ -48,6 +48,12 @@ def _numel(world: int, heads: int, rows: int, topk: int) -> int:
     return world * heads * rows * topk
 
 
+def aiter_should_custom_ag(nbytes: int, world_size: int, fully_connected: bool, max_size: int) -> bool:
+    """AITER's all-gather rule (``CustomAllreduce.should_custom_ag``, same file): a 16-byte multiple, 2 GPUs
+    or fully connected, and the gathered output within the registered buffer."""
+    return nbytes % 16 == 0 and (world_size == 2 or fully_connected) and nbytes <= max_size / (world_size * 2)
+
+
 @dataclass(frozen=True)
 class TargetImage:
     """What the serving image answers to vLLM's environment probes (see the module docstring)."""
