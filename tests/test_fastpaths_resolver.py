@@ -116,13 +116,16 @@ def test_citations_point_at_the_code_that_decided():
 
 
 def test_fp8_e5m2_kv_cache_is_not_e4m3():
-    """D17: e5m2 is its own cache format; AITER's fused QK-norm + insert takes only e4m3."""
-    opt = load_preset("mxfp8-tp4-optimised")
-    e5 = opt.with_settings({"kv_dtype": "fp8_e5m2"})
+    """D17: e5m2 is its own cache format: vLLM refuses it with an fp8 (MXFP8) checkpoint, and with BF16
+    weights AITER's fused QK-norm + insert (e4m3 only) gives way to vLLM's kernel + AITER's cache insert."""
+    bf16 = deployment("minimax-m3", "mi355x", "bf16", tp=4).with_settings({"aiter": "1", "shuffle_kv_cache": "1"})
+    e5 = bf16.with_settings({"kv_dtype": "fp8_e5m2"})
     assert e5.quant.kv_dtype == "fp8_e5m2" and "--kv-cache-dtype fp8_e5m2" in e5.command()
     assert resolve(e5, tokens=32).decision("qk_norm_rope_insert").path == "vllm_fused_qknorm_rope_aiter_cache"
-    e4 = opt.with_settings({"kv_dtype": "fp8"})
+    e4 = bf16.with_settings({"kv_dtype": "fp8"})
     assert resolve(e4, tokens=32).decision("qk_norm_rope_insert").path == "aiter_fused_qknorm_idxrqknorm"
+    mx = resolve(load_preset("mxfp8-tp4-optimised").with_settings({"kv_dtype": "fp8_e5m2"}), tokens=32)
+    assert not mx.ok and "fp8_e5m2" in mx.refused[0].vllm
 
 
 def test_index_sharing_is_rocm_only():

@@ -82,7 +82,7 @@ def _rows(dep: Deployment, built: Built, tokens: int, phase: str, context: int) 
     layers = built.layers()
     step = step_of(dep, tokens, phase, context, vc)
     decode = phase == "decode"
-    graph = comm.graphs(vc, layers, tokens, decode)
+    graph = comm.graphs(vc, built.model, layers, tokens, decode, step.requests)
     if decode and graph.vllm == "FULL":  # captured graphs launch with max_seq_len = max_model_len
         step = dataclasses.replace(step, capture_seq_len=vc.model_config.max_model_len)
     out: list[Decision] = []

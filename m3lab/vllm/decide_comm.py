@@ -112,13 +112,13 @@ def activation(kind: str, mlp, tokens: int, what: str) -> Decision:
                     cite_of(body), vllm=f"{type(mlp).__name__} -> {kernels[0]}")
 
 
-def graphs(vllm_config, layers, tokens: int, decode: bool) -> Decision:
-    """A8: the CUDA-graph mode for the step, as vLLM's runner resolves it: the attention backends' graph
-    support (``get_cudagraph_support``) -> ``resolve_cudagraph_mode_and_sizes`` -> ``CudagraphDispatcher``."""
+def graphs(vllm_config, model, layers, tokens: int, decode: bool, requests: int) -> Decision:
+    """A8: the CUDA-graph mode for the step, as vLLM's model runner resolves it: the attention backends' graph
+    support (``get_cudagraph_support``) -> ``resolve_cudagraph_mode_and_sizes`` -> the runner's dispatch
+    (Model Runner V2: ``CudaGraphManager.dispatch`` with its graphs captured; V1: ``CudagraphDispatcher``)."""
     import copy
 
     from vllm.v1.attention.backend import AttentionCGSupport
-    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
     support, weakest = AttentionCGSupport.ALWAYS, None
     for backend, spec in _backends(vllm_config, layers):
         s = backend.get_builder_cls().get_cudagraph_support(vllm_config, spec)
@@ -129,13 +129,16 @@ def graphs(vllm_config, layers, tokens: int, decode: bool) -> Decision:
         if isinstance(getattr(cc, name, None), list):
             object.__setattr__(cc, name, list(getattr(cc, name)))
     object.__setattr__(vc, "compilation_config", cc)  # vLLM's runner resolves on its own copy too
-    q = vllm_config.uniform_decode_query_len
-    mode = vc.compilation_config.resolve_cudagraph_mode_and_sizes(
-        support, weakest, q, use_v2_model_runner=vllm_config.use_v2_model_runner,
-        max_num_reqs=vllm_config.scheduler_config.max_num_seqs)
-    dispatcher = CudagraphDispatcher(vc)
-    dispatcher.initialize_cudagraph_keys(mode, q)
-    runtime, _ = dispatcher.dispatch(tokens, uniform_decode=decode)
+    q, v2 = vllm_config.uniform_decode_query_len, bool(vllm_config.use_v2_model_runner)
+    if v2:
+        runtime, mode, fn = _v2_dispatch(vc, model, support, weakest, q, tokens, decode, requests)
+    else:
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+        mode = cc.resolve_cudagraph_mode_and_sizes(support, weakest, q, use_v2_model_runner=False,
+                                                   max_num_reqs=vllm_config.scheduler_config.max_num_seqs)
+        dispatcher = CudagraphDispatcher(vc)
+        dispatcher.initialize_cudagraph_keys(mode, q)
+        runtime, fn = dispatcher.dispatch(tokens, uniform_decode=decode)[0], CudagraphDispatcher.dispatch
     path = {"FULL": "full", "PIECEWISE": "piecewise", "NONE": "eager"}[runtime.name]
     checks = (Check("configured cudagraph_mode", vllm_config.compilation_config.cudagraph_mode.name, True,
                     cite_of(type(vllm_config.compilation_config))),
@@ -143,11 +146,28 @@ def graphs(vllm_config, layers, tokens: int, decode: bool) -> Decision:
                     cite_of(AttentionCGSupport)),
               Check("resolved mode (resolve_cudagraph_mode_and_sizes)", mode.name, mode.name != "NONE",
                     cite_of(type(vllm_config.compilation_config).resolve_cudagraph_mode_and_sizes)),
-              Check(f"dispatch({tokens} tokens, uniform_decode={decode})", runtime.name, runtime.name != "NONE",
-                    cite_of(CudagraphDispatcher.dispatch)))
-    return Decision("cuda_graphs", "model", "A8", path, (), checks, cite_of(CudagraphDispatcher.dispatch),
+              Check(f"{'V2' if v2 else 'V1'} runner's dispatch of {tokens} tokens (uniform decode: {decode})",
+                    runtime.name, runtime.name != "NONE", cite_of(fn)))
+    return Decision("cuda_graphs", "model", "A8", path, (), checks, cite_of(fn),
                     note="indexer + attend run inside FULL graphs for uniform decode; under PIECEWISE capture "
                          "they run eagerly (@eager_break_during_capture)", vllm=runtime.name)
+
+
+def _v2_dispatch(vc, model, support, weakest, q: int, tokens: int, decode: bool, requests: int):
+    """Model Runner V2: the mode its ``initialize`` resolves and what its graph manager dispatches for the
+    step, with every graph captured (as after start-up)."""
+    import torch
+    from vllm import envs
+    from vllm.v1.worker.gpu import cudagraph_utils as cg
+    piecewise = bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH or cg.has_compiled_submodule(model))
+    mode = vc.compilation_config.resolve_cudagraph_mode_and_sizes(
+        support, weakest, q, use_v2_model_runner=True, max_num_reqs=vc.scheduler_config.max_num_seqs,
+        piecewise_capture_available=piecewise)
+    manager = cg.CudaGraphManager(vc, torch.device("cpu"), mode, decode_query_len=q)
+    manager._graphs_captured = True
+    uniform = tokens // requests if decode else None
+    desc = manager.dispatch(requests, tokens, uniform, 0, max_query_len=uniform if decode else tokens)
+    return desc.cg_mode, mode, cg.CudaGraphManager.dispatch
 
 
 def _backends(vllm_config, layers):

@@ -275,7 +275,8 @@ def _torch_cuda(target: Target) -> Iterator[None]:
     props = target.device_properties()
     with _patched(torch.cuda, get_device_properties=lambda *a, **k: props,
                   get_device_capability=lambda *a, **k: target.capability,
-                  get_device_name=lambda *a, **k: target.name, Stream=_FakeStream, Event=_FakeStream), \
+                  get_device_name=lambda *a, **k: target.name, Stream=_FakeStream, Event=_FakeStream,
+                  graph_pool_handle=lambda: ("emulated graph pool",)), \
             _patched(torch.accelerator, current_device_index=lambda: 0):  # rank 0's GPU
         yield
 
@@ -420,6 +421,7 @@ def emulate(target: Target, *, env: Mapping[str, str | None] | None = None, tp: 
         platform = _platform_for(target)
         _rebind_platform(platform)
         stack.callback(_restore_platform)
+        stack.enter_context(_patched(type(platform), _global_graph_pool=None))  # the graph pool it caches
         clear_caches()
         stack.callback(clear_caches)
         stack.enter_context(_aiter_constants(platform))

@@ -27,6 +27,9 @@ from typing import Any, Callable, BinaryIO
 from m3lab.errors import M3LabError
 
 MAX_WORKERS = 2
+# the caller's settings a worker must not take: the Triton interpreter would run the kernels the recorder
+# only logs; the caller's GPU stays hidden (the emulation answers for the target)
+NOT_INHERITED = ("TRITON_INTERPRET", "ROCR_VISIBLE_DEVICES")
 _HEADER = struct.Struct("<Q")
 
 
@@ -51,8 +54,10 @@ class Worker:
         self.key = key
         self.log = Path(tempfile.mkstemp(prefix=f"m3lab-vllm-{key[1]}-", suffix=".log")[1])
         root = str(Path(__file__).resolve().parents[2])  # the directory holding the m3lab package
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
+        env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+        env.update(PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                   VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+                   CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")  # a real GPU stays out of the emulation
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "m3lab.vllm.workers"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, env=env)
@@ -71,8 +76,8 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:  # interpreter shutdown of a vLLM process can take seconds
                 self.proc.kill()
 
 
