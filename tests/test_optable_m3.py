@@ -96,8 +96,11 @@ def test_mxfp8_one_fused_projection(m3):
     assert set(df[(df.op == "qkv_proj") & (df.layer < 3)].n) == {2304}
     tp1 = build_optable(m3, ParallelPlan(tp=1), "mxfp8", EngineStep.decode(1, 10))
     assert set(tp1[(tp1.op == "qkv_proj") & (tp1.layer >= 3)].n) == {9856}
-    cp = build_optable(m3, ParallelPlan(tp=4, indexer_cp=True), "mxfp8", EngineStep.decode(1, 10))
+    cp = build_optable(m3, ParallelPlan(tp=4, indexer_cp=True, index_q_replicated=True), "mxfp8",
+                       EngineStep.decode(1, 10))
     assert set(cp[(cp.op == "qkv_proj") & (cp.layer >= 3)].n) == {2944}   # index q replicated: 4 x 128
+    asked = build_optable(m3, ParallelPlan(tp=4, indexer_cp=True), "mxfp8", EngineStep.decode(1, 10))
+    assert set(asked[(asked.op == "qkv_proj") & (asked.layer >= 3)].n) == {2560}  # asked only: vLLM does not run it
 
 
 def test_reuse_layers_skip_the_index_branch_but_keep_the_gemm(m3):

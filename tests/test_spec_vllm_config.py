@@ -46,7 +46,7 @@ def _variants(cfg: dict) -> list[dict]:
 
 @needs_vllm
 def test_every_shipped_m3_config_parses_as_vllm_does(shared_dir):
-    from m3lab.spec.vllm_config import spec_via_vllm
+    from m3lab.spec.model import spec_via_vllm
 
     for path in _configs(shared_dir):
         for k, cfg in enumerate(_variants(json.loads(path.read_text()))):
@@ -57,7 +57,7 @@ def test_every_shipped_m3_config_parses_as_vllm_does(shared_dir):
 
 @needs_vllm
 def test_vllm_parse_values_and_defaults():
-    from m3lab.spec.vllm_config import spec_via_vllm
+    from m3lab.spec.model import spec_via_vllm
 
     bf16, shared, bare = _variants(json.loads((CONFIG_DIR / "minimax-m3.json").read_text()))
     m = spec_via_vllm(bf16)

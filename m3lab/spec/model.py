@@ -593,11 +593,26 @@ def parse_hf_config(config: dict, name: str | None = None, source: str = "", *, 
     values = parser(t)  # m3lab's reader: its input checks run for every family
     name = name or str(config.get("_name_or_path") or model_type)
     if parser is _minimax_m3 and reader != "m3lab" and "sparse_attention_config" in t and _vllm_parses():
-        # vLLM's MiniMaxM3Config is the production parse (m3lab.spec.vllm_config imports this module)
-        from m3lab.spec.vllm_config import cached_spec_via_vllm
-        spec = cached_spec_via_vllm(config, name=name, source=source)
+        spec = spec_via_vllm(config, name=name, source=source)  # vLLM's MiniMaxM3Config: the production parse
         return dataclasses.replace(spec, extra={**spec.extra, "model_type": model_type})
     return ModelSpec(name=name, source=source, extra={"model_type": model_type}, **values)
+
+
+def spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> ModelSpec:
+    """The ModelSpec of what vLLM's AMD model reads from vLLM's parse of a MiniMax M3 ``config``
+    (:func:`m3lab.spec.vllm_config.cached_vllm_reads`)."""
+    from m3lab.spec.vllm_config import cached_vllm_reads  # loads vLLM's config class (torch + transformers)
+    v = dict(cached_vllm_reads(config))
+    n, sparse_ids, moe_ids = v.pop("layers"), set(v.pop("sparse_layers")), set(v.pop("moe_layers"))
+    attn = tuple(ATTN_SPARSE if i in sparse_ids else ATTN_DENSE for i in range(n))
+    sp, disable_v, scaling = v.pop("sparse"), v.pop("sparse_disable_index_value"), v.pop("rope_scaling")
+    model_type = v.pop("model_type")
+    return ModelSpec(name=name or str(config.get("_name_or_path") or model_type), family="minimax_m3", layers=n,
+                     attn_types=attn,
+                     mlp_types=tuple(MLP_MOE if i in moe_ids else MLP_DENSE for i in range(n)),
+                     sparse=SparseConfig(**sp, index_value=_index_value(disable_v, attn)) if sp else None,
+                     rope_scaling=_frozen(scaling) if scaling else None, source=source,
+                     extra={"model_type": model_type}, **v)
 
 
 def _vllm_parses() -> bool:
