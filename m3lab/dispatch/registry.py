@@ -81,12 +81,14 @@ class VllmAnswers:
 
     ``paths``: ``"<family>:<phase>"`` (family = the registry path's prefix, phase ``decode`` / ``prefill`` /
     ``any``) -> the registry path vLLM takes; ``gemm_regime(m, n, k)``: ``"decode"`` when vLLM's MXFP8
-    ``_select_cfg`` gives the call the tile of one row, else ``"prefill"``; ``source``: the deployment.
+    ``_select_cfg`` gives the call the tile of one row, else ``"prefill"``; ``source``: the deployment;
+    ``refused``: vLLM's own reason when it refuses the deployment at start-up (then no path runs).
     """
 
     paths: Mapping[str, str] = field(default_factory=dict)
     gemm_regime: Callable[[int, int, int], str] | None = None
     source: str = ""
+    refused: str = ""
 
     def path_for(self, family: str, phase: str) -> str | None:
         return self.paths.get(f"{family}:{phase}", self.paths.get(f"{family}:any"))
@@ -105,6 +107,10 @@ def _call_phase(c: CallContext) -> str:
 def _vllm_takes(name: str, answers: VllmAnswers) -> Condition:
     """The resolver's answer: vLLM takes ``name`` for this call (one condition, the same for every path)."""
     family = name.split(".")[0]
+
+    if answers.refused:
+        return Condition(f"vLLM starts this deployment ({answers.source})", lambda c: False,
+                         lambda c: answers.refused)
 
     def want(c: CallContext) -> str | None:
         if name.startswith("gemm.mxfp8") and answers.gemm_regime is not None:

@@ -240,8 +240,12 @@ def registry_answers(dep: Deployment):
     (``m3_registry(answers=registry_answers(dep))``): per op family and phase, the path vLLM takes."""
     from m3lab.dispatch.registry import VllmAnswers
     paths: dict[str, str] = {}
+    source = dep.name or dep.hardware.name
     for phase, tokens in PHASE_TOKENS.items():
         res = resolve_cached(dep, tokens=tokens, phase=phase)
+        if not res.ok:
+            first = res.refused[0]
+            return VllmAnswers(source=source, refused=f"{first.note} ({first.decided_by})")
         for d in res.decisions:
             path = _registry_path(d, phase)
             if path is None or d.status != "runs" or d.layer_kind == "sparse_reuse" or path.startswith("gemm."):
@@ -249,4 +253,4 @@ def registry_answers(dep: Deployment):
             family = path.split(".")[0]
             key = f"{family}:{phase if family in ('attention', 'indexer', 'topk') else 'any'}"
             paths.setdefault(key, path)
-    return VllmAnswers(paths=paths, gemm_regime=_TileRegime(dep.hardware), source=dep.name or dep.hardware.name)
+    return VllmAnswers(paths=paths, gemm_regime=_TileRegime(dep.hardware), source=source)
