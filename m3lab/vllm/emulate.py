@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from m3lab.errors import M3LabError
+from m3lab.vllm import emulate_patch as patch
 from m3lab.vllm import emulate_stubs as stubs
 from m3lab.vllm.target_image import TargetImage, image_for
 
@@ -147,8 +148,7 @@ def _bind(target: Target) -> bool:
     return False
 
 
-def _vllm_modules() -> list[types.ModuleType]:
-    return [m for n, m in list(sys.modules.items()) if n.startswith("vllm") and isinstance(m, types.ModuleType)]
+_vllm_modules = patch.vllm_modules
 
 
 _FUNCTION_TYPES = (types.FunctionType, functools._lru_cache_wrapper)
@@ -204,61 +204,6 @@ def stale_bindings(platform: Any) -> list[str]:
     return [m.__name__ for m in _vllm_modules() if m.__dict__.get("current_platform") is platform]
 
 
-@contextlib.contextmanager
-def _patched(obj: Any, **attrs: Any) -> Iterator[None]:
-    old = {k: obj.__dict__.get(k, _MISSING) for k in attrs}
-    for k, v in attrs.items():
-        setattr(obj, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is _MISSING:
-                delattr(obj, k)
-            else:
-                setattr(obj, k, v)
-
-
-_MISSING = object()
-
-
-@contextlib.contextmanager
-def _environment(env: Mapping[str, str | None]) -> Iterator[None]:
-    import vllm.envs as envs
-    old = {k: os.environ.get(k) for k in env}
-    was_cached = envs._is_envs_cache_enabled()
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = str(v)
-    envs.disable_envs_cache()
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if was_cached:
-            envs.enable_envs_cache()
-
-
-@contextlib.contextmanager
-def _modules(entries: Mapping[str, types.ModuleType]) -> Iterator[None]:
-    old = {k: sys.modules.get(k) for k in entries}
-    sys.modules.update(entries)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-
-
 class _FakeStream:
     """``torch.cuda.Stream`` / ``Event`` stand-in (vLLM creates an auxiliary stream while building)."""
 
@@ -273,11 +218,11 @@ class _FakeStream:
 def _torch_cuda(target: Target) -> Iterator[None]:
     import torch
     props = target.device_properties()
-    with _patched(torch.cuda, get_device_properties=lambda *a, **k: props,
+    with patch.patched(torch.cuda, get_device_properties=lambda *a, **k: props,
                   get_device_capability=lambda *a, **k: target.capability,
                   get_device_name=lambda *a, **k: target.name, Stream=_FakeStream, Event=_FakeStream,
                   graph_pool_handle=lambda: ("emulated graph pool",)), \
-            _patched(torch.accelerator, current_device_index=lambda: 0):  # rank 0's GPU
+            patch.patched(torch.accelerator, current_device_index=lambda: 0):  # rank 0's GPU
         yield
 
 
@@ -334,22 +279,6 @@ def _parallel_state(tp: int, pp: int, dp: int, dcp: int, pcp: int, enable_ep: bo
             setattr(ps, g, v)
 
 
-@contextlib.contextmanager
-def _rebound(original: Any, replacement: Any) -> Iterator[None]:
-    """Bind ``replacement`` wherever a ``vllm.*`` module holds ``original`` under its name."""
-    import vllm.engine.arg_utils  # noqa: F401  (binds the name at import)
-    name = original.__name__
-    replacement = functools.wraps(original)(replacement)
-    holders = [m for m in _vllm_modules() if m.__dict__.get(name) is original]
-    for m in holders:
-        m.__dict__[name] = replacement
-    try:
-        yield
-    finally:
-        for m in holders:
-            m.__dict__[name] = original
-
-
 def _ray_initialized() -> bool:
     """``vllm.ray.lazy_utils.is_ray_initialized`` / ``is_in_ray_actor`` without importing ray (seconds)
     when nothing imported it (then neither can be true)."""
@@ -372,7 +301,7 @@ def _aiter_constants(platform: Any) -> Iterator[None]:
 
     import vllm._aiter_ops as aiter_ops
     try:
-        with _patched(aiter_ops, IS_AITER_FOUND=importlib.util.find_spec("aiter") is not None,
+        with patch.patched(aiter_ops, IS_AITER_FOUND=importlib.util.find_spec("aiter") is not None,
                       FP8_DTYPE=platform.fp8_dtype()):
             aiter_ops.rocm_aiter_ops.refresh_env_variables()
             yield
@@ -408,20 +337,20 @@ def emulate(target: Target, *, env: Mapping[str, str | None] | None = None, tp: 
     if target.kind == "rocm":
         entries["amdsmi"] = stubs.amdsmi_module(target.arch, target.name, target.memory_bytes)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_modules(entries))
+        stack.enter_context(patch.modules(entries))
         packages.install()
         stack.callback(packages.uninstall)
         if target.kind == "cuda":
             stack.enter_context(stubs.cuda_stand_ins(image))
         stack.enter_context(_torch_cuda(target))
         lazy = importlib.import_module("vllm.ray.lazy_utils")
-        stack.enter_context(_rebound(lazy.is_ray_initialized, _ray_initialized))
-        stack.enter_context(_rebound(lazy.is_in_ray_actor, _ray_initialized))
-        stack.enter_context(_environment(dict(env or {})))
+        stack.enter_context(patch.rebound(lazy.is_ray_initialized, _ray_initialized))
+        stack.enter_context(patch.rebound(lazy.is_in_ray_actor, _ray_initialized))
+        stack.enter_context(patch.environment(dict(env or {})))
         platform = _platform_for(target)
         _rebind_platform(platform)
         stack.callback(_restore_platform)
-        stack.enter_context(_patched(type(platform), _global_graph_pool=None))  # the graph pool it caches
+        stack.enter_context(patch.patched(type(platform), _global_graph_pool=None))  # the graph pool it caches
         clear_caches()
         stack.callback(clear_caches)
         stack.enter_context(_aiter_constants(platform))
