@@ -115,6 +115,15 @@ def test_citations_point_at_the_code_that_decided():
     assert Cite(*E8M0_RULE).locate() > 0
 
 
+@pytest.mark.parametrize("name", ["mxfp8-tp4-optimised", "h200-bf16-tp4"])
+def test_every_citation_of_a_preset_locates(name):
+    """Every decided_by and check citation of a decode and a prefill step names a line of the installed vLLM."""
+    for tokens, phase in ((32, "decode"), (8192, "prefill")):
+        for d in resolve(load_preset(name), tokens=tokens, phase=phase).decisions:
+            for cite in (d.decided_by, *(c.cite for c in d.checks)):
+                assert cite is None or ":" in str(cite), (d.op, cite)
+
+
 def test_fp8_e5m2_kv_cache_is_not_e4m3():
     """D17: e5m2 is its own cache format: vLLM refuses it with an fp8 (MXFP8) checkpoint, and with BF16
     weights AITER's fused QK-norm + insert (e4m3 only) gives way to vLLM's kernel + AITER's cache insert."""

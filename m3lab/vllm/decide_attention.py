@@ -41,6 +41,15 @@ def sparse_step(attn, vllm_config, step: Step):
     return trace, (trace.attend or trace)
 
 
+def _aiter_pa(attn, what: str) -> tuple[Check, ...]:
+    """The check "AITER page-16 sparse PA in use" where the model has the switch (the AMD model; the NVIDIA
+    model has none)."""
+    if not hasattr(attn, "use_aiter_sparse_pa"):
+        return ()
+    on = bool(attn.use_aiter_sparse_pa)
+    return (Check(what, on, on, cite_of(type(attn).__init__, "self.use_aiter_sparse_pa = ")),)
+
+
 def attention(kind: str, attn, trace, attend) -> Decision:
     """A1: the attend implementation vLLM bound, and what it launched for the step."""
     impl = type(attn.impl).__name__
@@ -48,9 +57,8 @@ def attention(kind: str, attn, trace, attend) -> Decision:
     kernels = tuple(k for k in attend.kernels if k not in TABLE_BUILDERS and not _indexer_part(attend, k))
     kernels = tuple("pa_decode_gluon" if "pa_decode_gluon" in k else k for k in kernels)
     checks = (Check("attend implementation (select_main_backend_and_impl_cls)", impl, True,
-                    cite_of(type(attn).__init__, "self.attn_backend, main_impl_cls = select_main_backend_and_impl_cls(")),
-              Check("AITER page-16 sparse PA (minimax_m3_use_aiter_sparse_pa)", getattr(attn, 'use_aiter_sparse_pa', False),
-                    getattr(attn, 'use_aiter_sparse_pa', False), cite_of(type(attn).__init__, "self.use_aiter_sparse_pa = ")))
+                    cite_of(type(attn).__init__, "= select_main_backend_and_impl_cls(")),
+              *_aiter_pa(attn, "AITER page-16 sparse PA (minimax_m3_use_aiter_sparse_pa)"))
     site = attend.stop_site or next((attend.sites.get(k) for k in kernels if attend.sites.get(k)), None)
     return Decision("attention", kind, "A1", path, kernels, checks, site or cite_of(type(attn.impl).forward),
                     vllm=impl)
@@ -59,8 +67,10 @@ def attention(kind: str, attn, trace, attend) -> Decision:
 def indexer(kind: str, attn, model, trace) -> Decision:
     """A2-A5: the indexer vLLM built for the layer and what it launched (nothing on a reuse layer)."""
     impl = type(_impl(attn)).__name__
+    amd = hasattr(attn, "skip_index_topk")  # the NVIDIA model has neither index sharing nor indexer CP
     reuse = Check("index sharing: this layer reuses the top-k (skip_index_topk)", getattr(attn, 'skip_index_topk', False),
-                  not getattr(attn, 'skip_index_topk', False), cite_of(type(attn).__init__, "self.skip_index_topk = "))
+                  not getattr(attn, 'skip_index_topk', False),
+                  cite_of(type(attn).__init__, "self.skip_index_topk = ") if amd else None)
     if getattr(attn, 'skip_index_topk', False):
         return Decision("indexer", kind, "A5", "reuse_topk", (), (reuse,),
                         cite_of(type(attn)._run_attention, "if not self.skip_index_topk:"), status="skipped",
@@ -81,9 +91,11 @@ def indexer(kind: str, attn, model, trace) -> Decision:
         path, label = "triton_common", "A3"
     else:
         path, label = ("triton_amd_prefill" if "amd" in _site_files(trace) else "triton_common"), "A3"
-    checks = [reuse, Check("indexer implementation vLLM selected", impl, True, cite_of(type(_impl(attn)))),
-              Check("indexer context parallel (msa_indexer_cp_enabled)", cp, cp,
-                    cite_of(type(model).__init__, "self.indexer_cp = msa_indexer_cp_enabled("))]
+    checks = [Check("indexer implementation vLLM selected", impl, True, cite_of(type(_impl(attn))))]
+    if amd:
+        checks[:0] = [reuse]
+        checks.append(Check("indexer context parallel (msa_indexer_cp_enabled)", cp, cp,
+                            cite_of(type(model).__init__, "self.indexer_cp = msa_indexer_cp_enabled(")))
     if fused is not None:
         checks.append(Check("fused decode top-k launch (chunks, BLOCK_SIZE_K, warps, emits the page-16 table)",
                             f"{fused.get('NUM_TOPK_CHUNKS')}, {fused.get('BLOCK_SIZE_K')}, {fused.get('num_warps')}"
@@ -99,9 +111,9 @@ def _site_files(trace) -> str:
 
 def page_table(kind: str, attn, trace, attend) -> Decision:
     """Who writes the page-16 table the AITER attend reads (or that there is none)."""
-    base = Check("AITER sparse PA in use", getattr(attn, 'use_aiter_sparse_pa', False), getattr(attn, 'use_aiter_sparse_pa', False),
-                 cite_of(type(attn).__init__, "self.use_aiter_sparse_pa = "))
-    if not getattr(attn, 'use_aiter_sparse_pa', False):
+    (base,) = _aiter_pa(attn, "AITER sparse PA in use") or (Check("AITER sparse PA in this model", False, False,
+                                                                  cite_of(type(attn).__init__)),)
+    if not base.value:
         return Decision("page_table", kind, "A1", "none", (), (base,), base.cite, status="skipped",
                         note="the Triton attend reads the top-k directly", vllm="use_aiter_sparse_pa=False")
     built = next((k for k in attend.kernels if k in TABLE_BUILDERS), None)
@@ -137,8 +149,7 @@ def qk_norm(kind: str, attn) -> Decision:
     if not getattr(attn, 'use_aiter_sparse_pa', False):
         return Decision("qk_norm_rope_insert", kind, "A6", "vllm_fused_qknorm_rope_kv_insert",
                         ("_C.fused_minimax_m3_qknorm_rope_kv_insert (norm + RoPE + KV/index insert)",),
-                        (Check("AITER sparse PA in use", False, False, cite_of(type(attn).__init__,
-                               "self.use_aiter_sparse_pa = ")),),
+                        _aiter_pa(attn, "AITER sparse PA in use"),
                         cite_of(type(attn).forward, "ops.fused_minimax_m3_qknorm_rope_kv_insert("),
                         note=skip.strip(), vllm="use_aiter_sparse_pa=False")
     from vllm._aiter_ops import rocm_aiter_ops

@@ -72,10 +72,11 @@ def routing(kind: str, moe, tokens: int) -> Decision:
     aiter = "biased_grouped_topk" in reached
     path = ("aiter_biased_grouped_topk" + ("_fse" if aiter_append else "") if aiter else
             "topk_bias_router_cat_shared" if fse else "topk_bias_router")
-    checks = (Check("shared expert fused (MiniMaxM3MoE.is_fused_shared_expert_enabled)", fse, fse,
+    fusion = (Check("shared expert fused (MiniMaxM3MoE.is_fused_shared_expert_enabled)", fse, fse,
                     cite_of(type(moe).__init__, "self.is_fused_shared_expert_enabled = True")),
               Check("appended inside AITER's top-k (use_aiter_moe_fse)", aiter_append, aiter_append,
-                    cite_of(type(moe).__init__, "self.use_aiter_moe_fse = ")),
+                    cite_of(type(moe).__init__, "self.use_aiter_moe_fse = ")))
+    checks = (*(fusion if "amd" in type(moe).__module__ else ()),  # the NVIDIA model has no fusion
               Check(f"{type(router).__name__}.select_experts reaches", reached, True, trace.stop_site))
     note = ("shared expert id appended in AITER's kernel (top-k + 1), routed scaling inside AITER" if aiter_append
             else "shared expert appended by the vLLM router (torch.cat)" if fse else
