@@ -4,7 +4,7 @@
     m3lab fastpaths --preset mxfp8-tp4-optimised [--set aiter=0 ...] [--json]
 
 vLLM's own selection code decides, on an emulated platform of the GPU (``m3lab.vllm.fastpaths``); each row
-says ``executed`` or ``restated``. The first run for a GPU starts vLLM on the emulated platform (10-25 s on a
+says ``executed`` or ``restated``. The first run for a GPU starts vLLM on the emulated platform (10-15 s on an idle
 2-core CPU). Exit status 2 when vLLM refuses the deployment at start-up (the reason is vLLM's) or the input
 is bad.
 """
@@ -74,7 +74,7 @@ def fastpaths_cmd(model: Optional[str] = typer.Option(None, "--model", help="mod
     d = build_deployment(model, hardware, tp, ep, quant, preset, _settings(set_))
     phase = phase or ("prefill" if d.plan.role == "prefill" else "decode")
     with Console(stderr=True).status(f"vLLM deciding on an emulated {d.hardware.name} (the first run per GPU "
-                                     "starts vLLM: 10-25 s)"):
+                                     "starts vLLM: 10-15 s)"):
         res = resolve(d, tokens=tokens, phase=phase, context=context)
     if as_json:
         echo_json(res.to_dict())

@@ -8,7 +8,7 @@ for the deployment (:mod:`m3lab.vllm.vllm_build`) and runs one step of each laye
 with every kernel recorded, not run (:mod:`m3lab.vllm.decide`). A row vLLM's code did not decide says
 ``how="restated"`` (the flashinfer all-reduce fusion on CUDA; the monokernel's weight-layout guards, which
 need loaded weights). The work runs in a worker process per GPU (:mod:`m3lab.vllm.workers`); the first
-resolution for a GPU costs vLLM's imports (10-25 s on a 2-core CPU), later ones about a second.
+resolution for a GPU costs vLLM's imports (10-15 s on an idle 2-core CPU), later ones about a second.
 
 Outcomes (``status``): ``runs``; ``off`` (asked for, vLLM turned it off, with why); ``refused`` (vLLM raises at
 start-up: the deployment does not serve; the CLI exits 2; the message is vLLM's); ``skipped`` (the op

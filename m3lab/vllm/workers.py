@@ -9,11 +9,12 @@ session keeps its real platform.
 A worker is ``python -m m3lab.vllm.workers`` (a fresh interpreter, whatever the caller's ``__main__`` is),
 fed pickled ``(function, args, kwargs)`` requests on its stdin and answering on its stdout; its stderr
 (vLLM's log) goes to a file that a failure quotes. Workers start on first use (the first call pays vLLM's
-imports, 10-25 s on a 2-core CPU) and are kept for later calls; at most :data:`MAX_WORKERS` live at once
+imports, 10-15 s on an idle 2-core CPU) and are kept for later calls; at most :data:`MAX_WORKERS` live at once
 (the least recently used one is stopped). :func:`shutdown` stops them all.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import struct
@@ -67,18 +68,22 @@ class Worker:
             _send(self.proc.stdin, (fn, args, kwargs))
             return _receive(self.proc.stdout)
         except (EOFError, BrokenPipeError, OSError):
-            self.stop()
+            self.stop(keep_log=True)
             tail = self.log.read_text(errors="replace").strip().splitlines()[-3:]
             raise M3LabError(f"the vLLM worker for {self.key[1]} stopped: {' | '.join(tail) or 'no output'}",
                              field="hardware", hint=f"full log: {self.log}") from None
 
-    def stop(self) -> None:
+    def stop(self, keep_log: bool = False) -> None:
+        """End the process (it exits when its stdin closes); its log is removed unless ``keep_log``."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
-                self.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:  # interpreter shutdown of a vLLM process can take seconds
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
+        if not keep_log:
+            self.log.unlink(missing_ok=True)
 
 
 _WORKERS: OrderedDict[tuple[str, str], Worker] = OrderedDict()
@@ -92,6 +97,8 @@ def _worker(target) -> Worker:
     while len(_WORKERS) >= MAX_WORKERS:
         _, old = _WORKERS.popitem(last=False)
         old.stop()
+    atexit.unregister(shutdown)
+    atexit.register(shutdown)  # once: a script that never calls shutdown() leaves no worker or log behind
     worker = Worker(key)
     from m3lab.vllm.emulate import bind
     worker.call(bind, (target,), {})  # vLLM imported under the target before anything else runs there
@@ -132,8 +139,9 @@ def _serve() -> None:
     while True:
         try:
             fn, args, kwargs = _receive(requests)
-        except EOFError:
-            return
+        except EOFError:  # the caller is done: exit without tearing vLLM's modules down (seconds of CPU)
+            sys.stderr.flush()
+            os._exit(0)
         try:
             reply = ("ok", fn(*args, **kwargs), None)
         except M3LabError as err:
