@@ -124,6 +124,13 @@ def test_every_citation_of_a_preset_locates(name):
                 assert cite is None or ":" in str(cite), (d.op, cite)
 
 
+def test_a_one_block_prefill_on_the_emitted_page_table():
+    """A prefill inside one KV block with the MSA indexer emitting AITER's page table: the step's caches are
+    laid out as vLLM's engine resolves the layout (interleaved K/V blocks), beside the null block."""
+    r = resolve(load_preset("mxfp4-tp2"), tokens=64, phase="prefill")
+    assert r.decision("attention").path == "aiter_sparse_pa" and r.decision("page_table").path == "msa_topk_emits"
+
+
 def test_fp8_e5m2_kv_cache_is_not_e4m3():
     """D17: e5m2 is its own cache format: vLLM refuses it with an fp8 (MXFP8) checkpoint, and with BF16
     weights AITER's fused QK-norm + insert (e4m3 only) gives way to vLLM's kernel + AITER's cache insert."""

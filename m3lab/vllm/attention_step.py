@@ -54,15 +54,16 @@ def _on_gpu(*tensors):
 
 
 def _common_metadata(step: Step, block_size: int, blocks_per_req: int, table_width: int) -> Any:
-    """The scheduler's batch description: ``step.requests`` requests, each with its own blocks; the block
-    table is as wide as vLLM's (``cdiv(max_model_len, block_size)`` columns)."""
+    """The scheduler's batch description: ``step.requests`` requests, each with its own blocks (ids from 1:
+    vLLM's block pool keeps block 0 as its null block, which pads the table); the block table is as wide as
+    vLLM's (``cdiv(max_model_len, block_size)`` columns)."""
     import torch
     from vllm.v1.attention.backend import CommonAttentionMetadata
     r, q = step.requests, step.query_len
     qsl = torch.arange(r + 1, dtype=torch.int32) * q
     seq = torch.full((r,), step.seq_len, dtype=torch.int32)
     table = torch.zeros(r, max(table_width, blocks_per_req), dtype=torch.int32)
-    table[:, :blocks_per_req] = torch.arange(r * blocks_per_req, dtype=torch.int32).reshape(r, blocks_per_req)
+    table[:, :blocks_per_req] = 1 + torch.arange(r * blocks_per_req, dtype=torch.int32).reshape(r, blocks_per_req)
     pos = (torch.arange(q) + step.context).repeat(r)
     slots = (table[:, :1].repeat_interleave(q, 0).flatten() * block_size + pos).to(torch.int64)
     qsl, seq, table, pos, slots = _on_gpu(qsl, seq, table, pos, slots)
@@ -78,13 +79,23 @@ def _builder(backend, spec, name: str, vllm_config) -> Any:
     return backend.get_builder_cls()(spec, [name], vllm_config, torch.device("cpu"))
 
 
-def _cache(backend, spec, name: str, blocks: int) -> Any:
-    """An (empty) cache of ``blocks`` blocks for one layer, viewed as vLLM's worker views it, in the
-    backend's first supported layout (``vllm/v1/kv_cache_interface.py::create_kv_cache_views``)."""
+def kv_cache_layout(vllm_config) -> Any:
+    """The one KV cache layout vLLM's engine core resolves for the built model, from its workers' backends
+    and every layer's cache spec (``resolve_kv_cache_layout``, ``vllm/v1/attention/backends/utils.py``);
+    recorded on the config as the engine records it."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    layers = vllm_config.compilation_config.static_forward_context.values()
+    specs = [x.get_kv_cache_spec(vllm_config) for x in layers if hasattr(x, "get_kv_cache_spec")]
+    names = [x.name for x in get_supported_kv_cache_layouts(get_current_attn_backends(vllm_config))]
+    return resolve_kv_cache_layout(vllm_config, [names], [x for x in specs if x is not None])
+
+
+def _cache(spec, name: str, blocks: int, layout) -> Any:
+    """An (empty) cache of ``blocks`` blocks for one layer in ``layout``, viewed as vLLM's worker views it
+    (``vllm/v1/kv_cache_interface.py::create_kv_cache_views``)."""
     import torch
     from vllm.v1.kv_cache_interface import KVCacheTensor, create_kv_cache_views
-    from vllm.v1.kv_cache_layout import KVCacheLayout
-    layout = (backend.supported_kv_cache_layouts() or (KVCacheLayout.LBHNC,))[0]
     page = spec.page_size_bytes
     (raw,) = _on_gpu(torch.empty(page * blocks, dtype=torch.int8))
     tensor = KVCacheTensor(size=page * blocks, layers=[name], layer_stride=page * blocks, block_stride=page)
@@ -119,8 +130,9 @@ def run(attn, vllm_config, step: Step) -> recorder.Trace:
     icache = attn.indexer.index_cache
     ispec = icache.get_kv_cache_spec(vllm_config)
     blocks_per_req = -(-step.seq_len // spec.block_size)
-    blocks = step.requests * blocks_per_req
+    blocks = 1 + step.requests * blocks_per_req  # + the null block
     width = -(-vllm_config.model_config.max_model_len // spec.block_size)
+    layout = kv_cache_layout(vllm_config)  # resolved before the builders, as the engine core does
     common = _common_metadata(step, spec.block_size, blocks_per_req, width)
     main_md = _builder(attn.get_attn_backend(), spec, attn.layer_name, vllm_config).build(0, common)
     index_md = _builder(icache.get_attn_backend(), ispec, icache.prefix, vllm_config).build(0, common)
@@ -131,8 +143,7 @@ def run(attn, vllm_config, step: Step) -> recorder.Trace:
         torch.empty(t, attn.index_q_size, dtype=icache.dtype))[0]
     ctx = ForwardContext(no_compile_layers={}, attn_metadata={attn.layer_name: main_md, icache.prefix: index_md},
                          slot_mapping={attn.layer_name: common.slot_mapping, icache.prefix: common.slot_mapping})
-    with _bound(attn, _cache(attn.get_attn_backend(), spec, attn.layer_name, blocks),
-                _cache(icache.get_attn_backend(), ispec, icache.prefix, blocks),
+    with _bound(attn, _cache(spec, attn.layer_name, blocks, layout), _cache(ispec, icache.prefix, blocks, layout),
                 topk), override_forward_context(ctx):
         if getattr(attn, "use_aiter_sparse_pa", False):  # as MiniMaxM3SparseAttention.forward does before _run_attention
             attn.get_aiter_sparse_pa_kv_cache()
