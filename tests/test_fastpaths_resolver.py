@@ -124,6 +124,15 @@ def test_every_citation_of_a_preset_locates(name):
                 assert cite is None or ":" in str(cite), (d.op, cite)
 
 
+def test_the_sparse_attend_row_shows_the_switches_vllm_read():
+    """AITER off: the attend row's VLLM_ROCM_USE_AITER check (read by vLLM's accessor) no longer holds."""
+    on, off = (resolve(load_preset("mxfp8-tp4-optimised").with_settings({"aiter": a}), tokens=32)
+               .decision("attention", "sparse") for a in ("1", "0"))
+    assert [(c.name, c.holds) for c in on.checks[:2]] == [("VLLM_ROCM_USE_AITER", True),
+                                                         ("VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT", True)]
+    assert (off.path, off.checks[0].value, off.checks[0].holds) == ("triton_sparse", 0, False)
+
+
 def test_a_one_block_prefill_on_the_emitted_page_table():
     """A prefill inside one KV block with the MSA indexer emitting AITER's page table: the step's caches are
     laid out as vLLM's engine resolves the layout (interleaved K/V blocks), beside the null block."""

@@ -50,13 +50,27 @@ def _aiter_pa(attn, what: str) -> tuple[Check, ...]:
     return (Check(what, on, on, cite_of(type(attn).__init__, "self.use_aiter_sparse_pa = ")),)
 
 
+def _aiter_pa_inputs(attn) -> tuple[Check, ...]:
+    """What ``_minimax_m3_aiter_sparse_pa_requested`` reads (AITER on, shuffled KV layout), from vLLM's own
+    accessors under the emulated environment (the AMD model only)."""
+    if not hasattr(attn, "use_aiter_sparse_pa"):
+        return ()
+    from vllm._aiter_ops import rocm_aiter_ops
+    from vllm.models.minimax_m3.common import sparse_attention
+    cite = cite_of(sparse_attention._minimax_m3_aiter_sparse_pa_requested)
+    on, shuffle = bool(rocm_aiter_ops.is_enabled()), bool(rocm_aiter_ops.is_shuffle_kv_cache_enabled())
+    return (Check("VLLM_ROCM_USE_AITER", int(on), on, cite),
+            Check("VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT", int(shuffle), shuffle, cite))
+
+
 def attention(kind: str, attn, trace, attend) -> Decision:
     """A1: the attend implementation vLLM bound, and what it launched for the step."""
     impl = type(attn.impl).__name__
     path = ATTEND_PATHS.get(impl, impl)
     kernels = tuple(k for k in attend.kernels if k not in TABLE_BUILDERS and not _indexer_part(attend, k))
     kernels = tuple("pa_decode_gluon" if "pa_decode_gluon" in k else k for k in kernels)
-    checks = (Check("attend implementation (select_main_backend_and_impl_cls)", impl, True,
+    checks = (*(_aiter_pa_inputs(attn) if kind == "sparse" else ()),
+              Check("attend implementation (select_main_backend_and_impl_cls)", impl, True,
                     cite_of(type(attn).__init__, "= select_main_backend_and_impl_cls(")),
               *_aiter_pa(attn, "AITER page-16 sparse PA (minimax_m3_use_aiter_sparse_pa)"))
     site = attend.stop_site or next((attend.sites.get(k) for k in kernels if attend.sites.get(k)), None)
