@@ -181,6 +181,9 @@ def test_a_refusal_is_vllms_own_exception_at_its_line():
     (x,) = r.refused
     assert x.op == "attention" and "num_kv_heads == 1" in x.vllm
     assert str(x.decided_by).startswith("vllm/models/minimax_m3/common/sparse_attention.py:")
+    pd = resolve(load_preset("pd-mxfp8-decode-tp4"), tokens=32)  # a pydantic error: its message, on one line
+    assert pd.refused[0].note == "vLLM raises ValidationError: Value error, Connector name is not set in " \
+                                 "KVTransferConfig"
 
 
 def test_bad_steps_are_one_line_errors():

@@ -163,7 +163,16 @@ def refusal_of(err: BaseException) -> Refusal:
         tb = tb.tb_next
     if not sites:
         raise err
-    return Refusal(error=f"{type(err).__name__}: {err}", cite=sites[-1], frames=tuple(s.function for s in sites))
+    return Refusal(error=f"{type(err).__name__}: {_one_line(err)}", cite=sites[-1],
+                   frames=tuple(s.function for s in sites))
+
+
+def _one_line(err: BaseException) -> str:
+    """vLLM's message on one line (a pydantic ValidationError: its errors' messages, not its input dump)."""
+    text = str(err)
+    if type(err).__name__ == "ValidationError" and callable(getattr(err, "errors", None)):
+        text = "; ".join(str(e.get("msg", "")) for e in err.errors()) or text
+    return " ".join(text.split())
 
 
 REFUSALS = (ValueError, NotImplementedError)  # what vLLM raises to refuse a configuration at start-up
