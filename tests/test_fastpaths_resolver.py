@@ -1,5 +1,6 @@
-"""The fast-path resolver: vLLM's own code decides on an emulated platform (acceptance of the "vLLM decides"
-work, and one test per defect the earlier, restated resolver had; each failed on it).
+"""The fast-path resolver: vLLM's own code decides on an emulated platform; each test names a decision where
+restating vLLM's rules goes wrong (MoE backends under EP, routing, AR+norm sizes, widths under indexer CP,
+gfx950 tile stages, page-table writers, MSA-CP limits, KV formats, index sharing, the monokernel, citations).
 
 Every row says how it was decided; citations point at the vLLM code that decided (computed from the call
 that ran, so they move with vLLM).
@@ -26,7 +27,7 @@ def ep4(quant="mxfp8", **sets):
 
 # --- acceptance 3 (the Python form of m3lab fastpaths ... --set VLLM_ROCM_USE_AITER=1) ----------------------
 def test_mxfp8_under_ep_runs_aiter_flydsl_experts_and_aiter_biased_grouped_topk():
-    """D3 (FlyDSL experts refused EP) and D5 (routing named topk_sigmoid with AITER MoE on)."""
+    """FlyDSL MXFP8 experts support EP; with AITER MoE on the routing is AITER's biased_grouped_topk."""
     r = resolve(ep4(), tokens=32)
     ex, rt = r.decision("experts"), r.decision("routing")
     assert (ex.path, ex.vllm) == ("aiter_mxfp8_flydsl", "AITER_MXFP8 -> AiterMxfp8Experts")
@@ -34,12 +35,12 @@ def test_mxfp8_under_ep_runs_aiter_flydsl_experts_and_aiter_biased_grouped_topk(
     assert rt.path == "aiter_biased_grouped_topk" and rt.kernels == ("vllm.rocm_aiter_biased_grouped_topk",)
     assert str(rt.decided_by).startswith("vllm/_aiter_ops.py:") and "biased_grouped_topk" in str(rt.decided_by)
     assert all(d.how in ("executed", "restated") for d in r.decisions)
-    forced = resolve(ep4(moe_backend="aiter"), tokens=32)   # D3: no false "vLLM refuses"
+    forced = resolve(ep4(moe_backend="aiter"), tokens=32)   # no false "vLLM refuses"
     assert forced.ok and forced.decision("experts").path == "aiter_mxfp8_flydsl"
 
 
 def test_mxfp4_with_aiter_off_names_no_aiter_expert_kernel():
-    """D4: AiterMxfp4Experts needs AITER's fused MoE on; with vLLM's default (off) no AITER kernel runs."""
+    """AiterMxfp4Experts needs AITER's fused MoE on; with vLLM's default (off) no AITER kernel runs."""
     r = resolve(deployment("minimax-m3", "mi355x", "mxfp4", tp=4), tokens=32)
     rows = [d for d in r.decisions if d.op == "experts"]
     assert rows and all("aiter" not in " ".join((d.path, *d.kernels)).lower() for d in rows)
@@ -58,7 +59,7 @@ def test_mi355x_presets_are_executed_by_vllm(name):
 
 # --- the defects, one test each ---------------------------------------------------------------------------
 def test_fused_allreduce_norm_checks_the_message_size():
-    """D6: vLLM's _can_use_aiter_fused_ar_rms: 1-stage fused AR+norm up to 21 tokens at TP4 (< 256 KiB)."""
+    """vLLM's _can_use_aiter_fused_ar_rms: 1-stage fused AR+norm up to 21 tokens at TP4 (< 256 KiB)."""
     opt = load_preset("mxfp8-tp4-optimised")
     assert resolve(opt, tokens=16).decision("allreduce_norm").path == "aiter_fused_ar_rmsnorm"
     assert resolve(opt, tokens=32).decision("allreduce_norm").path == "allreduce_then_norm"
@@ -69,7 +70,7 @@ def test_fused_allreduce_norm_checks_the_message_size():
 @pytest.mark.parametrize("tp, index, width, path", [(4, "bf16", 2560, "triton_cp"), (8, "bf16", 1536, "triton_cp"),
                                                    (4, "fp8", 2944, "msa_fp8_cp"), (8, "fp8", 1536, "msa_fp8")])
 def test_indexer_cp_widens_qkv_only_where_vllms_model_does(tp, index, width, path):
-    """D7 / acceptance 4: the width printed (ParallelPlan's) equals the width vLLM's built module holds."""
+    """the width printed (ParallelPlan's) equals the width vLLM's built module holds."""
     dep = load_preset("mxfp8-tp4-optimised").with_settings({"tp": str(tp), "index_dtype": index, "indexer_cp": "1"})
     r = resolve(dep, tokens=32)
     q = r.decision("qkv_proj")
@@ -79,13 +80,13 @@ def test_indexer_cp_widens_qkv_only_where_vllms_model_does(tp, index, width, pat
 
 
 def test_gfx950_prefill_tiles_carry_gfx950_stages():
-    """D9: _select_cfg imported under gfx950, so its BLOCK_K 256 tiles run 2 stages (3 on a CPU import)."""
+    """_select_cfg imported under gfx950, so its BLOCK_K 256 tiles run 2 stages (3 on a CPU import)."""
     q = resolve(load_preset("mxfp8-tp4-optimised"), tokens=8192, phase="prefill").decision("qkv_proj")
     assert q.path == "mxfp8_dot_scaled_prefill" and "(128, 128, 256, 8, 2)" in q.vllm
 
 
 def test_triton_cp_page_table_is_written_by_merge_topk_keys():
-    """D14: under Triton indexer CP the table comes from _merge_topk_keys (EMIT_SPARSE_TABLE), not the fused
+    """under Triton indexer CP the table comes from _merge_topk_keys (EMIT_SPARSE_TABLE), not the fused
     top-k."""
     r = resolve(load_preset("mxfp8-tp4-optimised").with_settings({"indexer_cp": "1"}), tokens=32)
     pt = r.decision("page_table")
@@ -94,7 +95,7 @@ def test_triton_cp_page_table_is_written_by_merge_topk_keys():
 
 
 def test_msa_cp_counts_speculative_rows():
-    """D15: MSA-CP needs num_index_heads x (1 + n_spec) <= SCORE_MFMA_COLS (16): EAGLE3 k=3 fits, k=4 not."""
+    """MSA-CP needs num_index_heads x (1 + n_spec) <= SCORE_MFMA_COLS (16): EAGLE3 k=3 fits, k=4 not."""
     base = load_preset("eagle3-mxfp8-tp4").with_settings({"index_dtype": "fp8", "indexer_cp": "1"})
     assert resolve(base, tokens=32).decision("indexer").path == "msa_fp8_cp"
     k4 = base.with_settings({"spec_tokens": "4"})
@@ -103,7 +104,7 @@ def test_msa_cp_counts_speculative_rows():
 
 
 def test_citations_point_at_the_code_that_decided():
-    """D16: the router's tier is the gfx950 tier-5 dispatch (its op body); non-FSE routing cites the AITER
+    """the router's tier is the gfx950 tier-5 dispatch (its op body); non-FSE routing cites the AITER
     call it reached; the AR row cites _can_use_aiter_fused_ar_rms; the E8M0 rule citation locates."""
     from m3lab.gates.vllm_act import E8M0_RULE
     from m3lab.vllm.cite import Cite
@@ -141,7 +142,7 @@ def test_a_one_block_prefill_on_the_emitted_page_table():
 
 
 def test_fp8_e5m2_kv_cache_is_not_e4m3():
-    """D17: e5m2 is its own cache format: vLLM refuses it with an fp8 (MXFP8) checkpoint, and with BF16
+    """e5m2 is its own cache format: vLLM refuses it with an fp8 (MXFP8) checkpoint, and with BF16
     weights AITER's fused QK-norm + insert (e4m3 only) gives way to vLLM's kernel + AITER's cache insert."""
     bf16 = deployment("minimax-m3", "mi355x", "bf16", tp=4).with_settings({"aiter": "1", "shuffle_kv_cache": "1"})
     e5 = bf16.with_settings({"kv_dtype": "fp8_e5m2"})
@@ -154,7 +155,7 @@ def test_fp8_e5m2_kv_cache_is_not_e4m3():
 
 
 def test_index_sharing_is_rocm_only():
-    """D18 (resolver): the NVIDIA model has no index sharing: no reuse layer on an H200."""
+    """the NVIDIA model has no index sharing: no reuse layer on an H200."""
     h200 = deployment("minimax-m3", "h200", "bf16", tp=4)
     h200 = dataclasses.replace(h200, model=h200.model.with_index_sharing(4))
     assert not [d for d in resolve(h200, tokens=32).decisions if d.layer_kind == "sparse_reuse"]
@@ -163,7 +164,7 @@ def test_index_sharing_is_rocm_only():
 
 
 def test_the_monokernel_replaces_the_stock_rows_it_runs_for():
-    """D13: when the monokernel takes the step, the router, experts and all-reduces it replaces are not listed
+    """when the monokernel takes the step, the router, experts and all-reduces it replaces are not listed
     as running (vLLM's runtime/decode.py substitutes the layer after attention)."""
     rows = resolve(load_preset("mxfp8-tp4-optimised"), tokens=8).decisions
     mono = Decision("monokernel", "sparse", "M3", "mono_ffn", ("minimax_m3_mono_ffn_s8_tp4",), (),

@@ -5,7 +5,7 @@ Two checks, each shown to fail on a planted copy:
 - every condition the registry declares is an implementation requirement (device, weight format, layer
   kind, the call's phase, the kernels' shape contract) or the resolver's answer, never one of vLLM's
   dispatch conditions;
-- no m3lab module outside the resolver states one of the rules the resolver used to restate (the phrases
+- no m3lab module outside the resolver states one of vLLM's dispatch rules in m3lab's words (the phrases
   below), and m3lab's GEMM launcher bound is never named as vLLM's.
 """
 import re
