@@ -86,7 +86,8 @@ def convert(key: str, type_text: str, value: Any) -> Any:
             v = float(value)
             return None if optional and math.isinf(v) else v
     except (TypeError, ValueError):
-        raise M3LabError(f"{key}={value!r} is not {'an' if base == 'int' else 'a'} {base}", field=key) from None
+        kind = {"bool": "a boolean (1/0, true/false)", "int": "an integer", "float": "a number"}[base]
+        raise M3LabError(f"{key}={value!r} is not {kind}", field=key) from None
     return str(value).strip()
 
 
