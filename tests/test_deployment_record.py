@@ -97,6 +97,7 @@ def test_defaults_are_vllms():
     assert vllm_module("vllm.benchmarks.datasets.datasets").DEFAULT_NUM_PROMPTS == VLLM_BENCH_NUM_PROMPTS
     limits = default_deployment().scheduler_limits()
     assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (1024, 16384)   # vllm serve on a 288 GB MI355X
+    assert default_deployment().settings()["max_num_batched_tokens"] == 16384
 
 
 def test_limits_round_trip_through_vllm_flags():

@@ -197,9 +197,10 @@ class Deployment:
     def _limit_args(self) -> list[str]:
         """``vllm serve`` flags of the scheduler limits that differ from vLLM's defaults."""
         lim, default = self.limits, SchedulerLimits()
-        args = [f"--{flag}" for flag in ("max-num-seqs", "max-num-batched-tokens")
-                if getattr(lim, flag.replace("-", "_")) is not None]
-        args = [x for flag in args for x in (flag, str(getattr(lim, flag[2:].replace("-", "_"))))]
+        args: list[str] = []
+        for name in ("max_num_seqs", "max_num_batched_tokens"):   # None: vLLM picks by the GPU
+            if getattr(lim, name) is not None:
+                args += [f"--{name.replace('_', '-')}", str(getattr(lim, name))]
         if lim.gpu_memory_utilization != default.gpu_memory_utilization:
             args += ["--gpu-memory-utilization", format(lim.gpu_memory_utilization, "g")]
         for name, flag in LIMIT_SWITCHES.items():
@@ -244,6 +245,19 @@ def _json_arg(flag: str, text: str) -> dict:
     if not isinstance(value, dict):
         raise M3LabError(f"{flag} must be a JSON object", field=flag)
     return value
+
+
+def _limit_flag(flag: str, value: str | None, limits: dict) -> int:
+    """Record a scheduler-limit flag of ``vllm serve`` in ``limits``; the arguments it took (0: not one)."""
+    name = flag.lstrip("-").replace("-", "_")
+    if name in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"):
+        limits[name] = float(value) if name == "gpu_memory_utilization" else int(value)
+        return 2
+    switch = flag.lstrip("-").removeprefix("no-")
+    if switch in SWITCH_FIELDS:
+        limits[SWITCH_FIELDS[switch]] = not flag.startswith("--no-")
+        return 1
+    return 0
 
 
 def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpec, hardware: str | Hardware,
@@ -304,12 +318,8 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
             serving["cudagraph_mode"] = str(_json_arg(flag, value).get("cudagraph_mode", defaults.cudagraph_mode))
         elif flag == "--max-model-len":
             serving["max_model_len"] = int(value)
-        elif flag in ("--max-num-seqs", "--max-num-batched-tokens"):
-            limits[flag[2:].replace("-", "_")] = int(value)
-        elif flag == "--gpu-memory-utilization":
-            limits["gpu_memory_utilization"] = float(value)
-        elif flag.lstrip("-").removeprefix("no-") in SWITCH_FIELDS:
-            limits[SWITCH_FIELDS[flag.lstrip("-").removeprefix("no-")]], step = not flag.startswith("--no-"), 1
+        elif (taken := _limit_flag(flag, value, limits)):
+            step = taken
         elif flag == "--kv-transfer-config":
             kv_role = _json_arg(flag, value).get("kv_role")
             role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(kv_role, "both")
