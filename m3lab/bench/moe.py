@@ -438,9 +438,10 @@ def decode_share(df, batch: int = 32, context: int = 8192, hardware: str = "h200
     import pandas as pd
 
     from ..cost.model import cost_step
+    from ..spec.serving import make_deployment
     from ..workload.step import EngineStep
-    costed = cost_step("minimax-m3", hardware, step=EngineStep.decode(batch, context), tp=4, quant=quant,
-                       calibration=None)
+    dep = make_deployment(None, model="minimax-m3", hardware=hardware, tp=4, quant=quant)
+    costed = cost_step(dep, EngineStep.decode(batch, context), calibration=None)
     by_kind = costed.groupby("kind")["t_us"].sum()
     moe_layers = costed.loc[costed["kind"] == "grouped_gemm", "layer"].nunique()
     ours = _p50(df, "m3lab")

@@ -141,12 +141,10 @@ def cost_optable(optable: pd.DataFrame, hw, calibration=None) -> pd.DataFrame:
     return out
 
 
-def cost_step(model, hardware, *, step, tp: int = 1, ep: int = 1, quant="bf16", calibration="default",
-              routing=None) -> pd.DataFrame:
-    """Build the OpTable of one engine step and cost it (a convenience for notebooks)."""
+def cost_step(deployment, step, *, calibration="default", routing=None) -> pd.DataFrame:
+    """Build the OpTable of one engine ``step`` of ``deployment`` (its model, plan and quantisation) and cost it
+    on its hardware."""
     from m3lab.optable import build_optable
-    from m3lab.spec.hardware import load_hardware
-    from m3lab.spec.plan import ParallelPlan
 
-    hw = load_hardware(hardware)
-    return cost_optable(build_optable(model, ParallelPlan(tp=tp, ep=ep), quant, step, routing), hw, calibration)
+    d = deployment
+    return cost_optable(build_optable(d.model, d.plan, d.quant, step, routing), d.hardware, calibration)

@@ -21,6 +21,9 @@ import numpy as np
 import pandas as pd
 
 from m3lab.cost.model import cost_columns
+from m3lab.spec.quant import load_quant
+from m3lab.spec.record_key import stable_key
+from m3lab.spec.speculation import DRAFT_COST
 from m3lab.workload.step import EngineStep
 
 QUANTUM = 1.03            # relative rounding of context / chunk lengths in the memo key (3%)
@@ -29,7 +32,6 @@ MODES = ("ceiling", "calibrated")
 AGG_COLUMNS = ("t_us", "t_bound_us", "flops", "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm")
 OPTABLE_CACHE_SIZE = 2048  # compact OpTables kept per process (a few kB each)
 _OPTABLE_CACHE: dict = {}
-DRAFT_COST = 0.05         # EAGLE3 draft step / target decode step: ~1 dense layer + LM head of M3's 60 layers
 
 
 def _bucket(x: float, quantum: float = QUANTUM) -> int:
@@ -67,6 +69,8 @@ class StepCoster:
 
     def __post_init__(self):
         self._classes = _layer_classes(self.model)
+        # every field of model, plan and quant (KV / index dtypes, index sharing, ...) keys the shared OpTables
+        self._spec_key = stable_key(self.model, self.plan, load_quant(self.quant))
 
     # ---- keys and representative steps -------------------------------------------------------------
     def key(self, step: EngineStep) -> tuple:
@@ -96,7 +100,7 @@ class StepCoster:
     # ---- costing -------------------------------------------------------------------------------------
     def compact_optable(self, step: EngineStep) -> pd.DataFrame:
         """The step's OpTable reduced to one layer per structure class, with ``calls`` = layers in the class
-        (shared between estimates of the same model, plan and quantisation in this process)."""
+        (shared in this process between estimates whose model, plan and quantisation have equal fields)."""
         return pd.DataFrame(self._compact_columns(step))
 
     def _compact_columns(self, step: EngineStep) -> dict:
@@ -104,8 +108,7 @@ class StepCoster:
         from m3lab.optable import build_optable
 
         shared = isinstance(self.routing, (str, type(None)))
-        key = (self.model.name, self.plan, getattr(self.quant, "name", str(self.quant)), self.routing,
-               step.signature()) if shared else None
+        key = (self._spec_key, self.routing, step.signature()) if shared else None
         if key is not None and key in _OPTABLE_CACHE:
             return _OPTABLE_CACHE[key]
         ot = build_optable(self.model, self.plan, self.quant, step, self.routing)
