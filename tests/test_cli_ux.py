@@ -75,7 +75,7 @@ def test_list_is_one_line_per_parameter_when_piped_and_readable_at_80_columns():
     res = _m3lab("list", env={"COLUMNS": "80"})
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    for name in ("max_num_batched_tokens", "show_optimisations", "kv_dtype", "concurrency"):
+    for name in ("settings", "show_optimisations", "kv_dtype", "concurrency"):
         assert any(re.match(rf"\s+{name} = ", line) for line in lines), name
     head = [line.split("  (")[0] for line in lines if " = " in line]
     assert all(len(h) <= 80 for h in head), [h for h in head if len(h) > 80]
