@@ -88,7 +88,9 @@ def test_list_json():
     data = json.loads(res.output)
     steps = {s["name"]: s for p in data["pipelines"] for s in p["steps"]}
     params = {q["name"]: q for q in steps["serving_estimates"]["parameters"]}
-    assert params["concurrency"]["default"] == 32 and params["num_requests"]["default"] is None
+    # deployment keys default to None ("keep the preset's value"); the help names the preset's value
+    assert params["concurrency"]["default"] is None and "(default 32)" in params["concurrency"]["help"]
+    assert params["num_prompts"]["default"] is None
 
 
 def test_estimate_defaults_are_valid_for_m3_and_its_hints_can_be_followed():
