@@ -98,15 +98,16 @@ def test_estimate_defaults_are_valid_for_m3_and_its_hints_can_be_followed():
     res = cli.invoke(app, [*base, "--hardware", "mi355x"])                      # default plan: TP4
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["tp"] == 4
-    res = cli.invoke(app, [*base, "--hardware", "h200", "--quant", "mxfp8"])
+    h200 = [*base[:-2], "40", "--json"]                                          # c=40 fits h200 only with fp8 KV
+    res = cli.invoke(app, [*h200, "--hardware", "h200", "--quant", "mxfp8"])
     assert res.exit_code == 2 and "--kv-dtype fp8" in res.output and "kv_dtype=fp8" in res.output
-    res = cli.invoke(app, [*base, "--hardware", "h200", "--quant", "mxfp8", "--kv-dtype", "fp8"])
+    res = cli.invoke(app, [*h200, "--hardware", "h200", "--quant", "mxfp8", "--kv-dtype", "fp8", "--num-prompts", "80"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["kv_dtype"] == "fp8"
     res = cli.invoke(app, [*base, "--hardware", "mi355x", "--spec-tokens", "3"])
     assert res.exit_code == 2 and "--accept-len" in res.output
-    res = cli.invoke(app, [*base, "--hardware", "mi355x", "--num-requests", "0"])
-    assert res.exit_code == 2 and "num_requests" in res.output
+    res = cli.invoke(app, [*base, "--hardware", "mi355x", "--num-prompts", "0"])
+    assert res.exit_code == 2 and "num_prompts" in res.output
     for word in ("none", "None", "null"):
         res = cli.invoke(app, [*base, "--hardware", "mi355x", "--calibration", word])
         assert res.exit_code == 0 and json.loads(res.output)["kind"] == "ceiling", (word, res.output)
