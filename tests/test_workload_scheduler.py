@@ -71,7 +71,7 @@ def test_kv_capacity_preempts_and_finishes():
     sched = Scheduler(cfg)
     steps = list(sched.steps(wl))
     assert sched.last_state.preemptions > 0 and sched.last_state.finished == 6
-    assert sched.last_state.blocks_used == 0
+    assert sched.last_state.blocks_used == 0 and sched.core.pool.num_free == 40 - 1
 
 
 def test_hook_subclass_changes_admission():
