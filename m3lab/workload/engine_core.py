@@ -199,8 +199,8 @@ class EngineCore:
                 break
             if not self._alloc(r, n, hit, admit=True):
                 break
-            if self.caching:
-                pool.record(r.P + r.O, len(hit), r.preemptions > 0)
+            if self.caching:                 # KVCacheManager.record_prefix_cache_stats
+                pool.stats.record(r.P + r.O, computed, r.preemptions > 0, bs)
             self.waiting.popleft()
             self.running.append(r)
             admitted.append((r.rid, computed, r.status == PREEMPTED))

@@ -102,22 +102,26 @@ class TokenContents(RequestContents):
 
 
 class KeyContents(RequestContents):
-    """One key per full block (a trace's ``hash_ids`` over prompt + output): every token of block i is
-    ``keys[i]``; tokens past the keyed blocks are ``-1 - rid`` (never shared)."""
+    """One key per full block (a trace's ``hash_ids`` over prompt + output; ``keys`` a list per request or a
+    callable ``rid -> keys``): every token of block i is ``keys[i]``; tokens past the keyed blocks are
+    ``-1 - rid`` (never shared)."""
 
-    def __init__(self, keys: list, prompt, max_tokens, block_size: int):
-        self.keys, self.block_size = keys, block_size
+    def __init__(self, keys, prompt, max_tokens, block_size: int):
+        self._keys, self.block_size = keys, block_size
         self.prompt, self.max_tokens = _lengths(prompt, max_tokens)
 
+    def keys(self, rid: int):
+        return self._keys(rid) if callable(self._keys) else self._keys[rid]
+
     def tokens(self, rid, start, end):
-        bs, k = self.block_size, self.keys[rid]
+        bs, k = self.block_size, self.keys(rid)
         return [int(k[p // bs]) if p // bs < len(k) else -1 - rid for p in range(start, end)]
 
     def block_keys(self, rid, block_size, lookahead=0):
         if block_size != self.block_size:
             raise M3LabError(f"keys are per {self.block_size}-token block, not {block_size}", field="block_size")
         n = (int(self.prompt[rid]) + int(self.max_tokens[rid]) - lookahead) // block_size
-        k = [int(x) for x in self.keys[rid][:n + 1]]
+        k = [int(x) for x in self.keys(rid)[:n + 1]]
         keys, parent = [], 0
         for i in range(n):
             nxt = () if not lookahead else (k[i + 1] if i + 1 < len(k) else -1 - rid,) * lookahead

@@ -265,6 +265,16 @@ class Scheduler:
     def admit_order(self, state: SchedulerState) -> None:
         """Reorder ``state.core.waiting`` before admission (default FCFS: leave as is)."""
 
+    def finished(self, state: SchedulerState, ids: list[int]) -> None:
+        """Requests ``ids`` finished (their last output was applied at ``state.clock``)."""
+
+    def observe(self, batch, state: SchedulerState) -> None:
+        """Each executed step right after ``schedule()`` (``batch.record``: its :class:`StepRecord`)."""
+
+    def lookahead_tokens(self) -> int:
+        """KV slots reserved past the scheduled tokens (default: the spec method's, as vLLM derives it)."""
+        return self.config.lookahead_tokens
+
     def contents(self, workload: Workload) -> RequestContents:
         """The requests' token contents (default: lengths only, nothing shared)."""
         return UniqueContents(*workload.lengths())
@@ -281,7 +291,7 @@ class Scheduler:
     def _core(self, contents: RequestContents) -> EngineCore:
         cfg = self.config
         self._max_model_len = cfg.max_model_len or contents.max_model_len(cfg.spec_tokens)
-        return EngineCore(cfg, contents, self.outputs, self.make_pool(), lookahead=cfg.lookahead_tokens,
+        return EngineCore(cfg, contents, self.outputs, self.make_pool(), lookahead=self.lookahead_tokens(),
                           hash_lookahead=cfg.hash_lookahead_tokens, prefill_lookahead=cfg.prefill_lookahead_tokens,
                           max_model_len=self._max_model_len)
 
@@ -335,7 +345,7 @@ class Scheduler:
         state = self.last_state = SchedulerState(core, workload, workload.arrival_times())
         core.hooks = _Hooks(self, state)
         self.core = core
-        pending: deque = deque()     # (batch, EngineStep, repeat) whose outputs are not all applied yet (async)
+        pending: deque = deque()     # (batch, EngineStep, repeat, seconds): outputs not applied yet (async)
         n = workload.n_requests
         stretch = self.collapse and self.step_time is None and state.arrival is None
         while state.finished < n:
@@ -343,9 +353,8 @@ class Scheduler:
             done = core.decode_stretch() if stretch else None
             if done is not None:
                 last, repeat = done
-                step = self._stretch_step(last, state, repeat)
+                pending.append((last, self._stretch_step(last, state, repeat), repeat, 0.0))
                 state.step_index += repeat
-                pending.append((last, step, repeat))
             else:
                 out = core.call()
                 if out is None:
@@ -357,15 +366,20 @@ class Scheduler:
                     raise M3LabError(STUCK, field="num_kv_blocks")
                 if batch is not None and batch.executed:
                     step = self._engine_step(batch, state)
-                    if self.step_time is not None:
-                        state.clock += float(self.step_time(step))
+                    t = float(self.step_time(step)) if self.step_time is not None else 0.0
+                    self.observe(batch, state)
                     state.step_index += 1
-                    pending.append((batch, step, 1))
-                state.finished += len(finished)
-            while pending and pending[0][0].done:
-                b, step, repeat = pending.popleft()
+                    pending.append((batch, step, 1, t))
+            while pending and pending[0][0].done:     # a step's outputs come back at its end: advance the clock
+                b, step, repeat, t = pending.popleft()
                 fin = b.record.finished
-                yield StepRun(replace(step, finished=fin) if fin else step, repeat, fin)
+                start, state.clock = state.clock, state.clock + t
+                if fin or t:
+                    step = replace(step, finished=fin, time_s=start)
+                if fin:
+                    state.finished += len(fin)
+                    self.finished(state, list(fin))
+                yield StepRun(step, repeat, fin)
 
     @staticmethod
     def _stretch_step(last, state: SchedulerState, repeat: int) -> EngineStep:
