@@ -71,6 +71,11 @@ class EngineCore:
     EAGLE/MTP, 0 for ngram); ``hash_lookahead``: tokens after a block its key covers
     (``num_hash_lookahead_tokens``); ``prefill_lookahead`` (``num_prefill_lookahead_tokens``)."""
 
+    #: Admission reserves KV for the whole known sequence (vLLM's ``scheduler_reserve_full_isl``, default on).
+    FULL_SEQUENCE_MUST_FIT = True
+    #: A step that preempted admits nothing (``if not preempted_reqs`` before vLLM's waiting loop).
+    ADMIT_IN_PREEMPTING_STEP = False
+
     def __init__(self, cfg, contents: RequestContents, outputs: FakeOutputs | None, pool, *, lookahead: int,
                  hash_lookahead: int, prefill_lookahead: int, max_model_len: int, hooks=None):
         self.cfg, self.contents, self.outputs, self.pool = cfg, contents, outputs or FakeOutputs(), pool
@@ -120,6 +125,10 @@ class EngineCore:
         self.preemptions += 1
         self.waiting.appendleft(r)
 
+    def _victim(self, running: list) -> int:
+        """Which running request to preempt (vLLM's FCFS policy: the last, ``self.running.pop()``)."""
+        return self.hooks.pick_victim(running) if self.hooks else len(running) - 1
+
     # ---- schedule() --------------------------------------------------------------------------------------
     def _schedule_running(self, budget: int, sched: list, preempted: list) -> tuple[int, bool]:
         """The running loop; returns (budget left, whether a running prefill chunk was scheduled)."""
@@ -140,7 +149,7 @@ class EngineCore:
                 continue
             ok = True
             while not self._alloc(r, n):
-                victim = self.hooks.pick_victim(running) if self.hooks else len(running) - 1
+                victim = self._victim(running)
                 v = running.pop(victim)
                 if victim < i:                   # a custom victim already scheduled in this step: unschedule it
                     i -= 1
@@ -197,7 +206,7 @@ class EngineCore:
                 continue
             if hooks is not None and not hooks.can_admit(r, n, len(admitted)):
                 break
-            if not self._alloc(r, n, hit, admit=True):
+            if not self._alloc(r, n, hit, admit=self.FULL_SEQUENCE_MUST_FIT):
                 break
             if self.caching:                 # KVCacheManager.record_prefix_cache_stats
                 pool.stats.record(r.P + r.O, computed, r.preemptions > 0, bs)
@@ -239,7 +248,7 @@ class EngineCore:
         preempted: list[Req] = []
         admitted: list = []
         budget, prefill = self._schedule_running(budget, sched, preempted)
-        if not preempted:
+        if not preempted or self.ADMIT_IN_PREEMPTING_STEP:
             self._schedule_waiting(budget, sched, prefill, admitted)
         counts = self._after_schedule(sched)
         self.finished_pending = False

@@ -63,8 +63,9 @@ class RequestContents:
         return keys
 
     def max_model_len(self, spec_tokens: int = 0) -> int:
-        """A ``max_model_len`` no request reaches (so only ``max_tokens`` ends them)."""
-        return int((self.prompt + self.max_tokens).max()) + spec_tokens + 2 if len(self) else 16
+        """A ``max_model_len`` no request comes near (so only ``max_tokens`` ends them and no chunk is cut by
+        it, even with async placeholders and drafts in flight)."""
+        return int((self.prompt + self.max_tokens).max()) + 8 * (spec_tokens + 1) + 8 if len(self) else 64
 
 
 def _lengths(prompt, max_tokens) -> tuple[np.ndarray, np.ndarray]:

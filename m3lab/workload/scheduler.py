@@ -123,6 +123,10 @@ class SchedulerConfig:
             v = getattr(self, name)
             if not _positive(v):
                 raise M3LabError(f"{name} must be a positive integer, got {v!r}", field=name)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise M3LabError(f"max_num_batched_tokens {self.max_num_batched_tokens} < max_num_seqs "
+                             f"{self.max_num_seqs}: vLLM refuses this", field="max_num_batched_tokens",
+                             hint="raise max_num_batched_tokens or lower max_num_seqs")
         if self.num_kv_blocks is not None and (not _positive(self.num_kv_blocks) or self.num_kv_blocks < 2):
             raise M3LabError(f"num_kv_blocks={self.num_kv_blocks!r} must be an integer >= 2 (block 0 is vLLM's "
                              "null block) or None", field="num_kv_blocks")
