@@ -233,9 +233,11 @@ class Judge:
     def _update(self, out, rec, counts) -> list[int]:
         """Apply a batch's outputs; return the requests that finished."""
         eco = self.sched.update_from_output(out, self._model_output(counts))
-        finished = sorted(int(o.request_id) for e in eco.values() for o in e.outputs if o.finish_reason is not None)
+        outs = [o for e in eco.values() for o in e.outputs]
+        finished = sorted(int(o.request_id) for o in outs if o.finish_reason is not None)
         if rec is not None:
-            rec.finished = tuple(finished)
+            rec.finished, rec.applied = tuple(finished), self.calls
+            rec.emitted = {int(o.request_id): len(o.new_token_ids) for o in outs if o.new_token_ids}
         stats = next((e.scheduler_stats for e in eco.values() if e.scheduler_stats is not None), None)
         if stats is not None and stats.prefix_cache_stats is not None:
             self.hit_tokens += stats.prefix_cache_stats.hits

@@ -272,7 +272,7 @@ class EngineCore:
     # ---- update_from_output() -------------------------------------------------------------------------
     def update(self, batch: Batch) -> list[int]:
         """Apply a batch's outputs; return the ids of the requests that finished (in vLLM's order)."""
-        finished = []
+        finished, emitted = [], {}
         k, mml, pool = self.k, self.max_model_len, self.pool
         for (r, n, spec), g in zip(batch.reqs, batch.counts):
             r.inflight -= n
@@ -294,6 +294,7 @@ class EngineCore:
             running = r.status == RUNNING
             take = min(g, r.M - r.O, max(mml - r.P - r.O, 1))
             r.O += take
+            emitted[r.rid] = take
             stopped = r.O >= r.M or r.P + r.O >= mml
             if stopped and not stale:
                 r.C -= g - take
@@ -312,8 +313,9 @@ class EngineCore:
                     self.running.remove(r)
                 else:
                     self.waiting.remove(r)
-        if batch.record is not None:
-            batch.record.finished = tuple(sorted(finished))
+        rec = batch.record
+        if rec is not None:
+            rec.finished, rec.emitted, rec.applied = tuple(sorted(finished)), emitted, self.calls
         batch.done = True
         return finished
 

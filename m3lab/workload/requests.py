@@ -163,10 +163,12 @@ class StepRecord:
     """One non-empty engine step (``schedule()`` call number ``call``), as both schedulers record it.
 
     ``scheduled`` {request: tokens}, ``computed`` {request: tokens computed before the step}, ``spec`` {request:
-    draft tokens verified}, ``admitted`` ((request, prefix-hit tokens, resumed after preemption), ...) in admission
-    order, ``preempted`` and ``finished`` (finished when this step's output was applied) request ids (sorted),
-    ``running`` / ``waiting`` after scheduling, ``kv_usage`` (vLLM's ``1 - free / (blocks - 1)``) and
-    ``free_blocks`` after scheduling (None without a finite pool)."""
+    draft tokens verified}, ``admitted`` ((request, prefix-hit tokens, resumed after preemption), ...) sorted,
+    ``preempted`` request ids (sorted), ``running`` / ``waiting`` after scheduling, ``kv_usage`` (vLLM's
+    ``1 - free / (blocks - 1)``) and ``free_blocks`` after scheduling (None without a finite pool); set when the
+    step's outputs are applied: ``emitted`` {request: output tokens appended (streamed to the client)},
+    ``finished`` request ids (sorted) and ``applied`` (how many ``schedule()`` calls had run by then: sync
+    ``call + 1``; async usually ``call + 2``)."""
 
     call: int
     scheduled: dict
@@ -179,15 +181,17 @@ class StepRecord:
     kv_usage: float | None = None
     free_blocks: int | None = None
     finished: tuple = field(default=())
+    emitted: dict = field(default_factory=dict)
+    applied: int | None = None
 
-    FIELDS = ("call", "scheduled", "computed", "spec", "admitted", "preempted", "finished", "running", "waiting",
-              "free_blocks")
+    FIELDS = ("call", "scheduled", "computed", "spec", "admitted", "preempted", "emitted", "finished", "applied",
+              "running", "waiting", "free_blocks")
 
     def key(self) -> tuple:
         """What two equal schedules share (KV usage follows from free blocks)."""
         return tuple(sorted(self.scheduled.items())), self.call, tuple(sorted(self.computed.items())), \
-            tuple(sorted(self.spec.items())), self.admitted, self.preempted, self.finished, self.running, \
-            self.waiting, self.free_blocks
+            tuple(sorted(self.spec.items())), self.admitted, self.preempted, tuple(sorted(self.emitted.items())), \
+            self.finished, self.applied, self.running, self.waiting, self.free_blocks
 
     @property
     def num_tokens(self) -> int:
