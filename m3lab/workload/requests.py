@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from m3lab.errors import M3LabError
+from m3lab.workload.step import EngineStep
 
 _M64 = (1 << 64) - 1
 #: Output token ids start here (prompt ids of the shipped generators stay below it).
@@ -196,6 +197,22 @@ class StepRecord:
     @property
     def num_tokens(self) -> int:
         return sum(self.scheduled.values())
+
+    def decodes(self, prompt) -> dict:
+        """{request: whether it decodes}: past its prompt and scheduled ``1 + drafts`` tokens (else a prefill
+        chunk, or a recompute after preemption). ``prompt``: prompt lengths indexed by request id."""
+        spec = self.spec
+        return {rid: self.computed[rid] >= prompt[rid] and n == 1 + spec.get(rid, 0)
+                for rid, n in self.scheduled.items()}
+
+    def engine_step(self, prompt, index: int = 0, time_s: float = 0.0) -> EngineStep:
+        """The step as the cost model takes it (requests in scheduling order; context = computed + new)."""
+        ids = list(self.scheduled)
+        dec = self.decodes(prompt)
+        new = np.fromiter((self.scheduled[r] for r in ids), np.int64, len(ids))
+        ctx = np.fromiter((self.computed[r] for r in ids), np.int64, len(ids)) + new
+        return EngineStep(new, ctx, req_ids=np.asarray(ids, np.int64), index=index, time_s=time_s,
+                          finished=self.finished, decode_mask=np.fromiter((dec[r] for r in ids), bool, len(ids)))
 
     def row(self) -> dict:
         return {f: getattr(self, f) for f in self.FIELDS}

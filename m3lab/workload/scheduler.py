@@ -123,10 +123,6 @@ class SchedulerConfig:
             v = getattr(self, name)
             if not _positive(v):
                 raise M3LabError(f"{name} must be a positive integer, got {v!r}", field=name)
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise M3LabError(f"max_num_batched_tokens {self.max_num_batched_tokens} < max_num_seqs "
-                             f"{self.max_num_seqs}: vLLM refuses this", field="max_num_batched_tokens",
-                             hint="raise max_num_batched_tokens or lower max_num_seqs")
         if self.num_kv_blocks is not None and (not _positive(self.num_kv_blocks) or self.num_kv_blocks < 2):
             raise M3LabError(f"num_kv_blocks={self.num_kv_blocks!r} must be an integer >= 2 (block 0 is vLLM's "
                              "null block) or None", field="num_kv_blocks")
@@ -328,16 +324,9 @@ class Scheduler:
         return records
 
     def _engine_step(self, batch, state: SchedulerState) -> EngineStep:
-        reqs = batch.reqs
-        new = np.fromiter((n for _, n, _ in reqs), np.int64, len(reqs))
-        ctx = np.fromiter((r.C for r, _, _ in reqs), np.int64, len(reqs))
-        rec = batch.record
-        dec = np.fromiter((g > 0 and rec.computed[r.rid] >= r.P and n == 1 + s
-                           for (r, n, s), g in zip(reqs, batch.counts)), bool, len(reqs))
-        ids = np.fromiter((r.rid for r, _, _ in reqs), np.int64, len(reqs))
-        first = tuple(r.rid for (r, _, _), g in zip(reqs, batch.counts) if g and r.first_step == state.step_index)
-        return EngineStep(new, ctx, req_ids=ids, index=state.step_index, time_s=state.clock, first_token=first,
-                          decode_mask=dec)
+        step = batch.record.engine_step(self._prompt, state.step_index, state.clock)
+        first = tuple(r.rid for (r, _, _), g in zip(batch.reqs, batch.counts) if g and r.first_step == state.step_index)
+        return replace(step, first_token=first) if first else step
 
     def runs(self, workload: Workload) -> Iterator[StepRun]:
         """The schedule as :class:`StepRun` s (each step once; ``finished`` = requests whose last token the step
@@ -345,7 +334,9 @@ class Scheduler:
         if workload.request_rate is not None and self.step_time is None:
             raise M3LabError("an open-loop workload (request_rate) needs a step-time model", field="request_rate",
                              hint="pass Scheduler(config, step_time=callable) or drop request_rate")
-        core = self._core(self.contents(workload))
+        contents = self.contents(workload)
+        self._prompt = contents.prompt
+        core = self._core(contents)
         state = self.last_state = SchedulerState(core, workload, workload.arrival_times())
         core.hooks = _Hooks(self, state)
         self.core = core
