@@ -198,21 +198,22 @@ class StepRecord:
     def num_tokens(self) -> int:
         return sum(self.scheduled.values())
 
-    def decodes(self, prompt) -> dict:
-        """{request: whether it decodes}: past its prompt and scheduled ``1 + drafts`` tokens (else a prefill
-        chunk, or a recompute after preemption). ``prompt``: prompt lengths indexed by request id."""
-        spec = self.spec
-        return {rid: self.computed[rid] >= prompt[rid] and n == 1 + spec.get(rid, 0)
-                for rid, n in self.scheduled.items()}
+    def arrays(self, prompt) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(request ids, new tokens, computed before, decode flags) [R] in scheduling order. A request decodes when
+        it is past its prompt and scheduled ``1 + drafts`` tokens (else a prefill chunk, or a recompute after
+        preemption). ``prompt``: prompt lengths indexed by request id."""
+        n = len(self.scheduled)
+        ids = np.fromiter(self.scheduled, np.int64, n)
+        new = np.fromiter(self.scheduled.values(), np.int64, n)
+        comp = np.fromiter((self.computed[r] for r in self.scheduled), np.int64, n)
+        spec = np.fromiter((self.spec.get(r, 0) for r in self.scheduled), np.int64, n) if self.spec else 0
+        return ids, new, comp, (comp >= np.asarray(prompt)[ids]) & (new == 1 + spec)
 
     def engine_step(self, prompt, index: int = 0, time_s: float = 0.0) -> EngineStep:
         """The step as the cost model takes it (requests in scheduling order; context = computed + new)."""
-        ids = list(self.scheduled)
-        dec = self.decodes(prompt)
-        new = np.fromiter((self.scheduled[r] for r in ids), np.int64, len(ids))
-        ctx = np.fromiter((self.computed[r] for r in ids), np.int64, len(ids)) + new
-        return EngineStep(new, ctx, req_ids=np.asarray(ids, np.int64), index=index, time_s=time_s,
-                          finished=self.finished, decode_mask=np.fromiter((dec[r] for r in ids), bool, len(ids)))
+        ids, new, comp, dec = self.arrays(prompt)
+        return EngineStep(new, comp + new, req_ids=ids, index=index, time_s=time_s, finished=self.finished,
+                          decode_mask=dec)
 
     def row(self) -> dict:
         return {f: getattr(self, f) for f in self.FIELDS}
