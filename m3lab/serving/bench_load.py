@@ -190,8 +190,9 @@ def _per_request(records: list, tl: pd.DataFrame, contents: RequestContents, con
 
 
 def simulate_records(cfg: SchedulerConfig, contents: RequestContents, concurrency: int, *, engine: str = "m3lab",
-                     outputs: FakeOutputs | None = None) -> list[StepRecord]:
-    """The closed-loop step records from m3lab's generator or vLLM's own scheduler (``engine="vllm"``)."""
+                     outputs: FakeOutputs | None = None, progress: bool = False) -> list[StepRecord]:
+    """The closed-loop step records from m3lab's generator or vLLM's own scheduler (``engine="vllm"``, with a
+    progress bar when ``progress``)."""
     if engine not in ENGINES:
         raise M3LabError(f"unknown engine {engine!r}", field="engine", hint=f"choose one of {', '.join(ENGINES)}")
     arrivals = ClosedLoop(len(contents), concurrency)
@@ -201,22 +202,24 @@ def simulate_records(cfg: SchedulerConfig, contents: RequestContents, concurrenc
     if cfg.num_kv_blocks is None:                      # vLLM needs a finite pool: one that holds every request
         need = int((-(-(contents.prompt + contents.max_tokens + 8 * (cfg.spec_tokens + 1)) // cfg.block_size)).sum())
         cfg = cfg.replace(num_kv_blocks=need + 2)
-    return Judge(cfg, contents, outputs or FakeOutputs(), arrivals=arrivals).run()
+    return Judge(cfg, contents, outputs or FakeOutputs(), arrivals=arrivals).run(progress=progress)
 
 
 def bench_load(cfg: SchedulerConfig, contents: RequestContents, step_us: StepUs, *, max_concurrency: int,
                host_us: HostUs | None = None, gpus: int = 1, engine: str = "m3lab",
-               outputs: FakeOutputs | None = None, percentiles=PERCENTILES) -> BenchRun:
+               outputs: FakeOutputs | None = None, percentiles=PERCENTILES, progress: bool = False) -> BenchRun:
     """``vllm bench serve --max-concurrency C --num-prompts len(contents) --request-rate inf`` (module docstring).
 
     ``step_us(step)``: device µs of an :class:`EngineStep`; ``host_us(step)``: (before, after) host µs (default
-    none); ``gpus``: the deployment's GPU count (per-GPU throughputs)."""
+    none); ``gpus``: the deployment's GPU count (per-GPU throughputs); ``engine``: ``m3lab`` (the step
+    generator) or ``vllm`` (vLLM's own scheduler: the same records, slower; ``progress`` shows a bar)."""
     if not isinstance(max_concurrency, (int, np.integer)) or max_concurrency < 1:
         raise M3LabError(f"max_concurrency={max_concurrency!r} must be a positive integer", field="max_concurrency")
     if not isinstance(gpus, (int, np.integer)) or gpus < 1:
         raise M3LabError(f"gpus={gpus!r} must be a positive integer", field="gpus")
     t0 = time.perf_counter()
-    records = simulate_records(cfg, contents, int(max_concurrency), engine=engine, outputs=outputs)
+    records = simulate_records(cfg, contents, int(max_concurrency), engine=engine, outputs=outputs,
+                               progress=progress)
     prompt = contents.prompt
     steps = [r.engine_step(prompt, i) if r.scheduled else None for i, r in enumerate(records)]
     device = np.array([float(step_us(s)) if s is not None else 0.0 for s in steps])
@@ -250,3 +253,43 @@ def bench_load(cfg: SchedulerConfig, contents: RequestContents, step_us: StepUs,
 def fixed_lengths(isl: int, osl: int, num_prompts: int = DEFAULT_NUM_PROMPTS) -> UniqueContents:
     """``--dataset-name random --random-input-len isl --random-output-len osl --ignore-eos`` with range ratio 0."""
     return UniqueContents(np.full(num_prompts, isl), np.full(num_prompts, osl))
+
+
+def compare_engines(isl: int = 8192, osl: int = 1024, concurrency: int = 32, num_prompts: int = 128,
+                    cfg: SchedulerConfig | None = None) -> dict:
+    """Wall time of the same run through m3lab's generator and vLLM's own scheduler (a toy step time: the
+    schedule, not the cost model, is what is timed), and whether their metrics agree exactly."""
+    cfg = cfg or SchedulerConfig()
+    contents = fixed_lengths(isl, osl, num_prompts)
+
+    def toy(step):
+        return 5000.0 + 2.0 * step.num_tokens
+
+    from m3lab.vllm.scheduler_judge import warm_up     # heavy, optional (vLLM)
+
+    t0 = time.perf_counter()
+    warm_up()
+    import_s = time.perf_counter() - t0
+    runs = {e: bench_load(cfg, contents, toy, max_concurrency=concurrency, engine=e, progress=e == "vllm")
+            for e in ENGINES}
+    return {"isl": isl, "osl": osl, "concurrency": concurrency, "num_prompts": num_prompts,
+            "steps": runs["m3lab"].config["steps"], "m3lab_s": runs["m3lab"].seconds, "vllm_s": runs["vllm"].seconds,
+            "vllm_import_s": import_s,
+            "vllm_over_m3lab": runs["vllm"].seconds / runs["m3lab"].seconds,
+            "same_metrics": runs["m3lab"].raw == runs["vllm"].raw}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m m3lab.serving.bench_load [ISL OSL CONCURRENCY NUM_PROMPTS]``: how much slower vLLM's scheduler is."""
+    import sys
+
+    args = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    r = compare_engines(*args)
+    print(f"vllm bench serve {r['isl']}/{r['osl']} c={r['concurrency']} n={r['num_prompts']}: {r['steps']} steps; "
+          f"m3lab {r['m3lab_s']:.2f} s, vLLM's scheduler {r['vllm_s']:.2f} s ({r['vllm_over_m3lab']:.1f}x slower, "
+          f"after {r['vllm_import_s']:.1f} s to import and build vLLM; measured on this machine); "
+          f"same metrics: {r['same_metrics']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -132,6 +132,11 @@ def build_scheduler(cfg: SchedulerConfig, max_model_len: int, *, config_name: st
     return sched, vcfg, hasher
 
 
+def warm_up() -> None:
+    """Import vLLM and build one scheduler (model-info inspection cached under ``VLLM_CACHE_ROOT``)."""
+    build_scheduler(SchedulerConfig(block_size=16, num_kv_blocks=16), 1024)
+
+
 def lookahead_facts(cfg: SchedulerConfig, max_model_len: int = 1 << 15) -> dict:
     """What vLLM derives from ``cfg``'s spec method: lookahead slots, hash lookahead, prefill lookahead."""
     _, vcfg, _ = build_scheduler(cfg if cfg.num_kv_blocks else cfg.replace(num_kv_blocks=2), max_model_len)
@@ -273,10 +278,25 @@ class Judge:
             return None
         return rec, self._update(*queue.pop())
 
-    def run(self, max_calls: int = 10**8) -> list[StepRecord]:
-        """Drive until every request finished; the non-empty steps' records."""
+    def run(self, max_calls: int = 10**8, progress: bool = False) -> list[StepRecord]:
+        """Drive until every request finished; the records of the steps that scheduled or preempted anything.
+        ``progress``: a progress bar over finished requests (for long runs)."""
         self.hit_tokens = self.query_tokens = 0
-        done, n_total, queue = 0, len(self.contents), []
+        bar = task = None
+        if progress:
+            from rich.progress import Progress     # only for interactive runs
+            bar = Progress(transient=True)
+            bar.start()
+            task = bar.add_task("vLLM's scheduler", total=len(self.contents))
+        try:
+            self._drive(max_calls, [], bar, task)
+        finally:
+            if bar is not None:
+                bar.stop()
+        return self.records
+
+    def _drive(self, max_calls: int, queue: list, bar, task) -> None:
+        done, n_total = 0, len(self.contents)
         while done < n_total:
             for rid in self.arrivals(self.calls, done):
                 self._add(rid)
@@ -293,7 +313,8 @@ class Judge:
                 raise M3LabError("vLLM's scheduler cannot make progress: a request does not fit the KV cache",
                                  field="num_kv_blocks")
             done += len(out[1])
-        return self.records
+            if bar is not None and out[1]:
+                bar.update(task, completed=done)
 
 
 def judge_records(cfg: SchedulerConfig, contents: RequestContents, outputs: FakeOutputs, **kwargs) -> list[StepRecord]:
@@ -301,4 +322,4 @@ def judge_records(cfg: SchedulerConfig, contents: RequestContents, outputs: Fake
     return Judge(cfg, contents, outputs, **kwargs).run()
 
 
-__all__ = ["Judge", "build_scheduler", "judge_records", "lookahead_facts"]
+__all__ = ["Judge", "build_scheduler", "judge_records", "lookahead_facts", "warm_up"]
