@@ -52,7 +52,8 @@ def test_async_scheduling_hides_host_time_that_sync_pays():
             run = bench_load(SchedulerConfig(async_scheduling=asy), lengths, lambda s: 20_000.0, max_concurrency=8,
                              host_us=host if with_host else None)
             tpot[asy, with_host] = run.summary()["tpot_ms"]
-    steady = run.records[len(run.records) // 2].engine_step(lengths.prompt)     # 8 decodes
+    steady = next(st for st in (r.engine_step(lengths.prompt) for r in run.records)
+                  if st.num_reqs == 8 and st.is_decode.all())                 # a step of 8 decodes
     before, after = host(steady)
     assert tpot[False, True] == pytest.approx(tpot[False, False] + (before + after) / 1e3, rel=0.02)
     assert tpot[True, True] == pytest.approx(tpot[True, False], rel=0.01)    # 20 ms device > host per step
