@@ -115,3 +115,11 @@ def test_ttft_rises_with_concurrency_through_the_schedule():
     ttft = [bench_load(SchedulerConfig(max_num_batched_tokens=2048), fixed_lengths(2048, 64, 4 * c), step_us,
                        max_concurrency=c).summary()["ttft_s"] for c in (2, 8, 32)]
     assert ttft[0] < ttft[1] < ttft[2]
+
+
+def test_an_unlimited_pool_schedules_as_vllm_with_room_for_everything():
+    contents = fixed_lengths(300, 20, 12)
+    ours = bench_load(SchedulerConfig(max_num_batched_tokens=512), contents, step_us, max_concurrency=5)
+    theirs = bench_load(SchedulerConfig(max_num_batched_tokens=512), contents, step_us, max_concurrency=5,
+                        engine="vllm")
+    assert ours.raw == theirs.raw and ours.config["num_kv_blocks"] is None

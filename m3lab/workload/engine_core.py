@@ -47,10 +47,6 @@ class Req:
         self.O = self.C = self.spec = self.ph = self.inflight = self.stale = self.preemptions = self.verifies = 0
         self.prefill_chunk, self.status, self.first_step = True, WAITING, -1
 
-    @property
-    def num_tokens(self) -> int:
-        return self.P + self.O
-
 
 class Batch:
     """One ``schedule()`` call: ``reqs`` [(request, tokens, drafts verified)] in vLLM's order and the fake
@@ -92,7 +88,6 @@ class EngineCore:
         self.stuck = False
         self.steps = 0
         self.preemptions = 0
-        self.hit_tokens = self.query_tokens = 0
 
     # ---- requests --------------------------------------------------------------------------------------
     def add(self, rid: int) -> None:
