@@ -17,7 +17,8 @@ import pytest
 
 from m3lab.vllm import scheduler_judge
 from m3lab.workload.engine_core import EngineCore
-from m3lab.workload.requests import AtCalls, ClosedLoop, FakeOutputs, TokenContents, UniqueContents, first_divergence
+from m3lab.workload.requests import (AtCalls, ClosedLoop, FakeOutputs, KeyContents, TokenContents, UniqueContents,
+                                    first_divergence)
 from m3lab.workload.scheduler import Scheduler, SchedulerConfig
 
 RANDOM_WORKLOADS = 500
@@ -83,6 +84,20 @@ def test_mtp_block_keys_cover_the_next_token():
     mtp = assert_same(base.replace(spec_method="mtp", spec_tokens=2), TokenContents(prompts, [3, 3]), concurrency=1)
     hits = [[h for r in rec for rid, h, _ in r.admitted if rid == 1] for rec in (plain, mtp)]
     assert hits == [[64], [48]]                                         # the last shared block's next token differs
+
+
+@pytest.mark.parametrize("method", [None, "mtp"])
+def test_trace_keys_and_own_blocks_after_preemption(method):
+    """Block keys as traces give them (every token of block i is key i), and a preempted request's own cached
+    blocks hit when it resumes."""
+    keys = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 10, 11, 12], [1, 2, 13, 14, 15, 16], [1, 2, 3, 4, 5, 17, 18]]
+    contents = KeyContents(keys, [40, 36, 33, 38], [90, 76, 70, 80], 16)      # outputs outgrow the pool
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=16, num_kv_blocks=20,
+                          prefix_caching=True, spec_method=method, spec_tokens=2 if method else 0)
+    rec = assert_same(cfg, contents, concurrency=4)
+    assert any(h for r in rec for _, h, res in r.admitted if not res)            # shared trace blocks hit
+    resumed = [h for r in rec for _, h, res in r.admitted if res]
+    assert resumed and max(resumed) > 0                   # its blocks (shared or its own) came back cached
 
 
 @pytest.mark.parametrize("method,asy", [("ngram", False), ("mtp", False), ("mtp", True)])
