@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from m3lab.cache.pool import PrefixCache
 from m3lab.errors import M3LabError
 from m3lab.workload.engine_core import EngineCore
 from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
@@ -284,7 +285,6 @@ class Scheduler:
         cfg = self.config
         if cfg.num_kv_blocks is None and not cfg.prefix_caching:
             return None
-        from m3lab.cache.pool import PrefixCache
         return PrefixCache(cfg.num_kv_blocks, cfg.block_size, max_model_len=self._max_model_len)
 
     # ---- core --------------------------------------------------------------------------------------
