@@ -83,7 +83,7 @@ def test_sync_steps_run_in_series_async_overlaps_the_host():
 def test_step_timeline_when_the_host_is_the_bottleneck():
     from m3lab.workload.requests import StepRecord
     recs = [StepRecord(call=c, scheduled={0: 1}, computed={0: c}, spec={}, applied=c + 2) for c in range(6)]
-    tl = step_timeline(recs, np.full(6, 100.0), np.tile([800.0, 500.0], (6, 1)), True)
+    tl = step_timeline(recs, np.full(6, 100.0), np.tile([800.0, 500.0], (6, 1)))
     assert np.allclose(np.diff(tl["start_s"].to_numpy())[1:], 1300e-6)  # host before + after per call (the first
     assert tl["start_s"].iloc[0] == pytest.approx(800e-6)                # call applies no output)
 

@@ -46,8 +46,7 @@ StepUs = Callable[[EngineStep], float]
 HostUs = Callable[[EngineStep], "tuple[float, float]"]
 
 
-def step_timeline(records: list[StepRecord], device_us: np.ndarray, host_us: np.ndarray,
-                  async_scheduling: bool) -> pd.DataFrame:
+def step_timeline(records: list[StepRecord], device_us: np.ndarray, host_us: np.ndarray) -> pd.DataFrame:
     """Start, end and output time (s) of each record from its device time [R] and host (before, after) [R, 2] in µs.
 
     Walks the ``schedule()`` calls in order: a call that scheduled a step spends its host-before time, then the
@@ -225,7 +224,7 @@ def bench_load(cfg: SchedulerConfig, contents: RequestContents, step_us: StepUs,
     device = np.array([float(step_us(s)) if s is not None else 0.0 for s in steps])
     host = np.array([tuple(host_us(s)) if s is not None and host_us is not None else (0.0, 0.0) for s in steps],
                     float).reshape(len(steps), 2)
-    tl = step_timeline(records, device, host, cfg.async_scheduling)
+    tl = step_timeline(records, device, host)
     tl["tokens"] = [r.num_tokens for r in records]
     tl["running"], tl["waiting"] = [r.running for r in records], [r.waiting for r in records]
     tl["kv_usage"] = [r.kv_usage for r in records]

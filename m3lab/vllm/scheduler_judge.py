@@ -31,6 +31,7 @@ from pathlib import Path
 
 from m3lab.atomic import write_text
 from m3lab.errors import M3LabError
+from m3lab.spec.model import CONFIG_DIR
 from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord
 from m3lab.workload.scheduler import SchedulerConfig
 
@@ -55,12 +56,11 @@ def cache_root() -> Path:
 
 def _model_folder(config_name: str) -> Path:
     """A folder holding the shipped config (without ``quantization_config``), stable so vLLM's cache applies."""
-    from m3lab.spec.model import CONFIG_DIR, _index
-
-    entry = _index().get(config_name)
-    if entry is None:
-        raise M3LabError(f"unknown model config {config_name!r}", field="config", hint="use minimax-m3-mxfp8")
-    cfg = json.loads((CONFIG_DIR / entry["file"]).read_text())
+    shipped = CONFIG_DIR / f"{config_name}.json"
+    if not shipped.is_file():
+        raise M3LabError(f"no shipped model config {config_name!r} in {CONFIG_DIR}", field="config",
+                         hint=f"use {M3_CONFIG}")
+    cfg = json.loads(shipped.read_text())
     cfg.pop("quantization_config", None)
     folder = cache_root() / "m3lab-scheduler-judge" / config_name
     text = json.dumps(cfg, indent=1, sort_keys=True)
