@@ -91,15 +91,30 @@ def estimate_cmd(
             typer.secho(f"warning: {w.message}", err=True, fg="yellow")
     s = est.summary()
     table = _breakdown(d, est, cal, s) if breakdown else None
+    sens = _sensitivity(est, s)
     if as_json:
         echo_json(s)
         return
     _print_summary(s)
+    if sens is not None:
+        from m3lab.cost.sensitivity import format_sensitivity
+        typer.echo(format_sensitivity(sens))
     if table is not None:
         from m3lab.serving.breakdown import format_breakdown
         p = s["decode_step_point"]
         typer.echo(format_breakdown(table, f"decode step at batch {p['batch']}, context {p['context']} "
                                            f"({s['kind']}): where the time goes"))
+
+
+def _sensitivity(est, summary: dict):
+    """The calibrated estimate's sensitivity table, added to ``summary`` (none for a ceiling-only estimate)."""
+    from m3lab.cost.sensitivity import sensitivity
+
+    if est.kind != "calibrated":
+        return None
+    table = sensitivity(est.coster, est.results["calibrated"])
+    summary["sensitivity"] = table.replace({float("nan"): None}).to_dict(orient="records")
+    return table
 
 
 def _breakdown(d, est, cal, summary: dict):

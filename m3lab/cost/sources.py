@@ -49,8 +49,8 @@ def _gemm(source: str) -> dict:
 
 _MOE_INSIDE = {"moe_align": "inside", "moe_gate_up_quant": "inside", "moe_act": "inside", "moe_down_quant": "inside",
                "moe_sum": "inside"}
-_QK_ONE_KERNEL = {"qk_norm": "elementwise", "rope": "fused", "cache_write": "fused"}
-_QK_CACHE_APART = {"qk_norm": "elementwise", "rope": "fused", "cache_write": "elementwise"}
+_QK_ONE_KERNEL = {"rope": "fused", "cache_write": "fused", "*": "elementwise"}
+_QK_CACHE_APART = {"rope": "fused", "*": "elementwise"}
 _NO_ROWS = "none"   # a decision with no OpTable row of its own (graph mode, the monokernel's refusal, fusion off)
 
 # path id (m3lab.vllm.fastpaths) -> cost source, or {OpTable op / kind: source, "*": default}
@@ -165,7 +165,8 @@ class Rows:
         return 1.0, ()
 
 
-# A source returns (efficiency [n], floor [n], inside [n] bool, efficiency assumptions, floor assumption)
+# A source returns (efficiency [n], floor [n], inside [n] bool, efficiency assumptions, floor assumption
+# [, per-row source labels where the source says more than its name])
 Result = tuple
 SOURCES: dict[str, Callable[[Rows], Result]] = {}
 
@@ -228,7 +229,8 @@ def _aiter_bf16(r: Rows) -> Result:
     tuned = _tuned(r, "bf16")
     factor = np.where(tuned, 1.0, r.a("bf16_untuned_vs_aiter"))
     terms = () if tuned.all() else ("bf16_untuned_vs_aiter",)
-    return eff * factor, np.zeros(_n(r)), np.zeros(_n(r), bool), terms, ""
+    notes = np.where(tuned, "aiter_bf16", "aiter_bf16 (untuned shape: AITER falls back to hipBLASLt)")
+    return eff * factor, np.zeros(_n(r)), np.zeros(_n(r), bool), terms, "", notes
 
 
 def _tuned(r: Rows, family: str) -> np.ndarray:
@@ -310,7 +312,9 @@ def _aiter_moe(r: Rows) -> Result:
     if fit is None:
         return _generic_moe(r)
     eff = fit.efficiency(m_eq, side, side) * r.a("aiter_moe_untuned")
-    return eff, np.full(_n(r), _cal_floor(r, "grouped_gemm")), np.zeros(_n(r), bool), ("aiter_moe_untuned",), ""
+    note = "aiter_moe (untuned shape: AITER's default config, costed at its tuned MiniMax-M2.5 regime)"
+    return eff, np.full(_n(r), _cal_floor(r, "grouped_gemm")), np.zeros(_n(r), bool), ("aiter_moe_untuned",), "", \
+        np.full(_n(r), note, dtype=object)
 
 
 @_source("generic_moe")
@@ -450,9 +454,11 @@ def cost_terms(cols, hw, cal, overrides: Mapping[str, float] | None = None) -> d
             from m3lab.errors import M3LabError
             raise M3LabError(f"OpTable row {op[idx[0]]!r} has path {path[idx[0]]!r}, a decision with no rows",
                              field="path", hint="the OpTable builder and m3lab.cost.sources disagree")
-        e, f, ins, et, ft = SOURCES[name](Rows(cols, idx, hw, cal, overrides))
+        e, f, ins, et, ft, *labels = SOURCES[name](Rows(cols, idx, hw, cal, overrides))
         eff[idx], floor[idx], inside[idx] = e, f, ins
         eff_terms[idx], floor_term[idx] = "+".join(et), ft
+        if labels:
+            src[idx] = labels[0]
     # an efficiency above 1 is a path faster than the row's own roofline (bf16x3: the fp32 router in bf16 terms)
     return {"source": src, "efficiency": np.maximum(eff, 1e-12), "floor_us": floor, "inside": inside,
             "eff_terms": eff_terms, "floor_term": floor_term}
