@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from m3lab.errors import M3LabError
+from m3lab.spec.record_key import stable_key
 
 PHASES = ("decode", "prefill")
 RUNS = "runs"
@@ -91,6 +92,10 @@ class Dispatch:
     def fused_shared_expert(self) -> bool:
         """True when no separate shared-expert GEMM runs on the MoE layers (vLLM fused it into the experts)."""
         return not self.runs("shared_gate_up", "sparse", "decode")
+
+    def key(self) -> str:
+        """Stable hash of every decision (what vLLM runs), for caches of anything built from it."""
+        return stable_key(self)
 
     def refused(self) -> list[PathChoice]:
         """Decisions vLLM refuses at start-up (the deployment does not serve)."""

@@ -34,7 +34,7 @@ import pandas as pd
 
 from m3lab.cost.model import cost_columns, cost_optable
 from m3lab.optable.builder import topk_sources
-from m3lab.serving.dispatch import dispatch_for, dispatch_key
+from m3lab.serving.dispatch import dispatch_for
 from m3lab.spec.quant import load_quant
 from m3lab.spec.record_key import stable_key
 from m3lab.workload.step import EngineStep
@@ -88,11 +88,10 @@ class StepCoster:
         if self.dispatch is not None:
             self.dispatch.check_serves()
         self._classes = _layer_classes(self.model, self.dispatch)
-        # every field of model, plan and quant (KV / index dtypes, index sharing, ...) and what vLLM runs for
-        # them keys the shared OpTables
-        tokens = self.dispatch.tokens if self.dispatch is not None else {"decode": 0, "prefill": 0}
+        # every field of model, plan and quant (KV / index dtypes, index sharing, ...) and every decision of
+        # what vLLM runs for them keys the shared OpTables
         self._spec_key = stable_key(self.model, self.plan, load_quant(self.quant),
-                                    dispatch_key(d, tokens["decode"], tokens["prefill"]) if self.dispatch else None)
+                                    self.dispatch.key() if self.dispatch is not None else None)
 
     # ---- keys and representative steps -------------------------------------------------------------
     def key(self, step: EngineStep) -> tuple:
