@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from m3lab.workload.requests import FakeOutputs, RequestContents, StepRecord
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
@@ -322,14 +324,20 @@ class EngineCore:
                     r.spec = self.k
 
     # ---- pure-decode stretches ---------------------------------------------------------------------------
-    def decode_stretch(self, budget_steps: int = 1 << 62) -> tuple[Batch, int] | None:
+    def decode_stretch(self, budget_steps: int = 1 << 62, records: list | None = None) -> tuple[Batch, int] | None:
         """Advance ``R`` >= 2 calls at once when each would schedule exactly one decode token for every running
         request, in order, with nothing admitted, preempted or finished (no spec decoding; waiting empty or
         ``max_num_seqs`` reached; no prefix caching; KV for all ``R`` tokens free now, so none of the steps can
-        fail an allocation). Returns (the last step's batch, R) (async: that batch is left in flight, as the exact
-        calls would leave it), or None (nothing done) when the next call could differ."""
+        fail an allocation); at most ``budget_steps`` calls. Returns (the last step's batch, R) (async: that batch
+        is left in flight, as the exact calls would leave it), or None (nothing done) when the next call could
+        differ. ``records``: append the R steps' :class:`StepRecord` s exactly as the calls would have made them
+        (and complete the record of the batch in flight before them, async). With prefix caching the blocks the
+        R steps fill are cached at the end, as the last step would leave them; only when no other block can carry
+        their keys (``contents.unique_outputs``) and the eviction policy ignores caching order."""
         cfg, running = self.cfg, self.running
-        if self.k or self.caching or not running or len(running) > cfg.max_num_batched_tokens:
+        if self.k or not running or len(running) > cfg.max_num_batched_tokens:
+            return None
+        if self.caching and (not self.contents.unique_outputs or self.pool.policy.tracks_tree):
             return None
         if self.waiting and len(running) < cfg.max_num_seqs:
             return None
@@ -338,6 +346,7 @@ class EngineCore:
         for r in running:
             if r.prefill_chunk or r.spec or r.ph != ph or r.C != r.P + r.O + ph - 1 or r.stale:
                 return None
+        prev = None
         if asy:
             if len(self.queue) != 1:
                 return None
@@ -348,18 +357,28 @@ class EngineCore:
         if R < 2:
             return None
         pool = self.pool
+        free = None
         if pool is not None:
             bs = cfg.block_size
-            need = sum(-(-(r.C + R + self.lookahead) // bs) - len(pool.req_blocks.get(r.rid, ())) for r in running)
-            if need > pool.num_free:
+            have = np.fromiter((len(pool.req_blocks.get(r.rid, ())) for r in running), np.int64, len(running))
+            c0 = np.fromiter((r.C for r in running), np.int64, len(running))
+            if int((np.maximum(-(-(c0 + R + self.lookahead) // bs) - have, 0)).sum()) > pool.num_free:
                 return None
+            if records is not None and pool.num_blocks is not None:
+                free = self._stretch_free(c0, have, R, pool.num_free)
             for r in running:
                 pool.allocate_slots(r.rid, (), r.P + r.O, r.C, R, lookahead=self.lookahead)
+                if self.caching:        # what the last step's allocate_slots (and async: update) caches
+                    tokens = r.P + r.O + R - 1
+                    pool.cache_blocks(r.rid, r.keys, tokens, max(0, tokens + ph - self.hash_lookahead) // bs)
+        recs = self._stretch_records(R, prev, free) if records is not None else None
         for r in running:
             r.C += R
             r.O += R
         last = Batch([(r, 1, 0) for r in running], [1] * len(running), None)
-        last.record = StepRecord(call=self.calls + R - 1, scheduled={}, computed={}, spec={})
+        last.record = recs[-1] if recs else StepRecord(call=self.calls + R - 1, scheduled={}, computed={}, spec={})
+        if recs:
+            records.extend(recs)
         self.calls += R
         self.steps += R
         self.finished_pending = False
@@ -369,6 +388,38 @@ class EngineCore:
         else:
             last.done = True
         return last, R
+
+    def _stretch_free(self, c0: np.ndarray, have: np.ndarray, R: int, free: int) -> np.ndarray:
+        """Free blocks after scheduling each of the R steps of a stretch: step j gives each request the blocks
+        for ``computed + j + 1 + lookahead`` tokens."""
+        bs = self.cfg.block_size
+        j = np.arange(R)
+        need = np.maximum(-(-(c0[None, :] + j[:, None] + 1 + self.lookahead) // bs) - have[None, :], 0)
+        return free - need.sum(axis=1)
+
+    def _stretch_records(self, R: int, prev: Batch | None, free: np.ndarray | None) -> list[StepRecord]:
+        """The R :class:`StepRecord` s of a stretch (``scheduled`` / ``emitted`` share one read-only dict of ones);
+        async: completes ``prev``'s record (applied in the stretch's first call)."""
+        running, calls = self.running, self.calls
+        ones = {r.rid: 1 for r in running}
+        ids = list(ones)
+        c0 = [r.C for r in running]
+        nrun, nwait = len(running), len(self.waiting)
+        blocks = None if free is None else self.pool.num_blocks - 1
+        asy = self.cfg.async_scheduling
+        lag = 2 if asy else 1
+        out = []
+        for j in range(R):
+            f = None if free is None else int(free[j])
+            rec = StepRecord(call=calls + j, scheduled=ones, computed=dict(zip(ids, [c + j for c in c0])), spec={},
+                             running=nrun, waiting=nwait, kv_usage=None if f is None else 1.0 - f / blocks,
+                             free_blocks=f)
+            if j + lag - 1 < R:                  # applied within the stretch (async: the last stays in flight)
+                rec.emitted, rec.applied = ones, calls + j + lag
+            out.append(rec)
+        if prev is not None and prev.record is not None:
+            prev.record.finished, prev.record.emitted, prev.record.applied = (), ones, calls + 1
+        return out
 
     # ---- one engine call ------------------------------------------------------------------------------
     def _check_stuck(self, batch: Batch) -> None:

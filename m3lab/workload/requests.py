@@ -36,10 +36,12 @@ def _mix(x: int) -> int:
 
 
 class RequestContents:
-    """N requests: ``prompt`` [N] and ``max_tokens`` [N] (int64), token ids on demand, block keys."""
+    """N requests: ``prompt`` [N] and ``max_tokens`` [N] (int64), token ids on demand, block keys.
+    ``unique_outputs``: every block holding an output token is the request's own (no other block has its key)."""
 
     prompt: np.ndarray
     max_tokens: np.ndarray
+    unique_outputs = False
 
     def __len__(self) -> int:
         return len(self.prompt)
@@ -79,6 +81,8 @@ def _lengths(prompt, max_tokens) -> tuple[np.ndarray, np.ndarray]:
 class UniqueContents(RequestContents):
     """Lengths only: every request's tokens are its own (no prefix is shared between requests)."""
 
+    unique_outputs = True
+
     def __init__(self, prompt, max_tokens):
         self.prompt, self.max_tokens = _lengths(prompt, max_tokens)
 
@@ -92,6 +96,8 @@ class UniqueContents(RequestContents):
 
 class TokenContents(RequestContents):
     """Explicit prompt token ids (lists or arrays); outputs are ids unique to (request, position)."""
+
+    unique_outputs = True
 
     def __init__(self, prompts, max_tokens):
         self.prompts = [np.asarray(p, np.int64).tolist() for p in prompts]
@@ -249,6 +255,11 @@ class ClosedLoop:
         self.next += k
         return out
 
+    def quiet_calls(self, call: int) -> int:
+        """Calls from ``call`` on that add nothing while no request finishes (right after a call of this rule:
+        all of them)."""
+        return 1 << 62
+
 
 class AtCalls:
     """Request i is added before ``schedule()`` call ``calls[i]`` (calls non-decreasing)."""
@@ -268,3 +279,8 @@ class AtCalls:
     def next_call(self) -> int | None:
         """The call before which the next request arrives (None when all have): an idle engine waits for it."""
         return int(self.calls[self.next]) if self.next < len(self.calls) else None
+
+    def quiet_calls(self, call: int) -> int:
+        """Calls from ``call`` on before the next arrival (right after a call of this rule)."""
+        nxt = self.next_call()
+        return 1 << 62 if nxt is None else max(nxt - call, 0)

@@ -296,18 +296,26 @@ class Scheduler:
                           max_model_len=self._max_model_len)
 
     def records(self, contents: RequestContents, arrivals=None, *, concurrency: int | None = None,
-                max_calls: int = 10**8) -> list[StepRecord]:
+                max_calls: int = 10**8, on_finish: Callable[[int], None] | None = None) -> list[StepRecord]:
         """The exact step sequence for ``contents``; ``arrivals(call, finished) -> request ids`` added before
-        ``schedule()`` call ``call`` (default :class:`~m3lab.workload.requests.ClosedLoop` at ``concurrency``)."""
+        ``schedule()`` call ``call`` (default :class:`~m3lab.workload.requests.ClosedLoop` at ``concurrency``).
+        With ``collapse`` and an arrival rule that says how many calls stay without arrivals (``quiet_calls``),
+        pure-decode stretches are advanced at once and their records written directly (the same records:
+        ``tests/test_scheduler_differential.py`` compares both paths with vLLM). ``on_finish(done)``: called with
+        the number of finished requests whenever some finish (progress)."""
         core = self._core(contents)
         self.core = core
         arrivals = arrivals or ClosedLoop(len(contents), concurrency or len(contents))
+        quiet = getattr(arrivals, "quiet_calls", None) if self.collapse else None
         records, done, n = [], 0, len(contents)
         while done < n:
             for rid in arrivals(core.calls, done):
                 core.add(rid)
             if core.calls >= max_calls:
                 raise M3LabError(f"the schedule did not finish in {max_calls} calls", field="max_calls")
+            if quiet is not None and core.decode_stretch(min(quiet(core.calls), max_calls - core.calls),
+                                                         records) is not None:
+                continue
             out = core.call()
             if out is None:
                 skip = getattr(arrivals, "next_call", None)
@@ -321,6 +329,8 @@ class Scheduler:
             if batch is not None and batch.record is not None:
                 records.append(batch.record)
             done += len(finished)
+            if finished and on_finish is not None:
+                on_finish(done)
         return records
 
     def _engine_step(self, batch, state: SchedulerState) -> EngineStep:
