@@ -404,6 +404,7 @@ class EngineCore:
         ones = {r.rid: 1 for r in running}
         ids = list(ones)
         c0 = [r.C for r in running]
+        ids_a, c0_a = np.asarray(ids, np.int64), np.asarray(c0, np.int64)
         nrun, nwait = len(running), len(self.waiting)
         blocks = None if free is None else self.pool.num_blocks - 1
         asy = self.cfg.async_scheduling
@@ -413,7 +414,7 @@ class EngineCore:
             f = None if free is None else int(free[j])
             rec = StepRecord(call=calls + j, scheduled=ones, computed=dict(zip(ids, [c + j for c in c0])), spec={},
                              running=nrun, waiting=nwait, kv_usage=None if f is None else 1.0 - f / blocks,
-                             free_blocks=f)
+                             free_blocks=f, stretch=(ids_a, c0_a, j))
             if j + lag - 1 < R:                  # applied within the stretch (async: the last stays in flight)
                 rec.emitted, rec.applied = ones, calls + j + lag
             out.append(rec)

@@ -190,6 +190,9 @@ class StepRecord:
     finished: tuple = field(default=())
     emitted: dict = field(default_factory=dict)
     applied: int | None = None
+    #: a decode stretch's step j: (request ids [R], computed before its first step [R], j), so :meth:`arrays`
+    #: need not read the dicts (not part of the record's identity)
+    stretch: tuple | None = field(default=None, compare=False, repr=False)
 
     FIELDS = ("call", "scheduled", "computed", "spec", "admitted", "preempted", "emitted", "finished", "applied",
               "running", "waiting", "free_blocks")
@@ -208,6 +211,10 @@ class StepRecord:
         """(request ids, new tokens, computed before, decode flags) [R] in scheduling order. A request decodes when
         it is past its prompt and scheduled ``1 + drafts`` tokens (else a prefill chunk, or a recompute after
         preemption). ``prompt``: prompt lengths indexed by request id."""
+        if self.stretch is not None:
+            ids, c0, j = self.stretch
+            comp = c0 + j
+            return ids, np.ones(len(ids), np.int64), comp, comp >= np.asarray(prompt)[ids]
         n = len(self.scheduled)
         ids = np.fromiter(self.scheduled, np.int64, n)
         new = np.fromiter(self.scheduled.values(), np.int64, n)
