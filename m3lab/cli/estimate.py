@@ -88,7 +88,7 @@ def estimate_cmd(
     if d.pd.enabled:
         from m3lab.cli.pd import print_pd_estimate
         from m3lab.serving.disagg import pd_estimate
-        print_pd_estimate(pd_estimate(d, calibration=cal), as_json)
+        print_pd_estimate(pd_estimate(d, calibration=cal, progress=True), as_json)
         return
     est = estimate(d, calibration=cal, engine=engine, progress=True)
     s = est.summary()

@@ -42,10 +42,10 @@ class Req:
     """One request's scheduling state (the fields of vLLM's ``Request`` that scheduling reads)."""
 
     __slots__ = ("rid", "P", "M", "O", "C", "spec", "ph", "inflight", "stale", "prefill_chunk", "status",
-                 "preemptions", "verifies", "keys", "first_step")
+                 "preemptions", "verifies", "keys", "first_step", "external")
 
-    def __init__(self, rid: int, prompt: int, max_tokens: int, keys: list):
-        self.rid, self.P, self.M, self.keys = rid, prompt, max_tokens, keys
+    def __init__(self, rid: int, prompt: int, max_tokens: int, keys: list, external: int = 0):
+        self.rid, self.P, self.M, self.keys, self.external = rid, prompt, max_tokens, keys, external
         self.O = self.C = self.spec = self.ph = self.inflight = self.stale = self.preemptions = self.verifies = 0
         self.prefill_chunk, self.status, self.first_step = True, WAITING, -1
 
@@ -73,6 +73,9 @@ class EngineCore:
     FULL_SEQUENCE_MUST_FIT = True
     #: A step that preempted admits nothing (``if not preempted_reqs`` before vLLM's waiting loop).
     ADMIT_IN_PREEMPTING_STEP = False
+    #: A finished request keeps its KV blocks until :meth:`release` (a P/D prefill instance: vLLM's KV connector
+    #: frees them once the decode instance has read them, ``request_finished`` -> ``delay_free_blocks``).
+    hold_finished_kv = False
 
     def __init__(self, cfg, contents: RequestContents, outputs: FakeOutputs | None, pool, *, lookahead: int,
                  hash_lookahead: int, prefill_lookahead: int, max_model_len: int, hooks=None):
@@ -92,12 +95,19 @@ class EngineCore:
         self.preemptions = 0
 
     # ---- requests --------------------------------------------------------------------------------------
-    def add(self, rid: int) -> None:
+    def add(self, rid: int, external: int = 0) -> None:
+        """Queue request ``rid``; ``external``: prompt tokens whose KV a connector loaded from a prefill instance
+        (P/D: vLLM's scheduler then computes the rest, the last prompt token, at admission)."""
         c = self.contents
         keys = c.block_keys(rid, self.cfg.block_size, self.hash_lookahead) if self.caching else []
-        r = Req(rid, int(c.prompt[rid]), int(c.max_tokens[rid]), keys)
+        r = Req(rid, int(c.prompt[rid]), int(c.max_tokens[rid]), keys, min(int(external), int(c.prompt[rid]) - 1))
         self.requests[rid] = r
         self.waiting.append(r)
+
+    def release(self, rid: int) -> None:
+        """Free the KV blocks a finished request held (``hold_finished_kv``)."""
+        if self.pool is not None:
+            self.pool.free(rid)
 
     def has_requests(self) -> bool:
         return bool(self.running or self.waiting or self.finished_pending)
@@ -106,11 +116,11 @@ class EngineCore:
         """Blocks of ``r`` vLLM has hashed so far (``request.block_hashes``)."""
         return max(0, r.P + r.O - self.hash_lookahead) // self.cfg.block_size
 
-    def _alloc(self, r: Req, n: int, hit=(), admit: bool = False) -> bool:
+    def _alloc(self, r: Req, n: int, hit=(), admit: bool = False, external: int = 0) -> bool:
         pool = self.pool
         if pool is None:
             return True
-        return pool.allocate_slots(r.rid, r.keys, r.P + r.O, r.C, n, hit, lookahead=self.lookahead,
+        return pool.allocate_slots(r.rid, r.keys, r.P + r.O, r.C + external, n, hit, lookahead=self.lookahead,
                                    full_sequence_must_fit=admit, num_hashed=self._hashed(r))
 
     def _preempt(self, r: Req) -> None:
@@ -184,7 +194,9 @@ class EngineCore:
             hit = []
             if self.caching:
                 hit = pool.get_computed_blocks(r.keys, r.P + r.O, self._hashed(r))
-            computed = len(hit) * bs
+            local = computed = len(hit) * bs
+            if r.external > computed:        # loaded by a KV connector (P/D), never after a preemption
+                computed = r.external
             n = r.P + r.O - computed
             pad = False
             if k and n == 1 and not prefill and (ran or computed > 0):
@@ -203,10 +215,11 @@ class EngineCore:
                 continue
             if hooks is not None and not hooks.can_admit(r, n, len(admitted)):
                 break
-            if not self._alloc(r, n, hit, admit=self.FULL_SEQUENCE_MUST_FIT):
+            if not self._alloc(r, n, hit, admit=self.FULL_SEQUENCE_MUST_FIT, external=computed - local):
                 break
             if self.caching:                 # KVCacheManager.record_prefix_cache_stats
-                pool.stats.record(r.P + r.O, computed, r.preemptions > 0, bs)
+                pool.stats.record(r.P + r.O, local, r.preemptions > 0, bs)
+            r.external = 0
             self.waiting.popleft()
             self.running.append(r)
             admitted.append((r.rid, computed, r.status == PREEMPTED))
@@ -302,7 +315,7 @@ class EngineCore:
             if stopped:
                 r.status = FINISHED
                 finished.append(r.rid)
-                if pool is not None:
+                if pool is not None and not self.hold_finished_kv:
                     pool.free(r.rid)
                 del self.requests[r.rid]
                 self.finished_pending = True
@@ -324,16 +337,9 @@ class EngineCore:
                     r.spec = self.k
 
     # ---- pure-decode stretches ---------------------------------------------------------------------------
-    def decode_stretch(self, budget_steps: int = 1 << 62, records: list | None = None) -> tuple[Batch, int] | None:
-        """Advance ``R`` >= 2 calls at once when each would schedule exactly one decode token for every running
-        request, in order, with nothing admitted, preempted or finished (no spec decoding; waiting empty or
-        ``max_num_seqs`` reached; no prefix caching; KV for all ``R`` tokens free now, so none of the steps can
-        fail an allocation); at most ``budget_steps`` calls. Returns (the last step's batch, R) (async: that batch
-        is left in flight, as the exact calls would leave it), or None (nothing done) when the next call could
-        differ. ``records``: append the R steps' :class:`StepRecord` s exactly as the calls would have made them
-        (and complete the record of the batch in flight before them, async). With prefix caching the blocks the
-        R steps fill are cached at the end, as the last step would leave them; only when no other block can carry
-        their keys (``contents.unique_outputs``) and the eviction policy ignores caching order."""
+    def stretch_plan(self, budget_steps: int = 1 << 62) -> tuple[int, Batch | None] | None:
+        """(R, the batch in flight before it under async) of the stretch :meth:`decode_stretch` would take now
+        with at most ``budget_steps`` calls, or None; changes nothing."""
         cfg, running = self.cfg, self.running
         if self.k or not running or len(running) > cfg.max_num_batched_tokens:
             return None
@@ -357,14 +363,36 @@ class EngineCore:
         if R < 2:
             return None
         pool = self.pool
+        if pool is not None:
+            bs = cfg.block_size
+            need = sum(max(-(-(r.C + R + self.lookahead) // bs) - len(pool.req_blocks.get(r.rid, ())), 0)
+                       for r in running)
+            if need > pool.num_free:
+                return None
+        return R, prev
+
+    def decode_stretch(self, budget_steps: int = 1 << 62, records: list | None = None) -> tuple[Batch, int] | None:
+        """Advance ``R`` >= 2 calls at once when each would schedule exactly one decode token for every running
+        request, in order, with nothing admitted, preempted or finished (no spec decoding; waiting empty or
+        ``max_num_seqs`` reached; no prefix caching; KV for all ``R`` tokens free now, so none of the steps can
+        fail an allocation); at most ``budget_steps`` calls. Returns (the last step's batch, R) (async: that batch
+        is left in flight, as the exact calls would leave it), or None (nothing done) when the next call could
+        differ. ``records``: append the R steps' :class:`StepRecord` s exactly as the calls would have made them
+        (and complete the record of the batch in flight before them, async). With prefix caching the blocks the
+        R steps fill are cached at the end, as the last step would leave them; only when no other block can carry
+        their keys (``contents.unique_outputs``) and the eviction policy ignores caching order."""
+        plan = self.stretch_plan(budget_steps)
+        if plan is None:
+            return None
+        R, prev = plan
+        cfg, running, pool = self.cfg, self.running, self.pool
+        ph = 1 if cfg.async_scheduling else 0
         free = None
         if pool is not None:
             bs = cfg.block_size
-            have = np.fromiter((len(pool.req_blocks.get(r.rid, ())) for r in running), np.int64, len(running))
-            c0 = np.fromiter((r.C for r in running), np.int64, len(running))
-            if int((np.maximum(-(-(c0 + R + self.lookahead) // bs) - have, 0)).sum()) > pool.num_free:
-                return None
             if records is not None and pool.num_blocks is not None:
+                have = np.fromiter((len(pool.req_blocks.get(r.rid, ())) for r in running), np.int64, len(running))
+                c0 = np.fromiter((r.C for r in running), np.int64, len(running))
                 free = self._stretch_free(c0, have, R, pool.num_free)
             for r in running:
                 pool.allocate_slots(r.rid, (), r.P + r.O, r.C, R, lookahead=self.lookahead)
@@ -382,7 +410,7 @@ class EngineCore:
         self.calls += R
         self.steps += R
         self.finished_pending = False
-        if asy:
+        if cfg.async_scheduling:
             prev.done = True
             self.queue = [last]
         else:

@@ -295,6 +295,11 @@ class Scheduler:
                           hash_lookahead=cfg.hash_lookahead_tokens, prefill_lookahead=cfg.prefill_lookahead_tokens,
                           max_model_len=self._max_model_len)
 
+    def engine(self, contents: RequestContents) -> EngineCore:
+        """A fresh engine (:class:`EngineCore`) for ``contents`` with this scheduler's config, pool and outputs, to
+        drive call by call (engines on a clock: :mod:`m3lab.serving.timed_engine`)."""
+        return self._core(contents)
+
     def records(self, contents: RequestContents, arrivals=None, *, concurrency: int | None = None,
                 max_calls: int = 10**8, on_finish: Callable[[int], None] | None = None) -> list[StepRecord]:
         """The exact step sequence for ``contents``; ``arrivals(call, finished) -> request ids`` added before
