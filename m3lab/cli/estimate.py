@@ -83,7 +83,7 @@ def estimate_cmd(
     if d.workload.kind != "fixed":
         from m3lab.cache.serving import estimate_workload
         from m3lab.cli.cache import print_estimate
-        print_estimate(estimate_workload(d, calibration=cal), as_json)
+        print_estimate(estimate_workload(d, calibration=cal, progress=True), as_json)
         return
     if d.pd.enabled:
         from m3lab.cli.pd import print_pd_estimate
