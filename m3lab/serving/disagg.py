@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from m3lab.errors import M3LabError
-from m3lab.spec.settings import parse_pd
 
 DECODE_SAMPLES = 8    # decode contexts sampled between isl and isl + osl
 
