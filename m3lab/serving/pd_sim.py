@@ -68,7 +68,8 @@ class _Run:
         n = s.num_prompts
         self.t = {k: np.full(n, np.nan) for k in ("send", "pre_sched", "pre_out", "kv_at", "dec_sched", "first",
                                                   "finish")}
-        self.held_on = np.full(n, -1)
+        self.held_on = np.full(n, -1)           # prefill instance of each request
+        self.decode_on = np.full(n, -1)         # decode instance of each request
         self.next_req = self.done = 0
         self.rr_pre = self.rr_dec = 0
         self.send_free = [0.0] * s.prefill_instances
@@ -80,7 +81,7 @@ class _Run:
         if self.next_req >= self.s.num_prompts:
             return
         rid, self.next_req = self.next_req, self.next_req + 1
-        self.t["send"][rid] = t
+        self.t["send"][rid], self.held_on[rid] = t, self.rr_pre
         self.pre[self.rr_pre].push(t, rid)
         self.rr_pre = (self.rr_pre + 1) % len(self.pre)
 
@@ -96,7 +97,7 @@ class _Run:
                 self.rr_dec = (self.rr_dec + 1) % len(self.dec)
                 start = max(ts, self.send_free[i], self.recv_free[j])
                 end = self.send_free[i] = self.recv_free[j] = start + self.s.handoff_s
-                t["kv_at"][rid], self.held_on[rid] = end, i
+                t["kv_at"][rid], self.decode_on[rid] = end, j
                 self.held += 1
                 self.peak_held = max(self.peak_held, self.held)
                 self.dec[j].push(end, rid, external=self.s.isl - 1)
@@ -171,7 +172,8 @@ def _figures(s: PDSetup, run: _Run, pre: list, dec: list) -> dict:
            "prefill_blocked": any(e.was_blocked for e in pre),
            "decode_preemptions": sum(len(r.preempted) for e in dec for r in e.records)}
     out["notes"] = _notes(s, out, ttft)
-    out["requests"] = {**{k: v for k, v in t.items()}, **parts, "ttft": ttft}
+    out["requests"] = {**{k: v for k, v in t.items()}, **parts, "ttft": ttft, "prefill_instance": run.held_on,
+                       "decode_instance": run.decode_on}
     out["engines"] = {e.name: e.steps_table() for e in pre + dec}
     return out
 
