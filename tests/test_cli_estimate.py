@@ -52,7 +52,7 @@ def test_bad_inputs_exit_2_with_one_line():
     cases = [
         ["estimate", "--hardware", "mi999", *SMALL],
         ["estimate", "--hardware", "mi355x", "--model", "minimax-m3", "--tp", "4", "--quant", "bf16", "--isl",
-         "500000", "--osl", "1000", "--concurrency", "64"],
+         "5000000", "--osl", "1000", "--concurrency", "64"],
         ["kernel-time", "--hardware", "mi355x", "--op", "conv", "--m", "1"],
         ["kernel-time", "--hardware", "mi355x", "--op", "gemm", "--m", "1", "--n", "2560"],
     ]
@@ -61,7 +61,7 @@ def test_bad_inputs_exit_2_with_one_line():
         assert res.exit_code == 2, (args, res.output)
         assert "Error:" in res.output and "Traceback" not in res.output
     res = runner.invoke(app, cases[1])
-    assert "largest that fits" in res.output
+    assert "largest concurrency that fits" in res.output
 
 
 def test_estimate_with_a_measured_table(tmp_path):

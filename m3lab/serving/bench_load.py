@@ -240,10 +240,32 @@ def _assemble(records: list, device: np.ndarray, host: np.ndarray, contents: Req
     return BenchRun(raw, requests, tl, notes, config, seconds, records, contents, columns, index)
 
 
-def engine_steps(records: list, prompt) -> list:
+def stretch_runs(records: list) -> list[tuple[int, int]]:
+    """``[start, end)`` index ranges of the records: each decode stretch's records together (they share their
+    stretch arrays), every other record alone."""
+    out, i, n = [], 0, len(records)
+    while i < n:
+        st = records[i].stretch
+        k = i + 1
+        if st is not None:
+            while k < n and records[k].stretch is not None and records[k].stretch[0] is st[0]:
+                k += 1
+        out.append((i, k))
+        i = k
+    return out
+
+
+def engine_steps(records: list, prompt, *, per_record: bool = True) -> list:
     """Each record as the cost model takes it (:meth:`~m3lab.workload.requests.StepRecord.engine_step`); None for
-    a record that scheduled nothing (it only preempted)."""
-    return [r.engine_step(prompt, i) if r.scheduled else None for i, r in enumerate(records)]
+    a record that scheduled nothing (it only preempted). ``per_record=False``: a stretch's records share its first
+    step (what host time and the step counts need: the same requests, one token each)."""
+    if per_record:
+        return [r.engine_step(prompt, i) if r.scheduled else None for i, r in enumerate(records)]
+    out = []
+    for i, k in stretch_runs(records):
+        r = records[i]
+        out.extend([r.engine_step(prompt, i) if r.scheduled else None] * (k - i))
+    return out
 
 
 def time_records(records: list, cfg: SchedulerConfig, contents: RequestContents, step_us, *, max_concurrency: int,
@@ -251,8 +273,10 @@ def time_records(records: list, cfg: SchedulerConfig, contents: RequestContents,
                  seconds: float = 0.0, steps: list | None = None) -> BenchRun:
     """Time closed-loop ``records`` of ``contents`` (from :func:`simulate_records`): device µs per step from
     ``step_us`` (a callable of an :class:`EngineStep`, or the values per record), host µs from ``host_us``
-    (default none), and vllm bench's metrics. ``steps``: :func:`engine_steps` of the records, when at hand."""
-    steps = engine_steps(records, contents.prompt) if steps is None else steps
+    (default none), and vllm bench's metrics. ``steps``: :func:`engine_steps` of the records (per record when
+    ``step_us`` is a callable), when at hand."""
+    if steps is None:
+        steps = engine_steps(records, contents.prompt, per_record=callable(step_us))
     if callable(step_us):
         device = np.array([float(step_us(s)) if s is not None else 0.0 for s in steps])
     else:

@@ -32,11 +32,12 @@ import pandas as pd
 
 from m3lab.cost.host_time import step_host_us
 from m3lab.errors import M3LabError
-from m3lab.serving.bench_load import BenchRun, engine_steps, simulate_records, time_records
+from m3lab.serving.bench_load import BenchRun, engine_steps, simulate_records, stretch_runs, time_records
 from m3lab.serving.capacity import Capacity, block_size_of, capacity
 from m3lab.serving.step_cost import StepCoster
 from m3lab.workload.deployed import ACCEPTANCE_MODEL, acceptance, fake_outputs, fixed_contents, scheduler_config
 from m3lab.workload.requests import first_divergence
+from m3lab.workload.step import EngineStep
 
 METRICS = (("output tokens/s/GPU", "tok/s/GPU", "output_tokens_per_s_per_gpu"), ("median TTFT", "s", "ttft_s"),
            ("mean TPOT", "ms", "tpot_ms"))
@@ -138,21 +139,59 @@ def _engine_check(cfg, contents, conc: int, outputs, records: list, m3lab_s: flo
                     "first_divergence": diff, "measured_on": "this machine (wall time)"}
 
 
-def _device_us(coster: StepCoster, steps: list, modes: tuple) -> dict:
-    """Device µs of each step under each mode: the coster times each distinct step key once, weighted by how
-    many steps share it (its per-op totals and the sensitivity table count every step)."""
-    keys = [coster.key(s) if s is not None else None for s in steps]
+def _device_us(coster: StepCoster, records: list, prompt, modes: tuple) -> dict:
+    """Device µs of each record's step under each mode: the coster times each distinct step key once, weighted by
+    how many steps share it (its per-op totals and the sensitivity table count every step). Along a decode
+    stretch the key (decode count, bucket of the mean context) can only step up, so its boundaries are found by
+    bisection instead of keying every step (``tests/test_serving_estimate.py`` checks it against every step)."""
+    keys: list = [None] * len(records)
     first: dict = {}
+    for i, k in stretch_runs(records):
+        if k - i == 1:
+            st = records[i].engine_step(prompt, i) if records[i].scheduled else None
+            keys[i] = coster.key(st) if st is not None else None
+            if st is not None:
+                first.setdefault(keys[i], st)
+        else:
+            _stretch_keys(coster, records[i].stretch, i, k, keys, first)
     counts: dict = {}
-    for i, k in enumerate(keys):
-        if k is not None:
-            first.setdefault(k, i)
-            counts[k] = counts.get(k, 0) + 1
+    for key in keys:
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
     out = {}
     for mode in modes:
-        t = {k: coster.time_us(steps[i], mode, weight=counts[k]) for k, i in first.items()}
-        out[mode] = np.array([t[k] if k is not None else 0.0 for k in keys])
+        t = {key: coster.time_us(st, mode, weight=counts[key]) for key, st in first.items()}
+        out[mode] = np.array([t[key] if key is not None else 0.0 for key in keys])
     return out
+
+
+def _stretch_keys(coster: StepCoster, stretch: tuple, i: int, k: int, keys: list, first: dict) -> None:
+    """Keys of records ``i .. k - 1``, one decode stretch (requests ``ids`` computed ``c0 + j`` before step j)."""
+    ids, c0, j0 = stretch
+    n = len(ids)
+
+    def step(j: int) -> EngineStep:
+        return EngineStep(np.ones(n, np.int64), c0 + j + 1, decode_mask=np.ones(n, bool))
+
+    def fill(lo: int, hi: int, klo, khi) -> None:            # keys[lo] = klo and keys[hi] = khi are known
+        if klo == khi:
+            keys[lo:hi + 1] = [klo] * (hi - lo + 1)
+            return
+        if hi - lo == 1:
+            keys[lo], keys[hi] = klo, khi
+            return
+        mid = (lo + hi) // 2
+        st = step(j0 + mid - i)
+        kmid = coster.key(st)
+        first.setdefault(kmid, st)
+        fill(lo, mid, klo, kmid)
+        fill(mid, hi, kmid, khi)
+
+    s_lo, s_hi = step(j0), step(j0 + k - 1 - i)
+    k_lo, k_hi = coster.key(s_lo), coster.key(s_hi)
+    first.setdefault(k_lo, s_lo)
+    first.setdefault(k_hi, s_hi)
+    fill(i, k - 1, k_lo, k_hi)
 
 
 def _host_sensitivity(run: BenchRun) -> list[dict]:
@@ -195,8 +234,8 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
     coster = StepCoster(d, cal, routing)
     modes = ("ceiling",) + (("calibrated",) if cal is not None else ())
     host = step_host_us(m.layers)
-    steps = engine_steps(records, contents.prompt)
-    device = _device_us(coster, steps, modes)
+    steps = engine_steps(records, contents.prompt, per_record=False)
+    device = _device_us(coster, records, contents.prompt, modes)
     runs, results = {}, {}
     for mode in modes:
         runs[mode] = time_records(records, cfg, contents, device[mode], max_concurrency=conc,

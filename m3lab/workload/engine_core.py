@@ -33,7 +33,7 @@ from collections import deque
 
 import numpy as np
 
-from m3lab.workload.requests import FakeOutputs, RequestContents, StepRecord
+from m3lab.workload.requests import FakeOutputs, RequestContents, StepRecord, StretchComputed
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 
@@ -426,12 +426,14 @@ class EngineCore:
         return free - need.sum(axis=1)
 
     def _stretch_records(self, R: int, prev: Batch | None, free: np.ndarray | None) -> list[StepRecord]:
-        """The R :class:`StepRecord` s of a stretch (``scheduled`` / ``emitted`` share one read-only dict of ones);
-        async: completes ``prev``'s record (applied in the stretch's first call)."""
+        """The R :class:`StepRecord` s of a stretch (``scheduled`` / ``emitted`` share one read-only dict of ones,
+        ``computed`` reads the stretch's arrays); async: completes ``prev``'s record (applied in the stretch's
+        first call)."""
         running, calls = self.running, self.calls
         ones = {r.rid: 1 for r in running}
         ids = list(ones)
         c0 = [r.C for r in running]
+        pos = {rid: i for i, rid in enumerate(ids)}
         ids_a, c0_a = np.asarray(ids, np.int64), np.asarray(c0, np.int64)
         nrun, nwait = len(running), len(self.waiting)
         blocks = None if free is None else self.pool.num_blocks - 1
@@ -440,7 +442,7 @@ class EngineCore:
         out = []
         for j in range(R):
             f = None if free is None else int(free[j])
-            rec = StepRecord(call=calls + j, scheduled=ones, computed=dict(zip(ids, [c + j for c in c0])), spec={},
+            rec = StepRecord(call=calls + j, scheduled=ones, computed=StretchComputed(ids, c0, pos, j), spec={},
                              running=nrun, waiting=nwait, kv_usage=None if f is None else 1.0 - f / blocks,
                              free_blocks=f, stretch=(ids_a, c0_a, j))
             if j + lag - 1 < R:                  # applied within the stretch (async: the last stays in flight)

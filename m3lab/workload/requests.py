@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -163,6 +164,29 @@ class FakeOutputs:
 
     def mean_accepted(self, k: int) -> float:
         return float(sum(self.p ** j for j in range(1, k + 1)))
+
+
+class StretchComputed(Mapping):
+    """``StepRecord.computed`` of step j of a decode stretch, {request: computed before the step}, read from the
+    stretch's shared arrays (no dict per step)."""
+
+    __slots__ = ("ids", "c0", "pos", "j")
+
+    def __init__(self, ids: list, c0: list, pos: dict, j: int):
+        self.ids, self.c0, self.pos, self.j = ids, c0, pos, j
+
+    def __getitem__(self, rid):
+        return self.c0[self.pos[rid]] + self.j
+
+    def __iter__(self):
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def items(self):
+        j = self.j
+        return [(r, c + j) for r, c in zip(self.ids, self.c0)]
 
 
 @dataclass
