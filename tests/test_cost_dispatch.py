@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from m3lab.cost import sources
+from m3lab.cost import paths, sources
 from m3lab.cost.assumptions import ASSUMPTIONS
 from m3lab.errors import M3LabError
 from m3lab.optable import build_optable
@@ -65,17 +65,17 @@ def resolutions():
 
 def test_every_path_the_resolver_returns_has_a_cost_source(resolutions):
     assert len(resolutions) > 60
-    assert missing_cost_sources(resolutions, sources.PATH_COST) == []
-    used = {src for entry in sources.PATH_COST.values()
+    assert missing_cost_sources(resolutions, paths.PATH_COST) == []
+    used = {src for entry in paths.PATH_COST.values()
             for src in ([entry] if isinstance(entry, str) else entry.values())} - {None}
     assert used - {"none"} <= set(sources.SOURCES)
 
 
 def test_a_path_without_a_cost_source_is_caught(resolutions):
-    planted = {k: v for k, v in sources.PATH_COST.items() if k != "aiter_sparse_pa"}
+    planted = {k: v for k, v in paths.PATH_COST.items() if k != "aiter_sparse_pa"}
     assert any(m.startswith("aiter_sparse_pa") for m in missing_cost_sources(resolutions, planted))
     with pytest.raises(M3LabError, match="no cost source"):
-        sources.source_of("attention", "attention", "a_new_vllm_path")
+        paths.source_of("attention", "attention", "a_new_vllm_path")
 
 
 def test_every_named_assumption_is_used_and_every_used_one_is_named():
