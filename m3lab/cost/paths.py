@@ -54,12 +54,14 @@ PATH_COST: Mapping[str, object] = {
     "marlin": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_bf16_moe": {**_MOE_INSIDE, "*": "triton_moe"},
     "cuda_mxfp8_moe": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_mxfp4_moe": {**_MOE_INSIDE, "*": "triton_moe"},
     "cuda_fp8_moe": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_nvfp4_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    # M3: the monokernel; its rows keep their stock decisions (an approximation, see the cost README)
-    "mono_ffn": NO_ROWS, "stock_layers": NO_ROWS,
+    # M3: the monokernel: one persistent launch runs the rows of the ops it replaces (its status row and the
+    # stock-layer case have no rows of their own)
+    "mono_ffn": "monokernel", "stock_layers": NO_ROWS, "monokernel_weights": NO_ROWS,
     # A1 / A7: attention
     "triton_sparse": "sparse_attention", "aiter_sparse_pa": "aiter_pa", "msa_sm100": "sparse_attention",
     "rocm_attn": "dense_attention", "rocm_aiter_fa": "dense_attention", "rocm_aiter_unified_attn": "dense_attention",
-    "triton_attn": "dense_attention", "cuda_default_backend": "dense_attention",
+    "triton_attn": "dense_attention", "cuda_default_backend": "dense_attention", "flash_attn": "dense_attention",
+    "flashinfer": "dense_attention",
     # A2-A5: indexer (its top-k row runs inside the measured indexer time)
     "triton_amd_fused_topk": {"topk": "inside", "*": "indexer"},
     "triton_amd_fused_topk_emit_table": {"topk": "inside", "*": "indexer"},
@@ -75,6 +77,8 @@ PATH_COST: Mapping[str, object] = {
     # N1-N3: norms, all-reduces, activations
     "triton_gemma_rmsnorm": "elementwise", "flashinfer_gemma_rmsnorm": "elementwise", "norm_only": "elementwise",
     "rccl_then_triton_norm": {"post_attn_norm": "elementwise", "*": "rccl"},
+    "allreduce_then_norm": {"post_attn_norm": "elementwise", "*": "rccl"},
+    "flashinfer_fused_ar_norm": {"post_attn_norm": "fused", "*": "custom_ar"},
     "aiter_fused_ar_rmsnorm": {"post_attn_norm": "fused", "*": "custom_ar"},
     "flashinfer_fused_ar_norm_or_nccl": {"post_attn_norm": "fused", "*": "custom_ar"},
     "triton_swiglu_oai": "elementwise", "silu_and_mul_with_clamp": "elementwise",

@@ -21,6 +21,7 @@ marks it ``inside`` a kernel whose measured time already covers it (0 µs). The 
 | ``small_kernel`` | ``small_kernel_eff`` and ``kernel_floor_us`` (top-k, fp32 router, MoE bookkeeping) |
 | ``rccl`` / ``custom_ar`` | wire bytes over ``link_eff`` x link bandwidth, at least ``rccl_allreduce_us`` / ``custom_allreduce_us`` (measured collectives where the device has them) |
 | ``inside`` | 0 µs: the row's work is inside a measured kernel time (the fused MoE call, the indexer's top-k) |
+| ``monokernel`` | ``monokernel_eff`` for every row the persistent FFN kernel replaces (one launch, no floors) |
 | ``generic_gemm`` / ``generic_moe`` / ``generic_attention`` / ``collective`` | no decision: a measured table of the row's own dtype where the calibration has one, else ``generic_*_eff`` |
 
 Rows on H200 take H200 peers as measured (no carry); on other NVIDIA GPUs the peers are carried with factor 1.
@@ -275,6 +276,12 @@ SOURCES["aiter_pa"] = lambda r: _attention_peer(r, "sparse_decode", "sparse_pref
 SOURCES["dense_attention"] = lambda r: _attention_peer(r, "dense_decode", "sparse_prefill")
 SOURCES["indexer"] = lambda r: _attention_peer(r, "indexer_decode", "indexer_prefill")
 SOURCES["msa_indexer"] = lambda r: _attention_peer(r, "indexer_decode", "indexer_prefill", "msa_vs_triton_indexer")
+
+
+@_source("monokernel")
+def _monokernel(r: Rows) -> Result:
+    """The FlyDSL persistent FFN kernel (``--monokernel``): the replaced rows' bytes and wire bytes in one launch."""
+    return _const(r, r.a("monokernel_eff"), 0.0, ("monokernel_eff",))
 
 
 @_source("generic_attention")

@@ -202,6 +202,9 @@ def _annotate(c: StepContext, rows: list[dict], kind: str) -> list[dict]:
             continue
         phase = r.get("phase") if r["op"] in PHASED_OPS and r.get("phase") else c.phase
         ch = c.dispatch.choice(op, kind, phase) or (c.dispatch.choice(op, "dense", phase) if kind == "model" else None)
+        mono = c.dispatch.choice("monokernel", kind, phase)
+        if (ch is None or not ch.runs) and mono is not None and mono.runs and mono.path == "mono_ffn":
+            ch = mono   # the persistent FFN kernel runs the op it replaced
         if ch is None or not ch.runs:
             raise M3LabError(f"OpTable row {r['op']!r} on {kind} layers has no running vLLM decision "
                              f"({op}: {ch.status if ch else 'none'}) in the {phase} phase", field="dispatch",
