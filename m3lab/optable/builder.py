@@ -66,7 +66,8 @@ def _attention_rows(c: StepContext, sparse: bool, computes_topk: bool) -> list[d
                         bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0))
     kind = layer_kind(ATTN_SPARSE if sparse else "dense", ATTN_SPARSE, computes_topk)
     for phase, cnt, t, r in c.parts():
-        rows += [dict(x, phase=phase, requests=r) for x in _attend_rows(c, cnt, t, r, sparse, computes_topk, kind, phase)]
+        attend = _attend_rows(c, cnt, t, r, sparse, computes_topk, kind, phase)
+        rows += [dict(x, phase=phase, requests=r) for x in attend]
     if gate:
         rows.append(ops.elementwise("attn_gate", "activation", T * gate, reads=2, writes=1, flops_per=5, m=T))
     rows += gemm_rows("o_proj", T, H, hq * hd, q.weight_dtype("attn_o"))
