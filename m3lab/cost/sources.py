@@ -248,7 +248,7 @@ def _triton_moe(r: Rows) -> Result:
 def _attention_peer(r: Rows, decode_family: str, prefill_family: str, extra: str = "") -> Result:
     reqs = np.maximum(r.f("requests"), 1.0)
     q, ctx = r.f("q_tokens"), r.f("ctx_tokens")
-    prefill = _is_prefill(r, q, reqs)
+    prefill = _is_prefill(r)
     rows_per = q / reqs
     eff = np.empty(_n(r))
     if (~prefill).any():
@@ -263,12 +263,9 @@ def _attention_peer(r: Rows, decode_family: str, prefill_family: str, extra: str
     return eff, np.zeros(_n(r)), np.zeros(_n(r), bool), terms, ""
 
 
-def _is_prefill(r: Rows, q: np.ndarray, reqs: np.ndarray) -> np.ndarray:
-    """The row's phase: its ``phase`` column, else more than 8 query rows per request (a prefill chunk)."""
-    phase = r("phase", None)
-    known = np.array([isinstance(p, str) for p in phase])
-    guess = q / reqs > 8
-    return np.where(known, np.array([p == "prefill" for p in phase]), guess)
+def _is_prefill(r: Rows) -> np.ndarray:
+    """The rows of the prefill phase (the OpTable's ``phase``: the attention-side rows of a Dispatch carry it)."""
+    return np.array([p == "prefill" for p in r("phase", None)], dtype=bool)
 
 
 SOURCES["sparse_attention"] = lambda r: _attention_peer(r, "sparse_decode", "sparse_prefill")
