@@ -80,6 +80,9 @@ def estimate_cmd(
     if engine != "m3lab" and (d.workload.kind != "fixed" or d.pd.enabled):
         raise M3LabError("--engine vllm runs the fixed-length colocated estimate's schedule", field="engine",
                          hint="drop --engine for --pd and --workload agentx (their engines run on a clock: m3lab's)")
+    if breakdown and (d.workload.kind != "fixed" or d.pd.enabled):
+        raise M3LabError("--breakdown applies to the colocated fixed-length estimate", field="breakdown",
+                         hint="drop --pd / --workload, or --breakdown")
     if d.workload.kind != "fixed":
         from m3lab.cache.serving import estimate_workload
         from m3lab.cli.cache import print_estimate

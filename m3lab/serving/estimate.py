@@ -10,10 +10,11 @@ step under two labelled modes:
 
 - ``ceiling``: device time only, the roofline bound of every op (efficiency 1, no launch floors) — an upper
   bound on throughput that a measurement must not beat;
-- ``calibrated``: the bound divided by the calibrated achievable efficiency plus launch floors (default: the
-  hardware's shipped calibration, MI355X <- the AITER GEMM tables), plus the host time of each step
-  (:mod:`m3lab.cost.host_time`: schedule, input preparation, launches, output processing) overlapped with the
-  device as the engine's sync or async scheduling allows (:mod:`m3lab.serving.timeline`).
+- ``calibrated``: each op timed by the cost source of the kernel vLLM runs for it (``m3lab/cost/README.md``:
+  measured tables and peers, named assumptions; default: the hardware's shipped calibration, MI355X <- AITER's),
+  plus the host time of each step (:mod:`m3lab.cost.host_time`: schedule, input preparation, launches, output
+  processing) overlapped with the device as the engine's sync or async scheduling allows
+  (:mod:`m3lab.serving.timeline`).
 
 Figures as vllm bench computes them (``calculate_metrics``): TTFT from send to first token with the server's
 queueing included (median, mean, p90, p99), TPOT mean (latency - TTFT) / (output - 1), ITL, throughput per GPU;
