@@ -150,52 +150,65 @@ class _Observer:
                           "hit_tokens": kv.stats.hits, "query_tokens": kv.stats.queries})
 
 
-def cached_serving(deployment, *, trace: Trace | None = None, calibration="default", policy: str = "lru",
-                   capacity_tokens: int | None = None, open_loop: bool = False, accept_len: float | None = None,
-                   progress: bool = False) -> CachedServing:
-    """Serve ``deployment``'s agentic workload (``workload.sessions`` AgentX-like sessions from ``workload.seed``,
-    ``workload.concurrency`` of them at a time, or the Mooncake trace at ``workload.trace``; ``trace``: a Trace
-    to serve instead; ``open_loop``: its own arrival times). ``policy``: the eviction policy; ``capacity_tokens``:
-    a what-if KV pool per GPU; ``accept_len``: a what-if acceptance (default: the record's or the named
-    assumption)."""
-    from m3lab.cost.host_time import step_host_us
-    from m3lab.cost.model import cost_label, resolve_calibration
+@dataclass
+class _Setup:
+    """What one agentic run is made of (see :func:`cached_serving`)."""
+
+    d: object
+    trace: Trace
+    cap: object
+    cal: object
+    coster: object
+    cfg: object
+    kv: M3LabKVCache
+    accept_len: float | None
+    accept_source: str | None
+
+    @property
+    def mode(self) -> str:
+        return "calibrated" if self.cal is not None else "ceiling"
+
+
+def _setup(deployment, trace, calibration, policy: str, capacity_tokens, accept_len) -> _Setup:
+    from m3lab.cost.model import resolve_calibration
     from m3lab.serving.step_cost import StepCoster
-    from m3lab.serving.timed_engine import TimedEngine, run_engines
-    from m3lab.serving.progress import late_progress
-    from m3lab.workload.deployed import ACCEPTANCE_MODEL, acceptance, fake_outputs, scheduler_config
+    from m3lab.workload.deployed import acceptance, scheduler_config
 
     d = deployment.validate()
-    m, hw, plan, q, wl = d.model, d.hardware, d.plan, d.quant, d.workload
-    concurrency, limits = wl.concurrency, d.scheduler_limits()
-    spec_tokens = d.serving.spec_tokens
-    source_len, accept_source = acceptance(d)
-    if accept_len is None:
-        accept_len = source_len
-    elif spec_tokens:
-        accept_source = f"what-if {accept_len} (assumed)"
+    limits = d.scheduler_limits()
+    source_len, source = acceptance(d)
+    if accept_len is not None and d.serving.spec_tokens:
+        source = f"what-if {accept_len} (assumed)"
     if not limits.prefix_caching:
         raise M3LabError("the agentic estimate models vLLM's prefix caching; prefix_caching=0 is not modelled",
                          field="prefix_caching", hint="leave prefix caching on (vLLM's default)")
-    cap = cache_capacity(m, plan, q, hw, gpu_memory_utilization=limits.gpu_memory_utilization,
-                         spec_tokens=spec_tokens)
+    cap = cache_capacity(d.model, d.plan, d.quant, d.hardware, gpu_memory_utilization=limits.gpu_memory_utilization,
+                         spec_tokens=d.serving.spec_tokens)
     if capacity_tokens is not None:
         cap = cap.with_tokens(capacity_tokens)
     trace = _trace_of(d, trace, cap.block_size)
-    cal = resolve_calibration(hw, calibration)
-    mode = "calibrated" if cal is not None else "ceiling"
-    coster = StepCoster(d, cal)
-    step_time = CoarseStepTime(coster, mode)
+    cal = resolve_calibration(d.hardware, calibration)
     cfg = scheduler_config(d, block_size=cap.block_size, num_kv_blocks=cap.num_blocks)
-    kv = M3LabKVCache(cap.num_blocks, cap.block_size, policy)
-    core = _OnCache(cfg, kv, fake_outputs(d, accept_len)).engine(
-        KeyContents(trace.keys, trace.prompt, trace.output, trace.block_size))
-    observer = _Observer(kv)
-    engine = TimedEngine(core, lambda st: step_time(st) * 1e6, step_host_us(m.layers) if cal is not None else None,
-                         observe=observer)
-    sessions = Sessions(trace, concurrency, open_loop=open_loop)
+    return _Setup(d, trace, cap, cal, StepCoster(d, cal), cfg, M3LabKVCache(cap.num_blocks, cap.block_size, policy),
+                  source_len if accept_len is None else accept_len, source)
+
+
+def _serve(su: _Setup, open_loop: bool, progress: bool) -> tuple:
+    """Run the sessions on one engine: (engine, observer, sessions, first token s [N], finish s [N])."""
+    from m3lab.cost.host_time import step_host_us
+    from m3lab.serving.progress import late_progress
+    from m3lab.serving.timed_engine import TimedEngine, run_engines
+    from m3lab.workload.deployed import fake_outputs
+
+    tr = su.trace
+    core = _OnCache(su.cfg, su.kv, fake_outputs(su.d, su.accept_len)).engine(
+        KeyContents(tr.keys, tr.prompt, tr.output, tr.block_size))
+    observer, step_time = _Observer(su.kv), CoarseStepTime(su.coster, su.mode)
+    engine = TimedEngine(core, lambda st: step_time(st) * 1e6,
+                         step_host_us(su.d.model.layers) if su.cal is not None else None, observe=observer)
+    sessions = Sessions(tr, su.d.workload.concurrency, open_loop=open_loop)
     sessions.start(engine)
-    first, finish = np.full(len(trace), np.nan), np.full(len(trace), np.nan)
+    first, finish = np.full(len(tr), np.nan), np.full(len(tr), np.nan)
 
     def on_output(e, out) -> None:
         for rid, _, t in out.chunks:
@@ -205,62 +218,85 @@ def cached_serving(deployment, *, trace: Trace | None = None, calibration="defau
             finish[rid] = t
             sessions.on_finished(e, rid, t)
 
-    with late_progress("agentic sessions (m3lab)", len(trace), progress) as bar:
+    with late_progress("agentic sessions (m3lab)", len(tr), progress) as bar:
         run_engines([engine], on_output, lambda: sessions.done, progress=lambda: bar.update(sessions.finished))
-    makespan = float(np.nanmax(finish)) if len(trace) else 0.0
-    ttft = first - sessions.arrived
-    out = trace.output.astype(float)
-    tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), np.nan)
-    tl = pd.DataFrame(observer.rows)
-    dt = np.diff(np.append(tl["time_s"].to_numpy(), makespan)) if len(tl) else np.zeros(0)
-    usage = tl["kv_usage"].to_numpy(float) if len(tl) else np.zeros(0)
-    st = kv.stats
-    gpus = plan.world
-    tail = sessions.tail_share(makespan)
-    notes = []
-    if tail > 0.25:
-        notes.append(f"the last {100 * tail:.0f}% of the run has fewer than {concurrency} active sessions (the "
-                     f"{trace.num_sessions} sessions ran out): raise sessions for a steadier load")
-    summary = {
-        "workload": trace.meta.get("format", "trace"), "sessions": trace.num_sessions, "requests": len(trace),
-        "concurrency": concurrency, "kind": mode, "label": cost_label(hw, cal),
-        "output_tokens_per_s_per_gpu": float(trace.output.sum() / makespan / gpus) if makespan else None,
-        "total_tokens_per_s_per_gpu": float((trace.output.sum() + trace.prompt.sum()) / makespan / gpus)
-        if makespan else None,
-        "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90), "ttft_p99_s": _pct(ttft, 99),
-        "tpot_p50_ms": _pct(tpot * 1e3, 50), "tpot_p90_ms": _pct(tpot * 1e3, 90), "tpot_p99_ms": _pct(tpot * 1e3, 99),
-        "ttft_s": _pct(ttft, 50), "ttft_mean_s": float(np.nanmean(ttft)) if np.isfinite(ttft).any() else None,
-        "tpot_ms": float(np.nanmean(tpot) * 1e3) if np.isfinite(tpot).any() else None,
-        "tpot_median_ms": _pct(tpot * 1e3, 50),
-        "queueing_s": _pct(np.array([engine.first_scheduled.get(i, np.nan) for i in range(len(trace))])
-                           - sessions.arrived, 50),
-        "prefix_cache_hit_rate": st.hit_rate, "kv_cache_usage": float((usage * dt).sum() / dt.sum()) if dt.sum() else 0.0,
-        "kv_cache_usage_peak": float(usage.max()) if len(usage) else 0.0,
-        "preemptions": int(observer.preemptions), "evicted_blocks": int(kv.evicted_blocks),
-        "makespan_s": makespan, "steps": len(tl), "kv_capacity_tokens": cap.kv_capacity_tokens,
-        "kv_bytes_per_token_per_gpu": cap.kv_bytes_per_token_per_gpu,
-        "weight_gb_per_gpu": cap.weight_bytes_per_gpu / 1e9, "gpu_memory_utilization": limits.gpu_memory_utilization,
-        "num_requests": len(trace), "kv_blocks": cap.num_blocks, "block_size": cap.block_size, "policy": policy,
-        "median_input_tokens": float(np.median(trace.prompt)), "median_output_tokens": float(np.median(trace.output)),
-        "spec_method": d.serving.spec_method, "spec_tokens": spec_tokens, "accept_len": accept_len,
-        "accept_len_source": accept_source, "acceptance_model": ACCEPTANCE_MODEL if spec_tokens else None,
-        "notes": notes, "distinct_steps_costed": coster.distinct_steps,
-    }
-    hit = np.zeros(len(trace), np.int64)
+    return engine, observer, sessions, first, finish
+
+
+def _requests(su: _Setup, engine, sessions: Sessions, first: np.ndarray, finish: np.ndarray) -> pd.DataFrame:
+    tr, n = su.trace, len(su.trace)
+    hit = np.zeros(n, np.int64)
     for rec in engine.records:
         for rid, h, resumed in rec.admitted:
             if not resumed:
                 hit[rid] = h
-    requests = pd.DataFrame({"request": np.arange(len(trace)), "session": trace.session, "prompt_tokens": trace.prompt,
-                             "output_tokens": trace.output, "hit_tokens": hit, "arrival_s": sessions.arrived,
-                             "first_token_s": first, "finish_s": finish, "ttft_s": ttft, "tpot_ms": tpot * 1e3})
-    config = {"deployment": d.name, "deployment_key": d.key(), "model": m.name, "hardware": hw.name, "tp": plan.tp,
-              "ep": plan.ep, "gpus": gpus, "quant": q.name, "kv_dtype": q.kv_dtype, "index_dtype": q.index_dtype,
-              "index_topk_freq": d.index_sharing_freq, "concurrency": concurrency, "seed": wl.seed,
-              "trace": trace.source, "max_num_seqs": cfg.max_num_seqs,
-              "max_num_batched_tokens": cfg.max_num_batched_tokens, "async_scheduling": cfg.async_scheduling,
-              "calibration": cal.name if cal is not None else None}
-    return CachedServing(config, summary, requests, tl, st.as_dict())
+    sched = np.array([engine.first_scheduled.get(i, np.nan) for i in range(n)])
+    out = tr.output.astype(float)
+    tpot = np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), np.nan)
+    return pd.DataFrame({"request": np.arange(n), "session": tr.session, "prompt_tokens": tr.prompt,
+                         "output_tokens": tr.output, "hit_tokens": hit, "arrival_s": sessions.arrived,
+                         "first_scheduled_s": sched, "first_token_s": first, "finish_s": finish,
+                         "ttft_s": first - sessions.arrived, "queueing_s": sched - sessions.arrived,
+                         "prefill_s": first - sched, "tpot_ms": tpot * 1e3})
+
+
+def _summary(su: _Setup, req: pd.DataFrame, tl: pd.DataFrame, observer, sessions: Sessions, policy: str) -> dict:
+    from m3lab.cost.model import cost_label
+    from m3lab.workload.deployed import ACCEPTANCE_MODEL
+
+    d, tr, cap, kv = su.d, su.trace, su.cap, su.kv
+    makespan = float(req["finish_s"].max()) if len(tr) else 0.0
+    ttft, tpot = req["ttft_s"].to_numpy(), req["tpot_ms"].to_numpy()
+    dt = np.diff(np.append(tl["time_s"].to_numpy(), makespan)) if len(tl) else np.zeros(0)
+    usage = tl["kv_usage"].to_numpy(float) if len(tl) else np.zeros(0)
+    conc, gpus, tail = d.workload.concurrency, d.plan.world, sessions.tail_share(makespan)
+    notes = [f"the last {100 * tail:.0f}% of the run has fewer than {conc} active sessions (the {tr.num_sessions} "
+             "sessions ran out): raise sessions for a steadier load"] if tail > 0.25 else []
+    per_gpu = (lambda tokens: float(tokens / makespan / gpus) if makespan else None)
+    return {
+        "workload": tr.meta.get("format", "trace"), "sessions": tr.num_sessions, "requests": len(tr),
+        "concurrency": conc, "kind": su.mode, "label": cost_label(d.hardware, su.cal),
+        "output_tokens_per_s_per_gpu": per_gpu(tr.output.sum()),
+        "total_tokens_per_s_per_gpu": per_gpu(tr.output.sum() + tr.prompt.sum()),
+        "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90), "ttft_p99_s": _pct(ttft, 99),
+        "tpot_p50_ms": _pct(tpot, 50), "tpot_p90_ms": _pct(tpot, 90), "tpot_p99_ms": _pct(tpot, 99),
+        "ttft_s": _pct(ttft, 50), "ttft_mean_s": float(np.nanmean(ttft)) if np.isfinite(ttft).any() else None,
+        "tpot_ms": float(np.nanmean(tpot)) if np.isfinite(tpot).any() else None, "tpot_median_ms": _pct(tpot, 50),
+        "queueing_s": _pct(req["queueing_s"].to_numpy(), 50), "prefix_cache_hit_rate": kv.stats.hit_rate,
+        "kv_cache_usage": float((usage * dt).sum() / dt.sum()) if dt.sum() else 0.0,
+        "kv_cache_usage_peak": float(usage.max()) if len(usage) else 0.0,
+        "preemptions": int(observer.preemptions), "evicted_blocks": int(kv.evicted_blocks), "makespan_s": makespan,
+        "steps": len(tl), "kv_capacity_tokens": cap.kv_capacity_tokens,
+        "kv_bytes_per_token_per_gpu": cap.kv_bytes_per_token_per_gpu, "weight_gb_per_gpu": cap.weight_bytes_per_gpu / 1e9,
+        "gpu_memory_utilization": d.scheduler_limits().gpu_memory_utilization, "num_requests": len(tr),
+        "kv_blocks": cap.num_blocks, "block_size": cap.block_size, "policy": policy,
+        "median_input_tokens": float(np.median(tr.prompt)), "median_output_tokens": float(np.median(tr.output)),
+        "spec_method": d.serving.spec_method, "spec_tokens": d.serving.spec_tokens, "accept_len": su.accept_len,
+        "accept_len_source": su.accept_source,
+        "acceptance_model": ACCEPTANCE_MODEL if d.serving.spec_tokens else None, "notes": notes,
+        "distinct_steps_costed": su.coster.distinct_steps}
+
+
+def cached_serving(deployment, *, trace: Trace | None = None, calibration="default", policy: str = "lru",
+                   capacity_tokens: int | None = None, open_loop: bool = False, accept_len: float | None = None,
+                   progress: bool = False) -> CachedServing:
+    """Serve ``deployment``'s agentic workload (``workload.sessions`` AgentX-like sessions from ``workload.seed``,
+    ``workload.concurrency`` of them at a time, or the Mooncake trace at ``workload.trace``; ``trace``: a Trace
+    to serve instead; ``open_loop``: its own arrival times). ``policy``: the eviction policy; ``capacity_tokens``:
+    a what-if KV pool per GPU; ``accept_len``: a what-if acceptance (default: the record's or the named
+    assumption); ``progress``: a bar on long runs."""
+    su = _setup(deployment, trace, calibration, policy, capacity_tokens, accept_len)
+    engine, observer, sessions, first, finish = _serve(su, open_loop, progress)
+    req = _requests(su, engine, sessions, first, finish)
+    tl = pd.DataFrame(observer.rows)
+    d, cfg = su.d, su.cfg
+    config = {"deployment": d.name, "deployment_key": d.key(), "model": d.model.name, "hardware": d.hardware.name,
+              "tp": d.plan.tp, "ep": d.plan.ep, "gpus": d.plan.world, "quant": d.quant.name,
+              "kv_dtype": d.quant.kv_dtype, "index_dtype": d.quant.index_dtype, "index_topk_freq": d.index_sharing_freq,
+              "concurrency": d.workload.concurrency, "seed": d.workload.seed, "trace": su.trace.source,
+              "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+              "async_scheduling": cfg.async_scheduling, "calibration": su.cal.name if su.cal is not None else None}
+    return CachedServing(config, _summary(su, req, tl, observer, sessions, policy), req, tl, su.kv.stats.as_dict())
 
 
 def acceptance_sensitivity(summary: dict, lengths=None) -> list[dict]:

@@ -35,7 +35,7 @@ def _deployment(preset, set_, workload, pd, kv_link_gbps, spec_tokens, **flags):
                      **flags)
 
 
-def estimate_cmd(
+def estimate_cmd(  # long: typer declares every option in the signature
         preset: opt.Preset = None, model: opt.Model = None, hardware: opt.HardwareName = None, tp: opt.Tp = None,
         ep: opt.Ep = None, quant: opt.Quant = None, kv_dtype: opt.KvDtype = None,
         index_dtype: opt.IndexDtype = None, isl: opt.Isl = None, osl: opt.Osl = None,

@@ -117,7 +117,7 @@ def pd_serving(deployment, *, calibration="default", progress: bool = False) -> 
     from m3lab.cost.model import cost_label, resolve_calibration
     from m3lab.pd.geometry import pd_plan
     from m3lab.serving.capacity import block_size_of
-    from m3lab.serving.pd_sim import setup, simulate, whole_requests
+    from m3lab.serving.pd_sim import setup, simulate
     from m3lab.serving.step_cost import StepCoster
     from m3lab.workload.deployed import ACCEPTANCE_MODEL, acceptance, fake_outputs, fixed_contents
 
@@ -152,28 +152,36 @@ def pd_serving(deployment, *, calibration="default", progress: bool = False) -> 
         results[mode]["label"] = cost_label(hw, None if mode == "ceiling" else cal)
     kind = "calibrated" if "calibrated" in results else "ceiling"
     top = results[kind]
+    summary = _pd_summary(d, s, results, kind, handoff, cal)
+    summary.update(accept_len=accept_len, accept_len_source=accept_source,
+                   acceptance_model=ACCEPTANCE_MODEL if d.serving.spec_tokens else None)
+    return PDServing(summary, pd.DataFrame(top["requests"]).rename_axis("request").reset_index(), top["engines"])
+
+
+def _pd_summary(d, s, results: dict, kind: str, handoff: dict, cal) -> dict:
+    """What ``m3lab estimate --pd`` prints of a simulated P:D run (figures of ``kind``, the ceiling's nested)."""
+    from m3lab.serving.pd_sim import whole_requests
+
+    top, wl = results[kind], d.workload
+    pplan, dplan = d.role_plan("prefill"), d.role_plan("decode")
     figures = [k for k in top if k not in ("notes", "requests", "engines")]
-    summary = {"kind": kind, **{k: top[k] for k in figures}, "notes": top["notes"],
+    pc, dc = s.prefill_cfg, s.decode_cfg
+    return {"kind": kind, **{k: top[k] for k in figures}, "notes": top["notes"],
             "ceiling": {k: results["ceiling"][k] for k in figures},
             "pd": f"{s.prefill_instances}:{s.decode_instances}", "prefill_instances": s.prefill_instances,
             "decode_instances": s.decode_instances, "prefill_tp": pplan.tp, "decode_tp": dplan.tp, "ep": dplan.ep,
-            "gpus": d.gpus, "model": m.name, "hardware": hw.name, "deployment": d.name, "deployment_key": d.key(),
-            "quant": q.name, "kv_dtype": q.kv_dtype, "isl": wl.isl, "osl": wl.osl, "concurrency": wl.concurrency,
-            "num_requests": wl.num_prompts, "routing": "round robin to prefill, then to decode (vLLM's P/D proxy)",
-            "prefill_max_num_seqs": s.prefill_cfg.max_num_seqs,
-            "prefill_max_num_batched_tokens": s.prefill_cfg.max_num_batched_tokens,
-            "prefill_kv_blocks": s.prefill_cfg.num_kv_blocks, "decode_max_num_seqs": s.decode_cfg.max_num_seqs,
-            "decode_max_num_batched_tokens": s.decode_cfg.max_num_batched_tokens,
-            "decode_kv_blocks": s.decode_cfg.num_kv_blocks,
-            "max_num_seqs_per_decode_instance": min(s.decode_cfg.max_num_seqs,
-                                                    whole_requests(s.decode_cfg, wl.isl + wl.osl)),
+            "gpus": d.gpus, "model": d.model.name, "hardware": d.hardware.name, "deployment": d.name,
+            "deployment_key": d.key(), "quant": d.quant.name, "kv_dtype": d.quant.kv_dtype, "isl": wl.isl,
+            "osl": wl.osl, "concurrency": wl.concurrency, "num_requests": wl.num_prompts,
+            "routing": "round robin to prefill, then to decode (vLLM's P/D proxy)",
+            "prefill_max_num_seqs": pc.max_num_seqs, "prefill_max_num_batched_tokens": pc.max_num_batched_tokens,
+            "prefill_kv_blocks": pc.num_kv_blocks, "decode_max_num_seqs": dc.max_num_seqs,
+            "decode_max_num_batched_tokens": dc.max_num_batched_tokens, "decode_kv_blocks": dc.num_kv_blocks,
+            "max_num_seqs_per_decode_instance": min(dc.max_num_seqs, whole_requests(dc, wl.isl + wl.osl)),
             "kv_handoff_bytes_per_request": handoff["bytes_per_request"],
             "kv_handoff_descriptors_per_request": handoff["descriptors_per_request"],
             "kv_handoff_ms": handoff["transfer_s"] * 1e3, "kv_link_gbps": d.pd.kv_link_gbps,
-            "spec_tokens": d.serving.spec_tokens, "accept_len": accept_len, "accept_len_source": accept_source,
-            "acceptance_model": ACCEPTANCE_MODEL if d.serving.spec_tokens else None,
-            "calibration": cal.name if cal is not None else None}
-    return PDServing(summary, pd.DataFrame(top["requests"]).rename_axis("request").reset_index(), top["engines"])
+            "spec_tokens": d.serving.spec_tokens, "calibration": cal.name if cal is not None else None}
 
 
 def pd_estimate(deployment, *, calibration="default", progress: bool = False) -> dict:

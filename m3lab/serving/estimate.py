@@ -98,6 +98,13 @@ class ServingEstimate:
         out.update({k: v for k, v in self.config.items() if k not in out})
         return out
 
+    def ttft_parts(self, mode: str | None = None) -> pd.DataFrame:
+        """Per request of ``mode``: ``send_s, queueing_s`` (to its first scheduled chunk), ``prefill_s`` (from there
+        to its first token), ``ttft_s, first_token_s, tpot_ms``."""
+        req = self.runs[mode or self.kind].requests
+        return req.assign(prefill_s=req["first_token_s"] - req["first_scheduled_s"])[
+            ["request", "send_s", "queueing_s", "prefill_s", "ttft_s", "first_token_s", "tpot_ms"]]
+
     def timeline(self, mode: str | None = None) -> pd.DataFrame:
         """Steps of the schedule under ``mode``: ``[index, repeat, decodes, prefill_tokens, start_s, t_ms]``."""
         return self.runs[mode or self.kind].steps[["index", "repeat", "decodes", "prefill_tokens", "start_s", "t_ms"]]

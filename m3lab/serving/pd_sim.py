@@ -173,7 +173,8 @@ def _figures(s: PDSetup, run: _Run, pre: list, dec: list) -> dict:
            "decode_preemptions": sum(len(r.preempted) for e in dec for r in e.records)}
     out["notes"] = _notes(s, out, ttft)
     out["requests"] = {**{k: v for k, v in t.items()}, **parts, "ttft": ttft, "prefill_instance": run.held_on,
-                       "decode_instance": run.decode_on}
+                       "decode_instance": run.decode_on,
+                       "tpot_ms": (t["finish"] - t["first"]) / max(s.osl - 1, 1) * 1e3}
     out["engines"] = {e.name: e.steps_table() for e in pre + dec}
     return out
 
