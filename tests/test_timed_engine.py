@@ -94,7 +94,7 @@ def test_pd_ttft_is_its_four_parts_and_the_proxy_routes_round_robin():
     run = pd_serving(make_deployment(**PD, concurrency=8, num_prompts=24), calibration=None)
     req = run.requests
     parts = req["queueing_s"] + req["prefill_s"] + req["handoff_s"] + req["first_decode_s"]
-    assert np.allclose(parts, req["ttft"]) and (req[["prefill_s", "first_decode_s"]] > 0).all().all()
+    assert np.allclose(parts, req["ttft_s"]) and (req[["prefill_s", "first_decode_s"]] > 0).all().all()
     s = run.summary()
     assert (req["handoff_s"] >= s["kv_handoff_ms"] / 1e3 - 1e-12).all()          # the link takes its time
     assert sum(s["ttft_parts_mean_s"].values()) == pytest.approx(s["ttft_mean_s"])
@@ -102,7 +102,7 @@ def test_pd_ttft_is_its_four_parts_and_the_proxy_routes_round_robin():
     assert (req["prefill_instance"] == req["request"] % 2).all() and (req["decode_instance"] == 0).all()
     assert set(run.engines) == {"prefill0", "prefill1", "decode0"}
     two = pd_serving(make_deployment(**{**PD, "pd": "1:2"}, concurrency=8, num_prompts=24), calibration=None)
-    order = two.requests.sort_values("pre_out")["decode_instance"].to_numpy()
+    order = two.requests.sort_values("prefill_done_s")["decode_instance"].to_numpy()
     assert (order == np.arange(len(order)) % 2).all()
     assert s["routing"].startswith("round robin") and s["prefill_max_num_batched_tokens"] > 2048
 

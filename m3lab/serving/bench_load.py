@@ -126,7 +126,7 @@ class BenchRun:
                          self.seconds, self.columns, self.index)
 
 
-#: A run whose start-up burst (the C requests sent at once) is at least this share of its N requests never
+#: A run whose start-up burst (the C requests sent at once) is more than this share of its N requests never
 #: reaches steady state: its median request is one of the burst.
 BURST_SHARE_LIMIT = 0.5
 
@@ -146,8 +146,8 @@ def _notes(cfg: SchedulerConfig, contents: RequestContents, concurrency: int, re
     pre = sum(len(r.preempted) for r in records)
     if pre:
         notes.append(f"{pre} preemptions: victims recompute their prompt and outputs")
-    if concurrency >= BURST_SHARE_LIMIT * len(contents):
-        notes.append(f"num_prompts {len(contents)} <= {1 / BURST_SHARE_LIMIT:g} x concurrency {concurrency}: the run "
+    if concurrency > BURST_SHARE_LIMIT * len(contents):
+        notes.append(f"num_prompts {len(contents)} < {1 / BURST_SHARE_LIMIT:g} x concurrency {concurrency}: the run "
                      "is mostly its start-up burst, not steady state (TTFT and throughput are start-up figures)")
     return notes
 

@@ -93,11 +93,18 @@ def _role_blocks(d, role: str, block_size: int) -> int:
                           spec_tokens=d.serving.spec_tokens).num_blocks
 
 
+#: The simulation's per-request times, as the ``requests`` table names them (seconds since the run's start).
+REQUEST_COLUMNS = {"send": "send_s", "pre_sched": "prefill_scheduled_s", "pre_out": "prefill_done_s",
+                   "kv_at": "kv_arrived_s", "dec_sched": "decode_scheduled_s", "first": "first_token_s",
+                   "finish": "finish_s", "ttft": "ttft_s"}
+
+
 @dataclass
 class PDServing:
     """A simulated P:D run: ``summary()`` (figures, notes, hand-off, load), per-request times and TTFT parts
-    (``requests``: send, pre_sched, pre_out, kv_at, dec_sched, first, finish s; queueing_s, prefill_s, handoff_s,
-    first_decode_s, ttft), and each instance's steps (``engines``: name -> DataFrame of start_s, end_s, ...)."""
+    (``requests``: the :data:`REQUEST_COLUMNS` times, ``queueing_s, prefill_s, handoff_s, first_decode_s``,
+    ``tpot_ms``, ``prefill_instance``, ``decode_instance``), and each instance's steps (``engines``: name ->
+    DataFrame of start_s, end_s, ...)."""
 
     summary_: dict
     requests: pd.DataFrame = field(repr=False)
@@ -155,7 +162,8 @@ def pd_serving(deployment, *, calibration="default", progress: bool = False) -> 
     summary = _pd_summary(d, s, results, kind, handoff, cal)
     summary.update(accept_len=accept_len, accept_len_source=accept_source,
                    acceptance_model=ACCEPTANCE_MODEL if d.serving.spec_tokens else None)
-    return PDServing(summary, pd.DataFrame(top["requests"]).rename_axis("request").reset_index(), top["engines"])
+    req = pd.DataFrame(top["requests"]).rename(columns=REQUEST_COLUMNS).rename_axis("request").reset_index()
+    return PDServing(summary, req, top["engines"])
 
 
 def _pd_summary(d, s, results: dict, kind: str, handoff: dict, cal) -> dict:
