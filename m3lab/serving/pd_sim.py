@@ -194,6 +194,9 @@ def _notes(s: PDSetup, f: dict, ttft: np.ndarray) -> list[str]:
     if f["prefill_blocked"]:
         notes.append(f"prefill instances waited for KV held by requests not yet admitted by a decode instance (peak "
                      f"{f['peak_prefill_kv_held_requests']} held)")
+    if f["decode_preemptions"]:
+        notes.append(f"{f['decode_preemptions']} preemptions on the decode side: admitted requests grow past its KV "
+                     "(vLLM reserves the known sequence, not the outputs to come); victims recompute there")
     if s.concurrency > BURST_SHARE_LIMIT * s.num_prompts:
         notes.append(f"num_prompts {s.num_prompts} < {1 / BURST_SHARE_LIMIT:g} x concurrency {s.concurrency}: the run "
                      "is mostly its start-up burst, not steady state")
