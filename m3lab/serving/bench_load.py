@@ -6,12 +6,10 @@ vllm bench's). The step sequence is vLLM's (:meth:`m3lab.workload.scheduler.Sche
 scheduler with ``engine="vllm"``: the same records, slower), requests added before the ``schedule()`` call that
 follows the completion they wait for (a client with no round trip).
 
-Time (:func:`step_timeline`): each executed step costs ``step_us(step)`` µs of device time and
-``host_us(step) = (before, after)`` µs of CPU time: scheduling + input preparation + launch before the device
-runs it, output processing after. Sync scheduling runs them in series (``EngineCore.step``); async scheduling
-(vLLM 0.33.0's default, ``EngineCore.step_with_batch_queue``) schedules and launches step n+1 while step n runs
-and processes step n's outputs after launching step n+1, as the batch queue orders those calls. A step's tokens
-reach the client when its outputs are processed.
+Time (:func:`m3lab.serving.timeline.step_timeline`): each executed step costs ``step_us(step)`` µs of device time
+and ``host_us(step)`` µs of CPU time (ready, issue, after: schedule + input preparation before the device starts it,
+launches while it runs, output processing after it), ordered as sync or async scheduling runs the calls. A step's
+tokens reach the client when its outputs are processed.
 
 Metrics (:func:`bench_metrics`) exactly as ``calculate_metrics`` in ``vllm/benchmarks/serve.py`` computes them
 from per-request send / first-token / token / finish times: TTFT from send to the first token (server-side

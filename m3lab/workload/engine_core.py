@@ -26,6 +26,12 @@ text-only engine does:
 batch queue (async). The KV cache is m3lab's :class:`~m3lab.cache.pool.PrefixCache` (proven equal to vLLM's
 ``KVCacheManager`` in ``tests/test_cache_differential.py``), or none when the pool is unlimited and nothing is
 cached. The whole loop is proven equal to vLLM's own scheduler in ``tests/test_scheduler_differential.py``.
+
+Two additions for P/D instances follow vLLM's KV-connector path and are outside that proof (no connector is
+driven there): a request added with ``external`` tokens is admitted with them computed (the connector loaded the
+prompt's KV; vLLM's ``_update_waiting_for_remote_kv`` leaves the last prompt token to compute), and with
+``hold_finished_kv`` a finished request keeps its blocks until :meth:`EngineCore.release` (the prefill side's
+``delay_free_blocks``).
 """
 from __future__ import annotations
 
