@@ -80,3 +80,15 @@ def test_estimate_with_a_measured_table(tmp_path):
     assert out["kind"] == "calibrated" and out["calibration"] == "gemm.csv"
     bad = runner.invoke(app, ["estimate", "--hardware", "h200", "--calibration", str(tmp_path / "no.csv"), *SMALL])
     assert bad.exit_code == 2 and "does not exist" in bad.output
+
+
+def test_estimate_engine_vllm_schedules_with_vllms_own_scheduler():
+    res = runner.invoke(app, ["estimate", "--hardware", "mi355x", *SMALL, "--engine", "vllm"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    chk = out["engine_check"]
+    assert out["engine"] == "vllm" and chk["same_schedule"] and chk["vllm_s"] > 0 and chk["vllm_over_m3lab"] > 0
+    bad = runner.invoke(app, ["estimate", "--hardware", "mi355x", *SMALL, "--engine", "sglang"])
+    assert bad.exit_code == 2 and "engine" in bad.output
+    pd = runner.invoke(app, ["estimate", "--hardware", "mi355x", *SMALL, "--pd", "1:1", "--engine", "vllm"])
+    assert pd.exit_code == 2 and "--engine vllm" in pd.output
