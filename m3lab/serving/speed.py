@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             _timed("agentic c=28 (MXFP4 TP4, EAGLE3 k=3)", lambda: estimate_workload(agentic, progress=True))]
     if "--vllm" in argv:
         est = {}
-        rows.append(_timed("fixed 8K/1K c=128 through vLLM's Scheduler",
+        rows.append(_timed("vLLM's own Scheduler on the 8K/1K c=128 estimate",
                            lambda: est.setdefault("e", estimate(fixed, engine="vllm", progress=True))))
         chk = est["e"].engine_check
         print(f"  vLLM's Scheduler {chk['vllm_s']:.1f} s vs m3lab's generator {chk['m3lab_s']:.2f} s: "
