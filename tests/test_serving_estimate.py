@@ -177,6 +177,17 @@ def test_stretch_step_keys_by_bisection_are_every_steps_keys():
     records = simulate_records(scheduler_config(d), contents, 6)
     assert any(a.stretch is not None and b.stretch is not None for a, b in zip(records, records[1:]))
     coster = StepCoster(d)
-    fast = _device_us(coster, records, contents.prompt, ("ceiling",))["ceiling"]
+    fast = _device_us(coster, records, contents.prompt, ("ceiling",))[0]["ceiling"]
     every = [coster.time_us(s, "ceiling") if s is not None else 0.0 for s in engine_steps(records, contents.prompt)]
     assert np.array_equal(fast, np.array(every))
+
+
+def test_retimed_with_the_same_step_times_is_the_estimate():
+    """ServingEstimate.retimed (for re-timing under another cost, e.g. the sensitivity table) reproduces the run."""
+    est = estimate(_dep("minimax-m3", "mi355x", tp=4, quant="mxfp8", isl=2048, osl=40, concurrency=4,
+                        num_requests=12))
+    memo = est.coster._memo
+    same = est.retimed(lambda key: memo[key]["calibrated"][0])
+    assert same.raw == est.runs["calibrated"].raw
+    slower = est.retimed(lambda key: 2 * memo[key]["calibrated"][0]).summary()
+    assert slower["output_tokens_per_s_per_gpu"] < est.results["calibrated"]["output_tokens_per_s_per_gpu"]

@@ -115,13 +115,15 @@ class BenchRun:
                "request_throughput": r["request_throughput"], "duration_s": r["duration"], "notes": list(self.notes)}
         return {**out, **self.config}
 
-    def retime(self, host_scale: float) -> BenchRun:
-        """The same schedule with every host time multiplied by ``host_scale`` (the device times kept)."""
+    def retime(self, host_scale: float = 1.0, device_us: np.ndarray | None = None) -> BenchRun:
+        """The same schedule with every host time multiplied by ``host_scale`` and, when given, other device µs
+        per step (e.g. the cost model under another value of an assumption)."""
         st = self.steps
         host = np.column_stack([st["host_ready_us"], st["host_issue_us"], st["host_after_us"]]) * host_scale
         notes = [n for n in self.notes if not n.startswith("TTFT p")]
-        return _assemble(self.records, st["device_us"].to_numpy(), host, self.contents, self.config, notes,
-                         self.seconds, self.columns, self.index)
+        device = st["device_us"].to_numpy() if device_us is None else np.asarray(device_us, float)
+        return _assemble(self.records, device, host, self.contents, self.config, notes, self.seconds,
+                         self.columns, self.index)
 
 
 #: A run whose start-up burst (the C requests sent at once) is more than this share of its N requests never

@@ -19,7 +19,9 @@ step under two labelled modes:
 Figures as vllm bench computes them (``calculate_metrics``): TTFT from send to first token with the server's
 queueing included (median, mean, p90, p99), TPOT mean (latency - TTFT) / (output - 1), ITL, throughput per GPU;
 ``queueing_s`` is the median wait before a request's first scheduled chunk, ``prefill_s`` the median from there
-to its first token. Notes say when C requests cannot run at once (slots or KV), when the run is too short for
+to its first token; ``makespan_s`` is vllm bench's duration and ``device_s`` the device's busy time in it (the sum
+of the step times the cost model gives: what per-op totals add up to). Notes say when C requests cannot run at
+once (slots or KV), when the run is too short for
 steady state and which TTFT percentiles the start-up burst sets. ``host_time_sensitivity`` re-times the same
 schedule with every host time scaled (the host constants are upper bounds: ``HOST_SCALES``).
 """
@@ -48,7 +50,7 @@ HOST_SCALES = (0.0, 0.25, 1.0)
 #: The figures each mode reports (``ServingEstimate.summary``; the ceiling's nested under ``ceiling``).
 FIGURES = ("output_tokens_per_s_per_gpu", "total_tokens_per_s_per_gpu", "ttft_s", "ttft_mean_s", "ttft_p90_s",
            "ttft_p99_s", "tpot_ms", "tpot_median_ms", "tpot_p90_ms", "tpot_p99_ms", "itl_ms", "itl_median_ms",
-           "e2el_s", "queueing_s", "prefill_s", "makespan_s", "label")
+           "e2el_s", "queueing_s", "prefill_s", "makespan_s", "device_s", "label")
 
 
 @dataclass
@@ -63,6 +65,14 @@ class ServingEstimate:
     notes: list = field(default_factory=list)
     host_sensitivity: list = field(default_factory=list)
     engine_check: dict | None = None
+    step_keys: list = field(default_factory=list, repr=False)   # the coster's key of each step (None: none ran)
+
+    def retimed(self, key_us, mode: str = "calibrated") -> BenchRun:
+        """The same schedule under ``mode`` with each step's device µs from ``key_us(key)`` (a key of
+        ``step_keys``: e.g. the cost model with an assumption moved), through the same timeline and metrics: what
+        an estimate with that cost model would report, exactly."""
+        device = np.array([float(key_us(k)) if k is not None else 0.0 for k in self.step_keys])
+        return self.runs[mode].retime(1.0, device)
 
     @property
     def kind(self) -> str:
@@ -116,7 +126,8 @@ class ServingEstimate:
 
 def _figures(run: BenchRun, mode: str, label: str) -> dict:
     s = run.summary()
-    return {"kind": mode, "label": label, **{k: s[k] for k in FIGURES if k in s}, "makespan_s": s["duration_s"]}
+    return {"kind": mode, "label": label, **{k: s[k] for k in FIGURES if k in s}, "makespan_s": s["duration_s"],
+            "device_s": float(run.steps["device_us"].sum()) * 1e-6}
 
 
 def _kv_blocks(cap: Capacity, cfg, isl: int, osl: int) -> int:
@@ -147,11 +158,12 @@ def _engine_check(cfg, contents, conc: int, outputs, records: list, m3lab_s: flo
                     "first_divergence": diff, "measured_on": "this machine (wall time)"}
 
 
-def _device_us(coster: StepCoster, records: list, prompt, modes: tuple) -> dict:
+def _device_us(coster: StepCoster, records: list, prompt, modes: tuple) -> tuple[dict, list]:
     """Device µs of each record's step under each mode: the coster times each distinct step key once, weighted by
     how many steps share it (its per-op totals and the sensitivity table count every step). Along a decode
     stretch the key (decode count, bucket of the mean context) can only step up, so its boundaries are found by
-    bisection instead of keying every step (``tests/test_serving_estimate.py`` checks it against every step)."""
+    bisection instead of keying every step (``tests/test_serving_estimate.py`` checks it against every step).
+    Returns ({mode: µs per record}, the coster's key of each record's step, None where nothing ran)."""
     keys: list = [None] * len(records)
     first: dict = {}
     for i, k in stretch_runs(records):
@@ -170,7 +182,7 @@ def _device_us(coster: StepCoster, records: list, prompt, modes: tuple) -> dict:
     for mode in modes:
         t = {key: coster.time_us(st, mode, weight=counts[key]) for key, st in first.items()}
         out[mode] = np.array([t[key] if key is not None else 0.0 for key in keys])
-    return out
+    return out, keys
 
 
 def _stretch_keys(coster: StepCoster, stretch: tuple, i: int, k: int, keys: list, first: dict) -> None:
@@ -243,7 +255,7 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
     modes = ("ceiling",) + (("calibrated",) if cal is not None else ())
     host = step_host_us(m.layers)
     steps = engine_steps(records, contents.prompt, per_record=False)
-    device = _device_us(coster, records, contents.prompt, modes)
+    device, keys = _device_us(coster, records, contents.prompt, modes)
     runs, results = {}, {}
     for mode in modes:
         runs[mode] = time_records(records, cfg, contents, device[mode], max_concurrency=conc,
@@ -265,7 +277,7 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
               "routing": "balanced" if routing is None else str(routing)}
     return ServingEstimate(config=config, capacity=cap, results=results, runs=runs, coster=coster,
                            notes=list(top.notes), host_sensitivity=_host_sensitivity(runs["calibrated"])
-                           if "calibrated" in runs else [], engine_check=check)
+                           if "calibrated" in runs else [], engine_check=check, step_keys=keys)
 
 
 def compare_with_measured(est: ServingEstimate, measured: dict | None) -> pd.DataFrame:
