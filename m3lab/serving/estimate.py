@@ -21,9 +21,9 @@ queueing included (median, mean, p90, p99), TPOT mean (latency - TTFT) / (output
 ``queueing_s`` is the median wait before a request's first scheduled chunk, ``prefill_s`` the median from there
 to its first token; ``makespan_s`` is vllm bench's duration and ``device_s`` the device's busy time in it (the sum
 of the step times the cost model gives: what per-op totals add up to). Notes say when C requests cannot run at
-once (slots or KV), when the run is too short for
-steady state and which TTFT percentiles the start-up burst sets. ``host_time_sensitivity`` re-times the same
-schedule with every host time scaled (the host constants are upper bounds: ``HOST_SCALES``).
+once (slots or KV), when the run is too short for steady state and which TTFT percentiles the start-up burst
+sets. ``host_time_sensitivity`` re-times the same schedule with every host time scaled (the host constants are
+upper bounds: ``HOST_SCALES``).
 """
 from __future__ import annotations
 
