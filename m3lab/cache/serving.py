@@ -29,7 +29,14 @@ from m3lab.cache.capacity import cache_capacity
 from m3lab.cache.replay import M3LabKVCache
 from m3lab.cache.sessions import Sessions
 from m3lab.cache.trace import Trace
+from m3lab.cost.host_time import step_host_us
+from m3lab.cost.model import cost_label, resolve_calibration
 from m3lab.errors import M3LabError
+from m3lab.serving.progress import late_progress
+from m3lab.serving.step_cost import StepCoster
+from m3lab.serving.timed_engine import TimedEngine, run_engines
+from m3lab.workload.deployed import (ACCEPTANCE_MODEL, AGENTIC_ACCEPT_LEN_RANGE, acceptance, fake_outputs,
+                                     scheduler_config)
 from m3lab.workload.requests import KeyContents
 from m3lab.workload.scheduler import Scheduler
 
@@ -170,10 +177,6 @@ class _Setup:
 
 
 def _setup(deployment, trace, calibration, policy: str, capacity_tokens, accept_len) -> _Setup:
-    from m3lab.cost.model import resolve_calibration
-    from m3lab.serving.step_cost import StepCoster
-    from m3lab.workload.deployed import acceptance, scheduler_config
-
     d = deployment.validate()
     limits = d.scheduler_limits()
     source_len, source = acceptance(d)
@@ -195,11 +198,6 @@ def _setup(deployment, trace, calibration, policy: str, capacity_tokens, accept_
 
 def _serve(su: _Setup, open_loop: bool, progress: bool) -> tuple:
     """Run the sessions on one engine: (engine, observer, sessions, first token s [N], finish s [N])."""
-    from m3lab.cost.host_time import step_host_us
-    from m3lab.serving.progress import late_progress
-    from m3lab.serving.timed_engine import TimedEngine, run_engines
-    from m3lab.workload.deployed import fake_outputs
-
     tr = su.trace
     core = _OnCache(su.cfg, su.kv, fake_outputs(su.d, su.accept_len)).engine(
         KeyContents(tr.keys, tr.prompt, tr.output, tr.block_size))
@@ -241,9 +239,6 @@ def _requests(su: _Setup, engine, sessions: Sessions, first: np.ndarray, finish:
 
 
 def _summary(su: _Setup, req: pd.DataFrame, tl: pd.DataFrame, observer, sessions: Sessions, policy: str) -> dict:
-    from m3lab.cost.model import cost_label
-    from m3lab.workload.deployed import ACCEPTANCE_MODEL
-
     d, tr, cap, kv = su.d, su.trace, su.cap, su.kv
     makespan = float(req["finish_s"].max()) if len(tr) else 0.0
     ttft, tpot = req["ttft_s"].to_numpy(), req["tpot_ms"].to_numpy()
@@ -304,8 +299,6 @@ def acceptance_sensitivity(summary: dict, lengths=None) -> list[dict]:
     verification steps, so at A' its TPOT scales by A / A' and the output throughput by A' / A, step times held
     (:func:`cached_serving` with ``accept_len=A'`` runs it exactly). ``lengths``: the A' values (default the
     assumption's range, :data:`m3lab.workload.deployed.AGENTIC_ACCEPT_LEN_RANGE`)."""
-    from m3lab.workload.deployed import AGENTIC_ACCEPT_LEN_RANGE
-
     a = summary.get("accept_len")
     if not summary.get("spec_tokens") or a is None:
         return []

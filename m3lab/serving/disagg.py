@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from m3lab.cache.capacity import cache_capacity
+from m3lab.cost.host_time import step_host_us
+from m3lab.cost.model import cost_label, resolve_calibration
 from m3lab.errors import M3LabError
+from m3lab.pd.geometry import pd_plan
+from m3lab.serving.capacity import block_size_of
+from m3lab.serving.pd_sim import setup, simulate, whole_requests
+from m3lab.serving.step_cost import StepCoster
+from m3lab.workload.deployed import ACCEPTANCE_MODEL, acceptance, fake_outputs, fixed_contents
 
 DECODE_SAMPLES = 8    # decode contexts sampled between isl and isl + osl
 
@@ -42,7 +50,6 @@ def _handoff_bytes_per_rank(m, plan, quant, isl: int) -> float:
     from m3lab.spec.quant import load_quant
 
     if m.sparse is not None and m.sparse.style == "block" and m.linear is None and m.mla is None:
-        from m3lab.pd.geometry import pd_plan
         q = load_quant(quant)
         s, _ = pd_plan(m, plan.tp, plan.tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype)
         return float(max(s["max_bytes_sent_per_prefill_rank"], s["max_bytes_received_per_decode_rank"]))
@@ -85,8 +92,6 @@ def disaggregated(deployment, *, ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3))
 
 def _role_blocks(d, role: str, block_size: int) -> int:
     """vLLM's ``num_gpu_blocks`` of one instance of ``role`` (its plan, its memory setting)."""
-    from m3lab.cache.capacity import cache_capacity
-
     lim = d.role_limits(role)
     return cache_capacity(d.model, d.role_plan(role), d.quant, d.hardware,
                           gpu_memory_utilization=lim.gpu_memory_utilization,
@@ -120,14 +125,6 @@ def pd_serving(deployment, *, calibration="default", progress: bool = False) -> 
     simulates it: a :class:`PDServing` (its ``summary()`` is what ``m3lab estimate --pd`` prints: the calibrated
     figures where a calibration exists, else the ceiling, the ceiling under ``ceiling``, TTFT's parts, notes, the
     hand-off and the pools' load; ``requests``: per-request times and TTFT parts)."""
-    from m3lab.cost.host_time import step_host_us
-    from m3lab.cost.model import cost_label, resolve_calibration
-    from m3lab.pd.geometry import pd_plan
-    from m3lab.serving.capacity import block_size_of
-    from m3lab.serving.pd_sim import setup, simulate
-    from m3lab.serving.step_cost import StepCoster
-    from m3lab.workload.deployed import ACCEPTANCE_MODEL, acceptance, fake_outputs, fixed_contents
-
     d = deployment.validate()
     if not d.pd.enabled:
         raise M3LabError("the P/D estimate needs prefill and decode instances", field="pd",
@@ -168,8 +165,6 @@ def pd_serving(deployment, *, calibration="default", progress: bool = False) -> 
 
 def _pd_summary(d, s, results: dict, kind: str, handoff: dict, cal) -> dict:
     """What ``m3lab estimate --pd`` prints of a simulated P:D run (figures of ``kind``, the ceiling's nested)."""
-    from m3lab.serving.pd_sim import whole_requests
-
     top, wl = results[kind], d.workload
     pplan, dplan = d.role_plan("prefill"), d.role_plan("decode")
     figures = [k for k in top if k not in ("notes", "requests", "engines")]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
 from m3lab.errors import M3LabError
 from m3lab.serving.timeline import Timeline
@@ -74,8 +75,6 @@ class TimedEngine:
 
     def steps_table(self):
         """One row per executed step: ``start_s, end_s, device_us, output_s, tokens, running, waiting, kv_usage``."""
-        import pandas as pd
-
         df = pd.DataFrame(self.rows, columns=["start_s", "end_s", "device_us", "output_s"])
         df["tokens"] = [r.num_tokens for r in self.records]
         df["running"], df["waiting"] = [r.running for r in self.records], [r.waiting for r in self.records]
