@@ -151,3 +151,20 @@ def test_gates_catch_a_wrong_kernel(monkeypatch):
     monkeypatch.setattr(index_launcher, "indexer_topk", topk)
     df = run_gates("cpu", names=["sparse.attn_triton", "sparse.indexer"], perf=False)
     assert not df["passed"].any(), df[df["passed"]]
+
+
+@pytest.mark.parametrize("layout", ["triton", "page16"])
+def test_fused_merge_equals_the_merge_launch_and_leaves_its_counters_at_zero(layout):
+    """The last-arriving split merges (one launch); its row counters are reset, so a second call (a graph
+    replay) merges again: with a counter left behind, the second call's output would stay NaN."""
+    p = _problem([200, 90, 37], 2)
+    blocks = selection_ref(p, topk=4)
+    run = _triton if layout == "triton" else _page16
+    ref = attention_ref(p, blocks)
+    launched = run(p, blocks, split=4, merge="launch")
+    for _ in range(2):
+        fused = run(p, blocks, split=4, merge="fused")
+        assert rel_rms(fused, ref) < 1e-5 and torch.equal(fused, launched)
+    assert int(launcher._LOCKS[CPU].abs().sum()) == 0
+    with pytest.raises(ValueError, match="merge"):
+        run(p, blocks, split=4, merge="atomic")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..counters import zeroed as _zeroed
 from ..launches import launch
 from .tables import PREFILL_KERNELS, GemmConfig, select_config
 from .gemm_persistent import gemm_persistent_kernel
@@ -27,7 +28,6 @@ GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
 DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
 _SUMS: dict[torch.device, torch.Tensor] = {}    # stream-K ATOMIC tile sums (fp32), zero at rest
-_OUTGROWN: list[torch.Tensor] = []              # outgrown counter/sum buffers: graphs may still use them
 CPU_PROGRAMS = 4                                 # the SM count the persistent and stream-K kernels assume on the CPU
 
 
@@ -52,22 +52,6 @@ def launch_config(m: int, n: int, k: int, w_format: str, device: torch.device, *
             and (not native or chosen.kernel == "persistent")):
         return config or select_config(m, n, k, "bf16", device, regime), "bf16"
     return chosen, w_format
-
-
-def _zeroed(pool: dict, device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """A per-device buffer of at least n elements, zero when made; the kernels leave it zero after each call.
-
-    A buffer that is outgrown is kept alive (``_OUTGROWN``), never freed: a CUDA graph captured with it (vLLM
-    captures one per batch size) keeps launching kernels on its address. New buffers at least double, so the
-    kept ones add up to less than the newest.
-    """
-    buf = pool.get(device)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        buf = torch.zeros(max(n, 4096, 2 * (buf.numel() if buf is not None else 0)), dtype=dtype, device=device)
-        pool[device] = buf
-    return buf
 
 
 def _locks(device: torch.device, n: int) -> torch.Tensor:
