@@ -140,8 +140,10 @@ def _tma_aligned(*ts: torch.Tensor) -> bool:
                for t in ts)
 
 
-def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, opts: dict) -> None:
-    """x [M, K], w [N, K] (x's dtype, or fp8 codes with per-channel scales s [N]) -> y [M, N]."""
+def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, scale_args: tuple, opts: dict) -> None:
+    """x [M, K], w [N, K] (x's dtype, or fp8 codes with per-channel [N] or per-block scales s) -> y [M, N];
+    scale_args: (s_sn, s_sk, SB_N, SB_K) of :func:`_scale_args`."""
+    s_sn, s_sk, sb_n, sb_k = scale_args
     from triton.tools.tensor_descriptor import TensorDescriptor
     (m, k), n = x.shape, w.shape[0]
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
@@ -153,8 +155,8 @@ def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, opts: dict
     part = torch.empty(max(1, p.n_tail * p.tail_split * bm * bn), device=x.device, dtype=torch.float32)
     launch(gemm_persistent_kernel, (p.programs,), *descs, x, w, s, y, part, _locks(x.device, max(1, p.n_tail)),
            m, n, k, p.programs, p.n_whole, p.n_tail, p.tail_split, p.k_split,
-           x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-           W_FORMAT=w_format, USE_TMA=use_tma, FLATTEN=bool(config.FLATTEN),
+           x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1),
+           W_FORMAT=w_format, SB_N=sb_n, SB_K=sb_k, USE_TMA=use_tma, FLATTEN=bool(config.FLATTEN),
            WARP_SPECIALIZE=bool(config.WARP_SPECIALIZE), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
            GROUP_M=config.GROUP_M, **opts)
 
@@ -190,10 +192,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
     if config.kernel == "gemv" and w_format not in GEMV_FORMATS:
         raise ValueError(f"config: the gemv kernel takes w_format in {GEMV_FORMATS}, not {w_format!r}")
     s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)
-    if config.kernel == "persistent" and (w_format not in ("bf16", "fp8") or (w_format == "fp8" and sb_k != 0)):
-        raise ValueError("config: the persistent kernel takes floating weights or fp8 with per-channel scales, "
-                         f"not {w_format!r}" + (" with block scales" if w_format == "fp8" else "")
-                         + "; use the tiled kernel")
+    if config.kernel == "persistent" and w_format not in ("bf16", "fp8"):
+        raise ValueError(f"config: the persistent kernel takes floating or fp8 weights, not {w_format!r}; use the "
+                         "tiled kernel")
     y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
     opts = config.compiler_options(bool(torch.version.hip))
     tiles = dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K)
@@ -201,7 +202,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
                   X_FMT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "fp32"), **tiles, **opts)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1))
     if config.kernel == "persistent":
-        _launch_persistent(x, w, s, y, config, w_format, opts)
+        _launch_persistent(x, w, s, y, config, w_format, (s_sn, s_sk, sb_n, sb_k), opts)
         return y
     if config.kernel == "tiled":
         grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N),)

@@ -84,9 +84,8 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
     """Candidate configs of M's regime (tables.py): decode kernels (gemv, split-K, stream-K) for
     M <= DECODE_MAX_M, the prefill kernels (tiled, persistent) above CROSSOVER_MAX_M, both in between."""
     prefill = [GemmConfig("tiled", bm, bn, bk, 8, 1, nw, ns) for bm, bn, bk, nw, ns in PREFILL_TILES]
-    if w_format != "fp8":       # fp8 tables serve block scales too, which the persistent kernel does not take
-        prefill += [GemmConfig("persistent", bm, bn, bk, 8, sk, nw, ns, FLATTEN=fl or None)
-                    for bm, bn, bk, nw, ns, sk, fl in PERSISTENT_TILES]
+    prefill += [GemmConfig("persistent", bm, bn, bk, 8, sk, nw, ns, FLATTEN=fl or None)
+                for bm, bn, bk, nw, ns, sk, fl in PERSISTENT_TILES]
     if m > CROSSOVER_MAX_M:
         return prefill
     out = []
@@ -261,7 +260,8 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
             tables[(n, k, "bf16")] = dict(load_table(table_path(n, k, "bf16", dev_name, config_dir)))
     for w_format in order:
         for n, k in shapes:
-            table = tables.setdefault((n, k, w_format), {})
+            path = table_path(n, k, w_format, dev_name, config_dir)
+            table = tables.setdefault((n, k, w_format), dict(load_table(path)))     # entries not re-tuned are kept
             for m in (m for m in ms if (w_format, n, k, m) in plan):
                 if time.time() - t0 > budget_s:
                     log(f"tune: budget {budget_s:.0f}s spent; N={n} K={k} {w_format} M={m} keeps the heuristic")
@@ -277,7 +277,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
                     table[m] = best["config"]
                     log(f"tune N={n} K={k} {w_format} M={m}: {best['us']:.1f}us {best['config'].to_dict()}")
             if table:
-                write_table(table_path(n, k, w_format, dev_name, config_dir), table)
+                write_table(path, table)
     df = pd.DataFrame(all_rows)
     if len(df):
         df["config"] = df["config"].map(lambda c: c.to_dict())
