@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-SPLITS = (None, 1, 2, 4, 8)          # None: triton_kernels' heuristic
 WARPS = (4, 8)
+SPLITS = {4: (None, 1, 2, 4, 8), 8: (None, 1, 4)}      # None: triton_kernels' heuristic
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class OgsVariant:
         return f"warps={self.num_warps},split_k={'auto' if self.split_k is None else self.split_k}"
 
 
-VARIANTS = tuple(OgsVariant(w, s) for w in WARPS for s in SPLITS)
+VARIANTS = tuple(OgsVariant(w, s) for w in WARPS for s in SPLITS[w])
 
 
 def _tk():
