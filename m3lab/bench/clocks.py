@@ -56,13 +56,18 @@ class ClockWatch:
 
     def _run(self) -> None:
         nv = self._nv
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
         while not self._stop.is_set():
             try:
                 self.sm_mhz.append(nv.nvmlDeviceGetClockInfo(self._h, nv.NVML_CLOCK_SM))
                 self.watts.append(nv.nvmlDeviceGetPowerUsage(self._h) / 1000.0)
-                self.reasons |= int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(self._h))
             except Exception:
                 return
+            try:
+                self.reasons |= int(reasons(self._h)) if reasons else 0
+            except Exception:
+                reasons = None
             self._stop.wait(self.period_s)
 
     def __exit__(self, *exc) -> None:
