@@ -2,7 +2,8 @@
 
 ``python -m m3lab.bench.peers_session --out DIR [--phases tune_moe,tune_gemm,peers,baseline,gates]``
 writes into DIR (the device tool's $OUT; at most 8 files, none holding '=' or ','), each as soon as its
-phase ends: ``env.json`` (versions, ceilings, nvidia-smi clocks and power before the run), ``log.txt``,
+phase ends: ``env.json`` (versions, ceilings, nvidia-smi clocks and power before and after the run, the
+harness self-check), ``log.txt``,
 ``tune.csv`` (every tuning timing, MoE and GEMM; column ``kind``), ``moe_configs.json`` /
 ``gemm_configs.json`` (the tuned tables, {file name: content}), ``peers.csv`` (m3lab.bench.peers rows),
 ``baseline.csv`` (the perf-gate baseline, also written to traces/gates/ where the gates read it) and
@@ -20,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-PHASES = ("tune_moe", "tune_gemm", "peers", "baseline", "gates")
+PHASES = ("tune_moe", "tune_gemm", "selfcheck", "peers", "baseline", "gates")
 SHARED_EXPERT_SHAPES = ((1536, 6144), (6144, 768))     # the shared expert's GEMMs at TP4 (N, K)
 GATE_GROUPS = (("gemm.*", "mx.*"), ("moe.*", "sparse.*", "vllm.*"), ("perf.*",))
 BASELINE_MS = (1, 32, 128, 2048)
@@ -111,6 +112,35 @@ def run_peers(outdir: Path, rounds: int, gemm_rounds: int, until: float, ceiling
     return all_rows
 
 
+def self_check(log) -> list[dict]:
+    """The harness's self-check (timing.profile_check: per-call time vs the profiler's kernels, or their span when
+    a call launches several) on the launch-bound points: sparse attention B 1 (ours: one kernel; vLLM: two with
+    PDL) and the MoE at T 1 (ours and vLLM's default)."""
+    from ..gates.moe import vllm_fused_moe
+    from . import moe as bm
+    from . import sparse_attn as sa
+    from .timing import profile_check
+    device = torch.device("cuda")
+    p = sa.make_point(1, 8192, 1, device)
+    ops = bm.operands(1, "balanced", ["bf16"], device)
+    vllm_moe = [lambda c=c: vllm_fused_moe(ops.xs[c], ops.w("bf16", c)["w13"], ops.w("bf16", c)["w2"], *ops.routes[c],
+                                           **bm.act()) for c in range(bm.CALLS)]
+    cases = {"sparse_attn B=1 ctx=8192 ours": sa.attention_calls(p, "ours"),
+             "sparse_attn B=1 ctx=8192 vllm": sa.attention_calls(p, "vllm", sa._vllm()),
+             "moe T=1 m3lab": bm.provider_calls("m3lab", ops), "moe T=1 vllm-triton default": vllm_moe}
+    out = []
+    for name, calls in cases.items():
+        try:
+            res = profile_check(calls)
+        except Exception as err:
+            log(f"self-check {name} failed: {type(err).__name__}: {str(err)[:200]}")
+            continue
+        out.append({"point": name, **res})
+        log(f"self-check {name}: harness {res['harness_us']:.2f} us, kernels {res['kernel_us']:.2f} us "
+            f"({res['kernels_per_call']:.1f}/call), span {res['span_us']:.2f} us: {'pass' if res['passed'] else 'FAIL'}")
+    return out
+
+
 def baseline_rows(rows: list) -> list:
     """The perf-gate baseline: our GEMM rows (provider triton, the table's config) at BASELINE_MS, the median
     round of each point, as graph24 rows without round or config."""
@@ -186,6 +216,12 @@ def main(out: str = "out", phases: str = ",".join(PHASES), rounds: int = 3, gemm
             log(f"tune_gemm failed: {type(err).__name__}: {str(err)[:300]}")
     if tunes:
         pd.concat(tunes, ignore_index=True).astype(str).to_csv(outdir / "tune.csv", index=False)
+    if "selfcheck" in todo:
+        try:
+            env["selfcheck"] = self_check(log)
+        except Exception as err:
+            log(f"self-check failed: {type(err).__name__}: {str(err)[:300]}")
+        (outdir / "env.json").write_text(json.dumps(env, indent=1))
     rows = run_peers(outdir, rounds, gemm_rounds, t0 + peers_until, ceilings, log) if "peers" in todo else []
     if "baseline" in todo and rows:
         base = baseline_rows(rows)
