@@ -27,10 +27,9 @@ def _table(rounds=3):
                       clock="sm 1600-1980 MHz, 700/700 W, power-cap"),
                  _row("moe", "vllm-triton", "default", "T=2048,routing=balanced", 130.0, r),
                  _row("moe", "vllm-triton", "table=E=128,N=768", "T=2048,routing=balanced", 95.0, r),
-                 _row("sparse_attn", "ours", "merge=fused", "B=1,ctx=8192,q=1", 5.0, r),
-                 _row("sparse_attn", "ours", "merge=launch", "B=1,ctx=8192,q=1", 8.0, r),
+                 _row("sparse_attn", "ours", "pdl", "B=1,ctx=8192,q=1", 5.0, r),
                  _row("sparse_attn", "vllm", "pdl", "B=1,ctx=8192,q=1", 6.0, r),
-                 _row("sparse_indexer", "ours", "bf16 keys", "B=1,ctx=8192,q=1", 7.0, r),
+                 _row("sparse_indexer", "ours", "pdl", "B=1,ctx=8192,q=1", 7.0, r),
                  _row("sparse_indexer", "vllm", "pdl", "B=1,ctx=8192,q=1", 9.0, r)]
         for m, ours, cublas in ((1, 9.0, 10.0), (128, 20.0, 14.0), (2048, 100.0, 90.0)):
             rows += [_gemm("triton", "table", m, ours, r), _gemm("cublas", "", m, cublas, r),
@@ -51,7 +50,7 @@ def test_targets_take_each_peer_at_its_best_configuration_with_the_spread():
     assert "E=128,N=768" in moe["where"] and not moe["passed"] and moe["power_limited"] == 1
     assert moe["spread"].startswith(f"{95.0 / 103.0:.3f}-{95.0 / 101.0:.3f}") and "3 rounds" in moe["spread"]
     attn = t.loc["sparse attention vs vLLM decode (PDL), every B x ctx"]
-    assert attn["measured"] == pytest.approx(6.0 / 5.0) and attn["passed"]      # the fused merge is ours
+    assert attn["measured"] == pytest.approx(6.0 / 5.0) and attn["passed"]
     mx = t.filter(like="MXFP4", axis=0).iloc[0]
     assert "triton-mx-layout" in mx.name and mx["measured"] == pytest.approx(11.0 / 12.0) and not mx["passed"]
     dec = t.loc["bf16 decode vs cuBLAS, worst point"]

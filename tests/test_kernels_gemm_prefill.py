@@ -96,16 +96,20 @@ def test_unaligned_operands_take_the_pointer_path():
     assert rel_rms(_run(xt, w2, _cfg()), linear_ref(xt, w2)) <= FP16
 
 
-def test_weight_formats_routed_to_the_persistent_kernel():
-    """fp8 per channel in the kernel (scale per output column); MX dequantised to x's dtype first."""
+def test_weight_formats_routed_to_the_persistent_kernel(monkeypatch):
+    """fp8 and MX weights are dequantised to x's dtype first (DEQUANT_PREFILL); without it, fp8 per channel runs
+    in the kernel (scale per output column)."""
     m, n, k = 70, 50, 128
     x = torch.randn(m, k, dtype=torch.float16)
     for fmt in ("fp8", "mxfp8", "mxfp4"):
         wq, s = quantize_weight(torch.randn(n, k) / k**0.5, fmt)
-        assert launcher.launch_config(m, n, k, fmt, x.device, config=_cfg(), use_native_mx=True)[1] == \
-            ("fp8" if fmt == "fp8" else "bf16")
+        assert launcher.launch_config(m, n, k, fmt, x.device, config=_cfg(), use_native_mx=True)[1] == "bf16"
         y = _run(x, wq, _cfg(), w_format=fmt, w_scale=s)
         assert rel_rms(y, linear_ref(x, wq, w_format=fmt, w_scale=s)) <= FP16, fmt
+    monkeypatch.setattr(launcher, "DEQUANT_PREFILL", False)
+    wq, s = quantize_weight(torch.randn(n, k) / k**0.5, "fp8")
+    assert launcher.launch_config(m, n, k, "fp8", x.device, config=_cfg())[1] == "fp8"
+    assert rel_rms(_run(x, wq, _cfg(), w_format="fp8", w_scale=s), linear_ref(x, wq, w_format="fp8", w_scale=s)) <= FP16
 
 
 def _block_fp8(n, k):
@@ -124,16 +128,20 @@ def _block_fp8(n, k):
 
 @pytest.mark.parametrize("use_tma", [None, False])
 def test_block_scaled_fp8_in_the_persistent_kernel(monkeypatch, use_tma):
-    """fp8 with per-block scales: partial blocks along N and K (N 200, K 300), whole tiles and the tail split
-    (six programs for 8 tiles, split 4), descriptors and pointers."""
+    """fp8 with per-block scales: dequantised once (the default) and in the kernel (DEQUANT_PREFILL off): partial
+    blocks along N and K (N 200, K 300), whole tiles and the tail split (six programs for 8 tiles, split 4),
+    descriptors and pointers."""
     monkeypatch.setattr(launcher, "CPU_PROGRAMS", 6)
     m, n, k = 100, 200, 300
     x = torch.randn(m, k, dtype=torch.float16)
     wq, s = _block_fp8(n, k)
     cfg = _cfg(64, 64, 32, group=2, split=4, USE_TMA=use_tma)
     assert launcher.persistent_plan(m, n, k, cfg, 6).n_tail > 0
+    ref = linear_ref(x, wq, w_format="fp8", w_scale=s)
+    assert rel_rms(_run(x, wq, cfg, w_format="fp8", w_scale=s), ref) <= FP16
+    monkeypatch.setattr(launcher, "DEQUANT_PREFILL", False)
     y = _run(x, wq, cfg, w_format="fp8", w_scale=s)
-    assert rel_rms(y, linear_ref(x, wq, w_format="fp8", w_scale=s)) <= FP16
+    assert rel_rms(y, ref) <= FP16
     tiled = _run(x, wq, GemmConfig("tiled", 32, 64, 32, 2), w_format="fp8", w_scale=s)
     assert rel_rms(y, tiled) <= FP16
 

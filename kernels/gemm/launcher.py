@@ -17,6 +17,7 @@ from .gemm_persistent import gemm_persistent_kernel
 from .gemm_splitk import gemm_splitk_kernel
 from .gemm_streamk import gemm_streamk_kernel
 from .gemm_tiled import gemm_tiled_kernel
+from .dequant import dequantize_fp8
 from .gemv_splitk import gemv_splitk_kernel
 from .reference import FP8_BLOCK, W_FORMATS
 
@@ -43,13 +44,13 @@ def native_mx(device: torch.device) -> bool:
 def launch_config(m: int, n: int, k: int, w_format: str, device: torch.device, *, config: GemmConfig | None = None,
                   regime: str | None = None, use_native_mx: bool | None = None) -> tuple[GemmConfig, str]:
     """The config :func:`linear` launches for this problem and the weight format its kernel reads: the
-    forced ``config``, else the tuned table's (:func:`tables.select_config`); MX weights on the tiled kernel
-    without native MX (the persistent kernel: always) are dequantised first (``DEQUANT_PREFILL``) and run with
-    the bf16 table's config."""
+    forced ``config``, else the tuned table's (:func:`tables.select_config`); on a prefill kernel fp8 weights,
+    and MX weights without native MX (the persistent kernel: always), are dequantised first
+    (``DEQUANT_PREFILL``) and run with the bf16 table's config."""
     chosen = config or select_config(m, n, k, w_format, device, regime)
     native = (native_mx(device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
-    if (DEQUANT_PREFILL and chosen.kernel in PREFILL_KERNELS and w_format in MX_FORMATS
-            and (not native or chosen.kernel == "persistent")):
+    if DEQUANT_PREFILL and chosen.kernel in PREFILL_KERNELS and (
+            w_format == "fp8" or (w_format in MX_FORMATS and (not native or chosen.kernel == "persistent"))):
         return config or select_config(m, n, k, "bf16", device, regime), "bf16"
     return chosen, w_format
 
@@ -185,7 +186,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
     config, kernel_format = launch_config(m, n, k, w_format, x.device, config=config, regime=regime,
                                           use_native_mx=use_native_mx)
     native = (native_mx(x.device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
-    if kernel_format != w_format:                        # MX prefill: dequantise W once, then the bf16 GEMM
+    if kernel_format != w_format and w_format == "fp8":   # fp8 prefill: dequantise W once, then the bf16 GEMM
+        w = dequantize_fp8(w, *_scale_args(w, w_format, w_scale, n, k, config), dtype=x.dtype)
+        w_format, w_scale = kernel_format, None
+    elif kernel_format != w_format:                      # MX prefill: the same through kernels/mx
         from ..mx.triton_mx import dequantize
         w = dequantize(w, w_scale, w_format, dtype=x.dtype)
         w_format, w_scale = kernel_format, None

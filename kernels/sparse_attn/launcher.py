@@ -3,23 +3,20 @@
 Metadata as in ``kernels/indexer/launcher.py``: ``cu_seqlens_q [R+1]``, ``seq_lens [R]`` (each request's query
 rows are its last q_len positions), ``block_tables [R, W]``. ``split`` (how many ways a row's blocks are
 split) is chosen so that rows × KV heads × split ≈ ``PROGRAMS_PER_SM`` × SMs, capped by top-k; pass it
-to pin the grid. With a split, the split that arrives last at its row's counter merges the partials
-(``merge="fused"``, the default: one launch); ``merge="launch"`` runs ``merge_kernel`` as a second launch.
-The counters (int32, one per row × KV head) are zero at rest (``kernels/counters.py``): do not run two
-split calls concurrently on different streams of one device.
+to pin the grid. With a split, ``merge_kernel`` (one program per row and query head) combines the
+partials; on Hopper and later both launches use programmatic dependent launch (``kernels/pdl.py``), so the
+merge's launch overlaps the attention kernel's tail.
 """
 import torch
 import triton
 
-from ..counters import zeroed
 from ..launches import launch
+from ..pdl import pdl_enabled, pdl_launch
 from .triton_sparse import merge_kernel, page16_attn_kernel, sparse_attn_kernel
 
 PAGE = 16
 PROGRAMS_PER_SM = 2
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-MERGES = ("fused", "launch")
-_LOCKS: dict[torch.device, torch.Tensor] = {}   # merge counters per device, zero at rest
 
 
 def _split(rows: int, kv_heads: int, max_parts: int, device: torch.device, split: int | None) -> int:
@@ -42,42 +39,31 @@ def _scales(kv_dtype, k_scale, v_scale, out):
     return out, out, False
 
 
-def _partials(split, rows, hq, d, device):
+def _partials(split, rows, hq, d, dtype, device):
+    """Normalised partials in q's dtype (as vLLM keeps them) and their log2-sum-exp in fp32."""
     if split == 1:
         dummy = torch.empty(1, 1, 1, 1, device=device)
         return dummy[0], dummy[0, 0]
-    return (torch.empty(split, rows, hq, d, dtype=torch.float32, device=device),
+    return (torch.empty(split, rows, hq, d, dtype=dtype, device=device),
             torch.empty(split, rows, hq, dtype=torch.float32, device=device))
 
 
-def _fused(merge: str, split: int) -> bool:
-    if merge not in MERGES:
-        raise ValueError(f"merge: {merge!r} is not one of {MERGES}")
-    return merge == "fused" and split > 1
-
-
-def _locks(fused: bool, rows: int, kv_heads: int, device, fallback: torch.Tensor) -> torch.Tensor:
-    """The merge counters [rows × KV heads] when the merge is fused (else any pointer: unused)."""
-    return zeroed(_LOCKS, device, rows * kv_heads, torch.int32) if fused else fallback
-
-
-def _merge(po, pl, out, kv_heads, group, split, fused: bool):
-    if split > 1 and not fused:
-        launch(merge_kernel, (out.shape[0], kv_heads),
-            po, pl, out, group, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-            out.stride(0), out.stride(1), HEAD_DIM=out.shape[-1], BLOCK_H=max(16, triton.next_power_of_2(group)),
-            SPLIT=split, num_warps=4)
+def _merge(po, pl, out, split, pdl: bool):
+    if split > 1:
+        launch(merge_kernel, (out.shape[0], out.shape[1]),
+            po, pl, out, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+            out.stride(0), out.stride(1), HEAD_DIM=out.shape[-1], SPLIT=split, USE_PDL=pdl, num_warps=4,
+            **pdl_launch(pdl))
 
 
 def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, topk: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, *,
                      scale: float, max_q_len: int | None = None, k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None, split: int | None = None,
-                     out: torch.Tensor | None = None, merge: str = "fused") -> torch.Tensor:
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Block-sparse GQA: q [T, Hq, D]; k_blocks, v_blocks [NB, block, Hkv, D] strided views (e.g.
     ``reference.triton_planes`` of vLLM's ``[NB, Hkv, block, 2 D]``); topk [Hkv, T, K] int32 (-1 unused)
-    -> o [T, Hq, D] in q's dtype. fp8 K/V need scalar ``k_scale``/``v_scale`` tensors. ``merge``: "fused" |
-    "launch" (module docstring)."""
+    -> o [T, Hq, D] in q's dtype. fp8 K/V need scalar ``k_scale``/``v_scale`` tensors."""
     t, hq, d = q.shape
     nb, bs, hkv, dk = k_blocks.shape
     if dk != d or v_blocks.shape != k_blocks.shape or topk.shape[:2] != (hkv, t) or hq % hkv:
@@ -89,25 +75,24 @@ def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Te
     out = torch.empty_like(q) if out is None else out
     group = hq // hkv
     split = _split(t, hkv, topk.shape[-1], q.device, split)
-    fused = _fused(merge, split)
-    po, pl = _partials(split, t, hq, d, q.device)
+    po, pl = _partials(split, t, hq, d, q.dtype, q.device)
     ks, vs, has_scale = _scales(k_blocks.dtype, k_scale, v_scale, out)
-    locks = _locks(fused, t, hkv, q.device, pl)
+    pdl = pdl_enabled(q.device)
     launch(sparse_attn_kernel, (max_q_len, block_tables.shape[0], hkv * split),
-        q, k_blocks, v_blocks, topk, block_tables, cu_seqlens_q, seq_lens, out, po, pl, locks, ks, vs, scale,
+        q, k_blocks, v_blocks, topk, block_tables, cu_seqlens_q, seq_lens, out, po, pl, ks, vs, scale,
         q.stride(0), q.stride(1), *k_blocks.stride(), *v_blocks.stride(), *topk.stride(), block_tables.stride(0),
         out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         group, topk.shape[-1], t,
         HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
-        HAS_SCALE=has_scale, FUSED_MERGE=fused, num_warps=4, num_stages=2)
-    _merge(po, pl, out, hkv, group, split, fused)
+        HAS_SCALE=has_scale, USE_PDL=pdl, num_warps=4, num_stages=2, **pdl_launch(pdl))
+    _merge(po, pl, out, split, pdl)
     return out
 
 
 def page16_attention(q: torch.Tensor, k_view: torch.Tensor, v_view: torch.Tensor, table: torch.Tensor,
                      ctx: torch.Tensor, *, scale: float, block_size: int = 128, k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None, split: int | None = None,
-                     out: torch.Tensor | None = None, merge: str = "fused") -> torch.Tensor:
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Sparse attention through the page adapter on AITER's page-16 views.
 
     q [T, Hq, D]; k_view [P, Hkv, D/x, 16, x]; v_view [P', Hkv, 16/x, D, x] (``reference.aiter_page16_cache``);
@@ -129,19 +114,18 @@ def page16_attention(q: torch.Tensor, k_view: torch.Tensor, v_view: torch.Tensor
     out = torch.empty_like(q) if out is None else out
     group = hq // hkv
     split = _split(t, hkv, n_chunks, q.device, split)
-    fused = _fused(merge, split)
-    po, pl = _partials(split, t, hq, d, q.device)
+    po, pl = _partials(split, t, hq, d, q.dtype, q.device)
     ks, vs, has_scale = _scales(k_view.dtype, k_scale, v_scale, out)
-    locks = _locks(fused, t, hkv, q.device, pl)
+    pdl = pdl_enabled(q.device)
     launch(page16_attn_kernel, (t, hkv * split),
-        q, k_view, v_view, table, ctx, out, po, pl, locks, ks, vs, scale,
+        q, k_view, v_view, table, ctx, out, po, pl, ks, vs, scale,
         q.stride(0), q.stride(1), k_view.stride(0), k_view.stride(1), v_view.stride(0), v_view.stride(1),
         table.stride(0), table.stride(1), ctx.stride(0),
         out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         group, n_chunks, t,
         HEAD_DIM=d, CHUNK=chunk, X=x, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
-        HAS_SCALE=has_scale, FUSED_MERGE=fused, num_warps=4, num_stages=2)
-    _merge(po, pl, out, hkv, group, split, fused)
+        HAS_SCALE=has_scale, USE_PDL=pdl, num_warps=4, num_stages=2, **pdl_launch(pdl))
+    _merge(po, pl, out, split, pdl)
     return out
 
 

@@ -162,8 +162,7 @@ def main(targets: bool = False, path: str = "") -> None:
 
 # --- the peers run (m3lab.bench.peers): every peer at its best configuration, repeated rounds ------------------
 PEERS_TABLE = "peers.csv"
-OURS = {"moe": ("m3lab", "table=m3lab"), "sparse_attn": ("ours", "merge=fused"),
-        "sparse_indexer": ("ours", "bf16 keys")}
+OURS = {"moe": ("m3lab", "table=m3lab"), "sparse_attn": ("ours", None), "sparse_indexer": ("ours", None)}
 PEER_OF = {"moe": "vllm-triton", "sparse_attn": "vllm", "sparse_indexer": "vllm"}
 GEMM_KEY = ["M", "N", "K"]
 
@@ -198,7 +197,7 @@ def peer_ratios(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for op, (prov, cfg) in OURS.items():
         for shape, g in r[r["op"] == op].groupby("shape"):
-            ours = g[(g["provider"] == prov) & (g["config"] == cfg)]
+            ours = g[(g["provider"] == prov) & ((g["config"] == cfg) if cfg else True)]
             peer = g[g["provider"] == PEER_OF[op]]
             if len(ours) and len(peer):
                 out.append({"op": op, "shape": shape, "dtype": "bf16", "versus": PEER_OF[op], **_ratio(ours.iloc[0], peer)})

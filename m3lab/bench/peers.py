@@ -16,9 +16,9 @@ Peers:
   count (``E=128``, all N; nearest M as vLLM looks it up) and our table's entries (which vLLM's own lookup
   returns when pointed at ``kernels/moe/configs``). Identical configurations are timed once, labelled
   with every source.
-- **Sparse attention / indexer** (``sparse_attn``, ``sparse_indexer``): ours (merge fused, and the merge as
-  a second launch) against vLLM's decode kernels launched as vLLM launches them (PDL where
-  ``current_platform.is_arch_support_pdl()``; the ``config`` column says which).
+- **Sparse attention / indexer** (``sparse_attn``, ``sparse_indexer``): ours against vLLM's decode kernels
+  launched as vLLM launches them; both with programmatic dependent launch where vLLM's
+  ``current_platform.is_arch_support_pdl()`` (ours: ``kernels/pdl.py``) says so: the ``config`` column.
 - **GEMM** (``gemm``): ours (``triton``, the launcher's tables) against cuBLAS (``cublas``,
   ``F.linear`` bf16) and ``torch._scaled_mm`` (``scaled-mm``: e4m3 x with per-token scales, e4m3 W with
   per-channel scales, bf16 out; x quantised outside the timed call) as they are; MX decode also through the
@@ -134,8 +134,7 @@ def moe_point(t: int, rnd: int, keep, ceilings: Ceilings, device: str, log) -> t
 
 # --- sparse attention and indexer ------------------------------------------------------------------------------
 def sparse_point(b: int, ctx: int, rnd: int, ceilings: Ceilings, device: str, log) -> list[BenchRow]:
-    from ..kernels.sparse_attn import launcher as attn_launcher
-    from ..kernels.sparse_attn import reference as attn_ref
+    from ..kernels.pdl import pdl_enabled
     from ..vllm.imports import vllm_module
     from . import sparse_attn as sa
     mods = sa._vllm()
@@ -144,14 +143,10 @@ def sparse_point(b: int, ctx: int, rnd: int, ceilings: Ceilings, device: str, lo
     except Exception as err:      # the label only; vLLM's launcher decides the same way itself
         vcfg = f"pdl unknown ({type(err).__name__})"
     p = sa.make_point(b, ctx, 1, torch.device("cuda"))
-    planes = attn_ref.triton_planes(p.kv_pool)
-    launch_merge = sa._cycle(p, lambda c: lambda: attn_launcher.sparse_attention(
-        p.qs[c], *planes, p.topks[c], p.tables[c], p.seq_lens, p.cu, scale=sa.D ** -0.5, max_q_len=1,
-        merge="launch"))
-    plan = [("sparse_attn", "ours", "merge=fused", sa.attention_calls(p, "ours")),
-            ("sparse_attn", "ours", "merge=launch", launch_merge),
+    ours = "pdl" if pdl_enabled(torch.device("cuda")) else "no-pdl"
+    plan = [("sparse_attn", "ours", ours, sa.attention_calls(p, "ours")),
             ("sparse_attn", "vllm", vcfg, sa.attention_calls(p, "vllm", mods)),
-            ("sparse_indexer", "ours", "bf16 keys", sa.indexer_calls(p, "ours")),
+            ("sparse_indexer", "ours", ours, sa.indexer_calls(p, "ours")),
             ("sparse_indexer", "vllm", vcfg, sa.indexer_calls(p, "vllm", mods))]
     shape = f"B={b},ctx={ctx},q=1"
     rows = []

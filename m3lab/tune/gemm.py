@@ -68,6 +68,7 @@ LAYOUT_WIDE = 5
 LAYOUT_GEMV_TUNE_MAX_M = 8       # the layout gemv kernel is timed up to here (CUDA cores: it loses beyond)
 LAYOUT_FORMATS = tuple(layout_launcher.layout_table_format(f) for f in launcher.MX_FORMATS)
 TUNABLE_FORMATS = W_FORMATS + LAYOUT_FORMATS
+DEQUANT_FORMATS = launcher.MX_FORMATS + ("fp8",)     # prefill M: dequantised once, the bf16 winner's config
 
 
 def _pow2_ceil(v: float) -> int:
@@ -236,7 +237,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     decode layout, :func:`layout_launcher.linear_layout`; decode M only).
 
     shapes: (N, K) pairs, normally :func:`m3lab.bench.gemm.model_gemm_shapes` (the OpTable's distinct GEMMs).
-    Candidates are compiled in parallel first (``workers`` processes); MX formats at prefill M take the
+    Candidates are compiled in parallel first (``workers`` processes); MX and fp8 formats at prefill M take the
     bf16 winner (the launcher dequantises W, then runs the bf16 kernel), timed once for the record.
     """
     device = torch.device("cuda")
@@ -246,7 +247,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     plan = {(f, n, k, m): (layout_candidates(m, n, k, sms, f) if f in LAYOUT_FORMATS else candidates(m, n, k, sms, f))
             for f in w_formats for n, k in shapes for m in ms if f not in LAYOUT_FORMATS or m <= DECODE_MAX_M}
     jobs = [(f, c, k) for (f, n, k, m), cs in plan.items() for c in cs
-            if not (f in launcher.MX_FORMATS and c.kernel in PREFILL_KERNELS)]
+            if not (f in DEQUANT_FORMATS and c.kernel in PREFILL_KERNELS)]
     failed = {}
     if workers > 1:
         try:
@@ -267,7 +268,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
                     log(f"tune: budget {budget_s:.0f}s spent; N={n} K={k} {w_format} M={m} keeps the heuristic")
                     break
                 cands = [c for c in plan[(w_format, n, k, m)] if (w_format, c, k) not in failed]
-                if w_format in launcher.MX_FORMATS and m > CROSSOVER_MAX_M and m in tables.get((n, k, "bf16"), {}):
+                if w_format in DEQUANT_FORMATS and m > CROSSOVER_MAX_M and m in tables.get((n, k, "bf16"), {}):
                     cands = [tables[(n, k, "bf16")][m]]
                 rows = tune_point(m, n, k, w_format, cands, checked)
                 all_rows += rows
