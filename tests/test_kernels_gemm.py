@@ -152,6 +152,12 @@ def test_table_nearest_m_lookup(tmp_path, monkeypatch):
     assert tables.select_config(1500, 48, 96, "mxfp4", "cpu") == table[2048]
     assert tables.select_config(1500, 48, 96, "mxfp4", "cpu", regime="decode").kernel == "splitk"
     assert tables.select_config(3, 48, 96, "bf16", "cpu") == tables.heuristic_config(3, 48, 96, "bf16", sms=8)
+    # a table tuned at decode M only (a tuning run cut short) serves no prefill M, and the reverse
+    tables.write_table(tables.table_path(48, 96, "mxfp8", "cpu", tmp_path), {1: table[1], 64: table[64]})
+    assert tables.select_config(2048, 48, 96, "mxfp8", "cpu") == tables.heuristic_config(2048, 48, 96, "mxfp8", sms=8)
+    tables.write_table(tables.table_path(48, 96, "fp8", "cpu", tmp_path), {2048: table[2048]})
+    assert tables.select_config(8, 48, 96, "fp8", "cpu") == tables.heuristic_config(8, 48, 96, "fp8", sms=8)
+    assert tables.select_config(200, 48, 96, "fp8", "cpu") == table[2048]
 
 
 def test_heuristic_regimes():

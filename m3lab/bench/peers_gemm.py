@@ -123,27 +123,12 @@ def gemm_point(m: int, n: int, k: int, fmt: str, rnd: int, keep, ceilings: Ceili
     return rows, results
 
 
-def _ogs_compile_worker(points: list[tuple[int, int, int]]) -> list[str]:
-    """Build and check every matmul_ogs variant at each (M, N, K) once (fills Triton's disk cache)."""
-    device = torch.device("cuda")
-    errors = []
-    for m, n, k in points:
-        msgs: list[str] = []
-        try:
-            ogs_cases(m, n, k, device, msgs.append)
-            torch.cuda.synchronize()
-        except Exception as err:
-            msgs.append(f"{type(err).__name__}: {str(err)[:120]}")
-        errors.append("; ".join(msgs)[:300])
-    return errors
-
-
 def precompile_points(shapes, ms_by_format: dict, log=print, workers: int = 12) -> None:
     """Compile, in worker processes, the kernels the GEMM points will launch: each table config (the launcher's
-    choice; MX prefill runs the bf16 one), the decode-layout config at M <= 64, and matmul_ogs' variants."""
+    choice; MX and fp8 prefill run the bf16 one) and the decode-layout config at M <= 64. (matmul_ogs' variants
+    compile in the timing process: in spawned workers its option constraints failed an assertion, H200.)"""
     from ..kernels.gemm import launcher, layout_launcher
     from ..tune.gemm import precompile
-    from .parallel import run_in_workers
     device = torch.device("cuda")
     jobs = []
     for f, ms in ms_by_format.items():
@@ -154,6 +139,3 @@ def precompile_points(shapes, ms_by_format: dict, log=print, workers: int = 12) 
                 if f in launcher.MX_FORMATS and m <= 64:
                     jobs.append((layout_launcher.layout_table_format(f), layout_launcher.layout_config(m, n, k, f, device), k))
     precompile(jobs, workers, log)
-    if "mxfp4" in ms_by_format:
-        run_in_workers(_ogs_compile_worker, [(m, n, k) for n, k in shapes for m in OGS_MS], workers, log,
-                       "ogs precompile")
