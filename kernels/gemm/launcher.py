@@ -12,6 +12,7 @@ import triton
 
 from ..counters import zeroed as _zeroed
 from ..launches import launch
+from ..mx.triton_mx import dequantize as dequantize_mx
 from .tables import PREFILL_KERNELS, GemmConfig, select_config
 from .gemm_persistent import gemm_persistent_kernel
 from .gemm_splitk import gemm_splitk_kernel
@@ -162,6 +163,13 @@ def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, scale_args
            GROUP_M=config.GROUP_M, **opts)
 
 
+def _dequantized(w, w_format: str, w_scale, n: int, k: int, config: GemmConfig, dtype) -> torch.Tensor:
+    """fp8 or MX weights dequantised to ``dtype`` (kernels/gemm/dequant.py, kernels/mx): DEQUANT_PREFILL."""
+    if w_format == "fp8":
+        return dequantize_fp8(w, *_scale_args(w, w_format, w_scale, n, k, config), dtype=dtype)
+    return dequantize_mx(w, w_scale, w_format, dtype=dtype)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale: torch.Tensor | None = None,
            config: GemmConfig | None = None, regime: str | None = None, out: torch.Tensor | None = None,
            use_native_mx: bool | None = None) -> torch.Tensor:
@@ -186,13 +194,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
     config, kernel_format = launch_config(m, n, k, w_format, x.device, config=config, regime=regime,
                                           use_native_mx=use_native_mx)
     native = (native_mx(x.device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
-    if kernel_format != w_format and w_format == "fp8":   # fp8 prefill: dequantise W once, then the bf16 GEMM
-        w = dequantize_fp8(w, *_scale_args(w, w_format, w_scale, n, k, config), dtype=x.dtype)
-        w_format, w_scale = kernel_format, None
-    elif kernel_format != w_format:                      # MX prefill: the same through kernels/mx
-        from ..mx.triton_mx import dequantize
-        w = dequantize(w, w_scale, w_format, dtype=x.dtype)
-        w_format, w_scale = kernel_format, None
+    if kernel_format != w_format:                        # prefill: dequantise W once, then the bf16 GEMM
+        w, w_format, w_scale = _dequantized(w, w_format, w_scale, n, k, config, x.dtype), kernel_format, None
     if config.kernel == "gemv" and w_format not in GEMV_FORMATS:
         raise ValueError(f"config: the gemv kernel takes w_format in {GEMV_FORMATS}, not {w_format!r}")
     s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)

@@ -200,12 +200,15 @@ def peer_ratios(df: pd.DataFrame) -> pd.DataFrame:
             ours = g[(g["provider"] == prov) & ((g["config"] == cfg) if cfg else True)]
             peer = g[g["provider"] == PEER_OF[op]]
             if len(ours) and len(peer):
-                out.append({"op": op, "shape": shape, "dtype": "bf16", "versus": PEER_OF[op], **_ratio(ours.iloc[0], peer)})
+                out.append({"op": op, "shape": shape, "dtype": "bf16", "versus": PEER_OF[op],
+                            **_ratio(ours.iloc[0], peer)})
     gm = r[r["op"] == "gemm"].copy()
     dims = gm["shape"].str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(int)
     gm[GEMM_KEY] = dims.to_numpy()
-    comparisons = [("bf16", ("triton", "table"), "bf16", "cublas"), ("fp8", ("triton", "per-channel"), "bf16", "cublas"),
-                   ("fp8", ("triton", "per-channel"), "fp8", "scaled-mm"), ("mxfp4", ("triton", "table"), "mxfp4", "ogs"),
+    comparisons = [("bf16", ("triton", "table"), "bf16", "cublas"),
+                   ("fp8", ("triton", "per-channel"), "bf16", "cublas"),
+                   ("fp8", ("triton", "per-channel"), "fp8", "scaled-mm"),
+                   ("mxfp4", ("triton", "table"), "mxfp4", "ogs"),
                    ("mxfp4", ("triton-mx-layout", "table"), "mxfp4", "ogs"),
                    ("mxfp8", ("triton", "table"), "bf16", "cublas"), ("mxfp4", ("triton", "table"), "bf16", "cublas"),
                    ("mxfp8", ("triton-mx-layout", "table"), "bf16", "cublas"),
@@ -226,7 +229,8 @@ def _worst(rows: pd.DataFrame, label: str, threshold: float) -> dict:
         return {"target": label, "measured": np.nan, "where": "not measured", "spread": "", "threshold": threshold,
                 "passed": False, "power_limited": 0}
     w = rows.loc[rows["ratio"].idxmin()]
-    return {"target": label, "measured": float(w["ratio"]), "where": f"{w['shape']} vs {w['peer_config'] or w['versus']}",
+    return {"target": label, "measured": float(w["ratio"]),
+            "where": f"{w['shape']} vs {w['peer_config'] or w['versus']}",
             "spread": f"{w['ratio_lo']:.3f}-{w['ratio_hi']:.3f} over {w['rounds']} rounds",
             "threshold": threshold, "passed": bool((rows["ratio"] >= threshold).all()),
             "power_limited": int(rows["power_limited"].sum())}

@@ -1,4 +1,5 @@
 """Grouped-MoE benchmark on the GPU: our kernel vs vLLM's own MoE kernels, torch._grouped_mm and a per-expert loop.
+(Over 400 lines: runner, tuner and recorded-table analysis together until bench/ is split per op.)
 
 ``python -m m3lab.bench.moe --out DIR [--phases gates,tune,bench] [--deadline-s 520]`` writes into DIR:
 ``moe.csv`` (long-format rows, m3lab.bench.table), ``moe_tune.csv`` (every tuning timing), the tuned tables

@@ -27,7 +27,6 @@ Peers:
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch

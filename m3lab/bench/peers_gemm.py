@@ -137,5 +137,6 @@ def precompile_points(shapes, ms_by_format: dict, log=print, workers: int = 12) 
                 cfg, kernel_format = launcher.launch_config(m, n, k, f, device)
                 jobs.append((kernel_format, cfg, k))
                 if f in launcher.MX_FORMATS and m <= 64:
-                    jobs.append((layout_launcher.layout_table_format(f), layout_launcher.layout_config(m, n, k, f, device), k))
+                    lf = layout_launcher.layout_table_format(f)
+                    jobs.append((lf, layout_launcher.layout_config(m, n, k, f, device), k))
     precompile(jobs, workers, log)

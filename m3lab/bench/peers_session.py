@@ -134,7 +134,8 @@ def self_check(log) -> list[dict]:
             continue
         out.append({"point": name, **res})
         log(f"self-check {name}: harness {res['harness_us']:.2f} us, kernels {res['kernel_us']:.2f} us "
-            f"({res['kernels_per_call']:.1f}/call), span {res['span_us']:.2f} us: {'pass' if res['passed'] else 'FAIL'}")
+            f"({res['kernels_per_call']:.1f}/call), span {res['span_us']:.2f} us: "
+            f"{'pass' if res['passed'] else 'FAIL'}")
     return out
 
 
