@@ -145,8 +145,8 @@ def _tma_aligned(*ts: torch.Tensor) -> bool:
 def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, scale_args: tuple, opts: dict) -> None:
     """x [M, K], w [N, K] (x's dtype, or fp8 codes with per-channel [N] or per-block scales s) -> y [M, N];
     scale_args: (s_sn, s_sk, SB_N, SB_K) of :func:`_scale_args`."""
-    s_sn, s_sk, sb_n, sb_k = scale_args
     from triton.tools.tensor_descriptor import TensorDescriptor
+    s_sn, s_sk, sb_n, sb_k = scale_args
     (m, k), n = x.shape, w.shape[0]
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     p = persistent_plan(m, n, k, config, _sm_count(x.device))
