@@ -8,8 +8,8 @@ like ``vllm bench serve --max-concurrency``, ``num_prompts`` requests) and times
 
 - ``ceiling``: the roofline bound of every op (efficiency 1, no launch floors) — an upper bound on
   throughput that a measurement must not beat;
-- ``calibrated``: the bound divided by the calibrated achievable efficiency plus launch floors
-  (default: the hardware's shipped calibration, MI355X <- the AITER GEMM tables).
+- ``calibrated``: each op timed by the cost source of the kernel vLLM runs for it (``m3lab/cost/README.md``:
+  measured tables and peers, named assumptions; default: the hardware's shipped calibration, MI355X <- AITER's).
 
 Per request: TTFT = first token - entry into the system (queueing + chunked prefill), TPOT = (last
 token - first token) / (osl - 1). Throughput = all output tokens / makespan / GPUs (as vLLM bench
@@ -210,7 +210,7 @@ def estimate(deployment, *, calibration="default", routing=None) -> ServingEstim
             f"num_prompts {n_req} < {MIN_REQUESTS_PER_SLOT} x concurrency {conc}: the run does not reach "
             f"steady state, so TTFT and throughput are start-up figures"), stacklevel=2)
     sched = ArrivalRecordingScheduler(scheduler_config(d, block_size=block_size_of(m)))
-    coster = StepCoster(m, plan, q, hw, cal, routing, spec_tokens=spec_tokens, draft_cost=d.acceptance.draft_cost)
+    coster = StepCoster(d, cal, routing)
     modes = ("ceiling",) + (("calibrated",) if cal is not None else ())
     runs, req = _simulate(coster, sched, workload, modes, osl_steps)
     gpus = plan.world
