@@ -1,0 +1,77 @@
+"""One rung of the ladder: a deployment's serving figures and where its decode step spends its time, with chosen
+code fixes in their state before (:mod:`m3lab.ladder.before`).
+
+The ladder, the advisor and notebook 12 estimate only through :func:`evaluate`: the serving estimate
+(``m3lab.serving.estimate.estimate``) gives output tokens/s/GPU, median TTFT and mean TPOT as its scheduler model
+gives them, and one decode step at the run's mean batch and context, costed op by op
+(``m3lab.cost.model.cost_step``), gives the per-op time shares. Figures are **projected** for the deployment's
+hardware profile under the named calibration (calibrated where one exists, else the roofline ceiling).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from m3lab.cost.model import cost_step, resolve_calibration
+from m3lab.ladder.before import SCALE, BeforeCalibration
+from m3lab.serving.estimate import estimate
+from m3lab.workload.step import EngineStep
+
+FIGURES = ("output_tokens_per_s_per_gpu", "ttft_s", "tpot_ms")
+
+
+@dataclass
+class Rung:
+    """A deployment's estimate: ``figures`` (:data:`FIGURES` plus ``kind`` and ``label``) and ``decode_ops``, the
+    per-op time of one decode step (``[op, kind, t_us, share]``, largest first; shares sum to 1)."""
+
+    deployment: object
+    undone: tuple[str, ...]
+    figures: dict
+    decode_ops: pd.DataFrame
+    decode_step: dict            # {"batch", "context", "query_len"} of the step decode_ops costs
+
+    @property
+    def throughput(self) -> float:
+        return self.figures["output_tokens_per_s_per_gpu"]
+
+
+def _calibration(deployment, calibration, undone: tuple[str, ...], scale: float):
+    cal = resolve_calibration(deployment.hardware, calibration)
+    if cal is None or not undone:
+        return cal
+    return BeforeCalibration(cal, tuple(undone), scale)
+
+
+def mean_decode_step(est, deployment) -> EngineStep:
+    """The decode step at the run's mean decode batch (weighted by the steps each run of the schedule repeats) and
+    mean decode context (``isl + osl / 2``), each request verifying ``1 + spec_tokens`` rows."""
+    steps = est.steps
+    batch = max(1, int(round(np.average(steps["decodes"], weights=steps["repeat"])))) if len(steps) else 1
+    wl, k = deployment.workload, deployment.serving.spec_tokens
+    context = wl.isl + wl.osl // 2 + k
+    return EngineStep(np.full(batch, 1 + k, np.int64), np.full(batch, context, np.int64))
+
+
+def decode_ops(deployment, step: EngineStep, calibration) -> pd.DataFrame:
+    """Per-op time of ``step`` (µs summed over layers) and its share of the step: ``[op, kind, t_us, share]``."""
+    rows = cost_step(deployment, step, calibration=calibration)
+    ops = rows.groupby(["op", "kind"], as_index=False, sort=False)["t_us"].sum()
+    ops["share"] = ops["t_us"] / ops["t_us"].sum()
+    return ops.sort_values("t_us", ascending=False, ignore_index=True)
+
+
+def evaluate(deployment, undone: tuple[str, ...] = (), *, calibration="default", scale: float = SCALE) -> Rung:
+    """Estimate ``deployment`` with the code fixes ``undone`` in their state before (``scale``: the sensitivity
+    factor of their measured ratios, :data:`m3lab.ladder.before.SCALE`)."""
+    cal = _calibration(deployment, calibration, tuple(undone), scale)
+    est = estimate(deployment, calibration=cal)
+    top = est.results[est.kind]
+    figures = {k: float(top[k]) for k in FIGURES}
+    figures.update(kind=est.kind, label=top["label"], calibration=est.config["calibration"])
+    step = mean_decode_step(est, deployment)
+    return Rung(deployment, tuple(undone), figures, decode_ops(deployment, step, cal),
+                {"batch": len(step.new_tokens), "context": int(step.context_lens[0]),
+                 "query_len": int(step.new_tokens[0])})
