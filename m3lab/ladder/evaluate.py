@@ -16,7 +16,9 @@ import pandas as pd
 
 from m3lab.cost.model import cost_step, resolve_calibration
 from m3lab.ladder.before import SCALE, BeforeCalibration
-from m3lab.serving.estimate import estimate
+from m3lab.serving.capacity import capacity
+from m3lab.serving.estimate import estimate, spec_decode_steps
+from m3lab.workload.deployed import fixed_workload
 from m3lab.workload.step import EngineStep
 
 FIGURES = ("output_tokens_per_s_per_gpu", "ttft_s", "tpot_ms")
@@ -61,6 +63,18 @@ def decode_ops(deployment, step: EngineStep, calibration) -> pd.DataFrame:
     ops = rows.groupby(["op", "kind"], as_index=False, sort=False)["t_us"].sum()
     ops["share"] = ops["t_us"] / ops["t_us"].sum()
     return ops.sort_values("t_us", ascending=False, ignore_index=True)
+
+
+def check(deployment) -> None:
+    """Raise M3LabError (naming the field) for what the serving estimate of ``deployment`` would refuse: a workload
+    that is no fixed closed loop, speculative decoding without an acceptance length, a KV cache that does not fit.
+    The ladder and the advisor call it on every deployment before estimating any."""
+    d = deployment.validate()
+    wl, limits = d.workload, d.scheduler_limits()
+    fixed_workload(d, osl=spec_decode_steps(wl.osl, d.serving.spec_tokens, d.acceptance.accept_len))
+    capacity(d.model, d.plan, d.quant, d.hardware, isl=wl.isl, osl=wl.osl,
+             gpu_memory_utilization=limits.gpu_memory_utilization,
+             spec_tokens=d.serving.spec_tokens).check(wl.concurrency)
 
 
 def evaluate(deployment, undone: tuple[str, ...] = (), *, calibration="default", scale: float = SCALE) -> Rung:

@@ -23,6 +23,7 @@ from m3lab.published import fix_gain_for
 from m3lab.spec.settings import changes
 
 START = "start"
+BEFORE = {f.name: f.before for f in FIXES if f.before}
 # code fix -> (resolver op on a sparse layer, prefix of the path that runs the fix's code)
 CODE_PATHS = {"decode_gemm_launcher": ("qkv_proj", "mxfp8_dot_scaled"), "moe_program_order": ("experts", "triton_mxfp8"),
               "request_level_index_batching": ("indexer", "triton_amd"),
@@ -103,15 +104,23 @@ class Ladder:
 
     @property
     def label(self) -> str:
-        first = next(s.rung for s in self.steps if s.rung is not None)
-        return first.figures["label"]
+        """The estimate's label (hardware profile and calibration) of the last estimated step."""
+        return [s.rung for s in self.steps if s.rung is not None][-1].figures["label"]
+
+    @property
+    def before(self) -> str:
+        """How the first step represents the code fixes it starts without ("" when none)."""
+        first = self.steps[0].rung
+        undone = first.undone if first is not None else ()
+        return "; ".join(f"{u} in its state before: {BEFORE[u]} (m3lab's representation, not vLLM's)"
+                         for u in undone)
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame([s.to_dict() for s in self.steps])
 
     def to_dict(self) -> dict:
         return {"from": self.start.name, "to": self.target.name, "kind": self.steps[0].rung.figures["kind"],
-                "label": self.label, "steps": [s.to_dict() for s in self.steps]}
+                "label": self.label, "before": self.before, "steps": [s.to_dict() for s in self.steps]}
 
 
 def _change(new: float, old: float) -> float:
