@@ -1,10 +1,11 @@
 """``m3lab ladder``: the write-up's fixes switched on one at a time between two deployments, each step estimated.
 
     m3lab ladder --from mxfp8-tp4-baseline --to mxfp8-tp4-optimised --concurrency 32 [--json]
-    m3lab ladder --to eagle3-mxfp8-tp4 --set accept_len=2.7 --set accept_dataset=MT-Bench
+    m3lab ladder --to eagle3-mxfp8-tp4 --accept-len 2.7 --accept-dataset MT-Bench
     m3lab ladder --fixes                                      (the fixes as data)
 
-The deployment options (``--tp``, ``--isl``, ``--concurrency``, ``--set KEY=VALUE`` ...) apply to both ends.
+The deployment options (``--tp``, ``--isl``, ``--concurrency``, ``--set KEY=VALUE`` ...) apply to both ends; the
+acceptance of speculative decoding (``--accept-len``) to the target, and to the step that switches speculation on.
 """
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def ladder_cmd(
         num_prompts: opt.NumPrompts = None, set_: opt.Settings = [],
         calibration: Optional[str] = typer.Option(None, "--calibration", metavar="NAME|CSV",
                                                   help="as for estimate (default: the hardware's shipped one)"),
+        accept_len: Optional[float] = typer.Option(None, "--accept-len", metavar="A",
+                                                   help="a --to that speculates: mean tokens accepted per step, "
+                                                        "bonus token included (its traffic: --accept-dataset)"),
+        accept_dataset: Optional[str] = typer.Option(None, "--accept-dataset", metavar="NAME",
+                                                     help="the traffic --accept-len was measured on (MT-Bench, ...)"),
         list_fixes: bool = typer.Option(False, "--fixes", help="print the fixes as data and exit"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Switch the write-up's fixes on one at a time and estimate each step (projected), beside the write-up's own
@@ -42,7 +48,8 @@ def ladder_cmd(
 
     flags = dict(model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                  index_dtype=index_dtype, isl=isl, osl=osl, concurrency=concurrency, num_prompts=num_prompts)
-    start, target = opt.build(from_, set_, **flags), opt.build(to, set_, **flags)
+    start = opt.build(from_, set_, **flags)
+    target = opt.build(to, set_, accept_len=accept_len, accept_dataset=accept_dataset, **flags)
     for d in (start, target):
         check(d)
     plan(start, target)

@@ -89,3 +89,18 @@ def evaluate(deployment, undone: tuple[str, ...] = (), *, calibration="default",
     return Rung(deployment, tuple(undone), figures, decode_ops(deployment, step, cal),
                 {"batch": len(step.new_tokens), "context": int(step.context_lens[0]),
                  "query_len": int(step.new_tokens[0])})
+
+
+def op_changes(before: pd.DataFrame, after: pd.DataFrame, rtol: float = 1e-9) -> pd.DataFrame:
+    """Per op, the decode-step time before and after (two :func:`decode_ops` tables) and the change, for the ops
+    whose time changed (an op only one side has counts as 0 µs on the other): ``[op, before_us, after_us, delta_us,
+    before_share, after_share]``, largest saving first."""
+    a = before.groupby("op")[["t_us", "share"]].sum()
+    b = after.groupby("op")[["t_us", "share"]].sum()
+    both = a.join(b, how="outer", lsuffix="_before", rsuffix="_after").fillna(0.0)
+    both["delta_us"] = both["t_us_after"] - both["t_us_before"]
+    moved = ~np.isclose(both["t_us_after"], both["t_us_before"], rtol=rtol, atol=1e-9)
+    out = both[moved].rename(columns={"t_us_before": "before_us", "t_us_after": "after_us",
+                                      "share_before": "before_share", "share_after": "after_share"})
+    return out.reset_index()[["op", "before_us", "after_us", "delta_us", "before_share", "after_share"]] \
+        .sort_values("delta_us", ignore_index=True)

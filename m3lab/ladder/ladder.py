@@ -60,7 +60,7 @@ def plan(start, target) -> list[Fix]:
         if fix.is_switch:
             if not applied(fix, d) and applied(fix, target):
                 out.append(fix)
-                d = d.with_settings(fix.settings)
+                d = _switch_on(d, fix, acceptance_of(target))
         elif code_fix_runs(fix, start if not fix.spec_only else target) is None:
             out.append(fix)
     rest = changes(d, target)
@@ -68,6 +68,22 @@ def plan(start, target) -> list[Fix]:
         raise M3LabError(f"{target.name or 'the target'} differs from {start.name or 'the start'} in more than the "
                          f"write-up's fixes: {', '.join(f'{k}={v}' for k, v in rest.items()) or 'other fields'}",
                          field="to", hint="give both the same settings apart from the fixes (--set applies to both)")
+    return out
+
+
+def plan_from(start, names: Sequence[str] | None = None) -> list[Fix]:
+    """The fixes to climb from ``start``: ``names`` in the write-up's order, or (None) every fix ``start`` lacks —
+    the switch fixes it has not applied and the code fixes whose code it runs (speculative ones only where it
+    speculates; switching speculation on needs an acceptance length, so it is never chosen by default)."""
+    if names is not None:
+        wanted = {get_fix(n).name for n in names}
+        return [f for f in FIXES if f.name in wanted]
+    out = []
+    for fix in FIXES:
+        if fix.is_switch and not fix.spec_only and not applied(fix, start):
+            out.append(fix)
+        elif not fix.is_switch and code_fix_runs(fix, start) is None:
+            out.append(fix)
     return out
 
 
@@ -127,10 +143,23 @@ def _change(new: float, old: float) -> float:
     return (new / old - 1.0) * 100.0
 
 
+def acceptance_of(d) -> dict:
+    """The speculative-decoding acceptance of ``d`` as settings (what a fix that switches speculation on needs)."""
+    a = d.acceptance
+    return {"accept_len": a.accept_len, "accept_dataset": a.accept_dataset, "draft_cost": a.draft_cost}
+
+
+def _switch_on(d, fix: Fix, acceptance: dict | None):
+    """``d`` with ``fix``'s settings, plus ``acceptance`` when the fix switches speculative decoding on."""
+    extra = acceptance if fix.spec_only and acceptance and not d.serving.spec_tokens else {}
+    return d.with_settings({**fix.settings, **extra})
+
+
 def climb(start, fixes: Sequence[Fix], *, calibration="default", scale: float = SCALE,
-          progress: Callable[[str], None] | None = None) -> Ladder:
+          progress: Callable[[str], None] | None = None, acceptance: dict | None = None) -> Ladder:
     """Switch ``fixes`` on one at a time from ``start``: the code fixes among them start in m3lab's representation of
-    their state before. ``progress`` gets one line per step before it is estimated."""
+    their state before. ``acceptance`` (:func:`acceptance_of`) goes with a fix that switches speculation on.
+    ``progress`` gets one line per step before it is estimated."""
     undone = tuple(f.name for f in fixes if not f.is_switch and f.name in REPRESENTED)
     lad, d, prev = Ladder(start, start), start, None
     names = [START] + [f.name for f in fixes]
@@ -139,7 +168,7 @@ def climb(start, fixes: Sequence[Fix], *, calibration="default", scale: float = 
         if progress:
             progress(f"[{i + 1}/{len(names)}] {name}")
         if fix is not None and fix.is_switch:
-            d = d.with_settings(fix.settings)
+            d = _switch_on(d, fix, acceptance)
         elif fix is not None:
             undone = tuple(u for u in undone if u != fix.name)
         writeup = fix_gain_for(fix.name, compare_config(d)) if fix else None
@@ -159,8 +188,40 @@ def climb(start, fixes: Sequence[Fix], *, calibration="default", scale: float = 
 def run(start, target, *, calibration="default", scale: float = SCALE,
         progress: Callable[[str], None] | None = None) -> Ladder:
     """The ladder from ``start`` to ``target`` (the fixes of :func:`plan`); it ends at ``target`` (checked)."""
-    lad = climb(start, plan(start, target), calibration=calibration, scale=scale, progress=progress)
+    lad = climb(start, plan(start, target), calibration=calibration, scale=scale, progress=progress,
+                acceptance=acceptance_of(target))
     if lad.target.key() != target.key():
         raise AssertionError(f"the ladder ends at {lad.target.name}, not {target.name}")
     lad.target = target
     return lad
+
+
+def toggled(start, fixes: Sequence[Fix], on, *, calibration="default", scale: float = SCALE) -> Rung:
+    """The estimate of ``start`` with the fixes named in ``on`` switched on and the other ``fixes`` off: switch
+    fixes applied, code fixes not in ``on`` in m3lab's representation of their state before (what a toggle per fix
+    shows)."""
+    d = start
+    for fix in fixes:
+        if fix.is_switch and fix.name in on:
+            d = d.with_settings(fix.settings)
+    undone = tuple(f.name for f in fixes if not f.is_switch and f.name in REPRESENTED and f.name not in on)
+    return evaluate(d, undone, calibration=calibration, scale=scale)
+
+
+def scale_sensitivity(start, fixes: Sequence[Fix], *, calibration="default",
+                      scales: Sequence[float] = (0.5, 1.5)) -> pd.DataFrame:
+    """How the ladder's first rung (every code fix of ``fixes`` in its state before) moves when the H200 ratios
+    behind that state are carried with their excess over 1 times each of ``scales`` (:data:`SCALE` 1: as measured;
+    assumed): ``[assumption, value, low, high, unit, source, start_tok_s_gpu, low_tok_s_gpu, high_tok_s_gpu,
+    low_change_pct, high_change_pct]``; no row when no code fix is represented."""
+    undone = tuple(f.name for f in fixes if not f.is_switch and f.name in REPRESENTED)
+    if not undone:
+        return pd.DataFrame()
+    runs = {s: evaluate(start, undone, calibration=calibration, scale=s).throughput for s in (SCALE, *scales)}
+    lo, hi = min(scales), max(scales)
+    return pd.DataFrame([{
+        "assumption": "ladder.before.SCALE", "value": SCALE, "low": lo, "high": hi, "unit": "x (ratio excess)",
+        "source": "assumed: m3lab's H200 before/after kernel ratios (" + ", ".join(undone) + ") carry to "
+                  f"{start.hardware.name}", "start_tok_s_gpu": runs[SCALE], "low_tok_s_gpu": runs[lo],
+        "high_tok_s_gpu": runs[hi], "low_change_pct": (runs[lo] / runs[SCALE] - 1) * 100,
+        "high_change_pct": (runs[hi] / runs[SCALE] - 1) * 100}])
