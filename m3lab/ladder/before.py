@@ -12,7 +12,8 @@ an assumption whose :data:`SCALE` the sensitivity table moves):
   routing), at the nearest tokens per touched expert.
 
 They act through the calibration (:class:`BeforeCalibration`): a calibrated estimate's GEMM efficiencies divided
-by the ratio, so a ceiling (efficiency 1) does not move. The speculative-decoding code fixes
+by the ratio, so a ceiling (efficiency 1) does not move; the program order needs a fused-MoE fit of the weights'
+family (the dense fallback of a grouped GEMM is left as it is). The speculative-decoding code fixes
 (``request_level_index_batching``, ``multi_token_verification``) change the indexer and the attention, which no
 calibration reaches: :data:`REPRESENTED` leaves them out and the ladder reports their step as not estimated.
 """
@@ -27,6 +28,7 @@ import pandas as pd
 
 from m3lab.bench.analysis import newest_harness, tile_gain
 from m3lab.bench.table import TRACES_BENCH, read_table
+from m3lab.errors import M3LabError
 from m3lab.kernels.gemm.tables import DECODE_MAX_M
 
 SCALE = 1.0      # assumed: the H200 before/after ratio carries to the target hardware unchanged (1 = as measured)
@@ -95,6 +97,13 @@ class BeforeCalibration:
         unknown = [f for f in self.undone if f not in REPRESENTED]
         if unknown:
             raise ValueError(f"no representation of the state before {unknown}; represented: {list(REPRESENTED)}")
+        # a grouped GEMM without a fused-MoE fit takes the dense fit at its dense-equivalent shape, which the
+        # launcher's slowdown could not tell from a decode GEMM: that state before needs the fused-MoE fit
+        if "decode_gemm_launcher" in self.undone and any(
+                self.base.family_for(w, "_grouped") is None for w in LAUNCHER_DTYPES):
+            raise M3LabError(f"calibration {self.base.name} has no fused-MoE fit for {'/'.join(LAUNCHER_DTYPES)}: "
+                             "the decode launcher's state before cannot be told from the MoE's", field="calibration",
+                             hint="use a calibration with a fused-MoE table (the shipped aiter-mi355x has one)")
 
     def __getattr__(self, name: str):   # fits, floors_us, residuals, family_for, hardware, source: the base's
         if name.startswith("__") or name == "base":
@@ -116,17 +125,13 @@ class BeforeCalibration:
             eff = eff / launcher_slowdown(m, n, k, self.scale)
         return eff
 
-    def grouped_efficiency(self, m_eq, side, w_dtype: str) -> np.ndarray:
-        """The base's grouped fit, or its dense fit at the dense-equivalent shape (what the cost model falls back
-        to), divided by the program-order slowdown when that fix is undone. Never None, so a grouped GEMM never
-        takes the launcher's dense slowdown."""
+    def grouped_efficiency(self, m_eq, side, w_dtype: str) -> np.ndarray | None:
+        """The base's fused-MoE fit divided by the program-order slowdown when that fix is undone; None (the cost
+        model's dense fallback, untouched) where the base has no fused-MoE fit for the dtype."""
         eff = self.base.grouped_efficiency(m_eq, side, w_dtype)
-        if eff is None:
-            eff = self.base.gemm_efficiency(m_eq, side, side, w_dtype)
-        eff = np.asarray(eff, float)
-        if "moe_program_order" in self.undone:
-            eff = eff / program_order_slowdown(m_eq, self.scale)
-        return eff
+        if eff is None or "moe_program_order" not in self.undone:
+            return eff
+        return np.asarray(eff, float) / program_order_slowdown(m_eq, self.scale)
 
     def floor_us(self, kind: str) -> float:
         return self.base.floor_us(kind)

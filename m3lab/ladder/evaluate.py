@@ -97,7 +97,7 @@ def op_changes(before: pd.DataFrame, after: pd.DataFrame, rtol: float = 1e-9) ->
     before_share, after_share]``, largest saving first."""
     a = before.groupby("op")[["t_us", "share"]].sum()
     b = after.groupby("op")[["t_us", "share"]].sum()
-    both = a.join(b, how="outer", lsuffix="_before", rsuffix="_after").fillna(0.0)
+    both = a.merge(b, how="outer", left_index=True, right_index=True, suffixes=("_before", "_after")).fillna(0.0)
     both["delta_us"] = both["t_us_after"] - both["t_us_before"]
     moved = ~np.isclose(both["t_us_after"], both["t_us_before"], rtol=rtol, atol=1e-9)
     out = both[moved].rename(columns={"t_us_before": "before_us", "t_us_after": "after_us",
