@@ -178,15 +178,11 @@ def test_capacity_per_rank_comes_from_the_memory_model():
 def test_coarse_step_times_stay_close_to_the_cost_model():
     from m3lab.cache.serving import CoarseStepTime
     from m3lab.serving.step_cost import StepCoster
-    from m3lab.spec.hardware import load_hardware
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-    from m3lab.spec.quant import load_quant
+    from m3lab.spec.serving import make_deployment
     from m3lab.workload.step import EngineStep
 
-    m = load_model("minimax-m3")
-    coster = StepCoster(m, ParallelPlan(tp=4).validate(m), load_quant("mxfp4"), load_hardware("mi355x"), None, None,
-                        spec_tokens=3)
+    coster = StepCoster(make_deployment(model="minimax-m3", hardware="mi355x", quant="mxfp4", tp=4,
+                                        spec_method="eagle3", spec_tokens=3, accept_len=2.7))
     coarse = CoarseStepTime(coster, "ceiling")
     rng = np.random.default_rng(0)
     for _ in range(6):

@@ -55,7 +55,8 @@ def _decode_ms(d) -> float:
 
 @pytest.mark.parametrize("change", [{"kv_dtype": "fp8"}, {"index_dtype": "fp8"}, {"index_topk_freq": 4}])
 def test_estimates_differing_in_one_cache_field_differ_in_either_order(change, monkeypatch):
-    base = make_deployment(None, isl=2048, osl=16, concurrency=2, num_prompts=4)
+    # AITER + the shuffled layout: an fp8 index cache serves (through the MSA indexer; vLLM refuses it otherwise)
+    base = make_deployment("mxfp8-tp4-optimised", isl=2048, osl=16, concurrency=2, num_prompts=4, index_topk_freq=1)
     other = base.with_settings(change)
     runs = []
     for order in ((base, other), (other, base)):
@@ -64,7 +65,7 @@ def test_estimates_differing_in_one_cache_field_differ_in_either_order(change, m
     assert runs[0] == runs[1]                                     # the call order does not matter
     assert runs[0][base.key()] != runs[0][other.key()]            # and the field does
     # planted: an OpTable cache keyed on names alone (model and quant) hands the first deployment's tables on
-    monkeypatch.setattr(step_cost, "stable_key", lambda model, plan, quant: (model.name, plan, quant.name))
+    monkeypatch.setattr(step_cost, "stable_key", lambda model, plan, quant, *what_runs: (model.name, plan, quant.name))
     step_cost._OPTABLE_CACHE.clear()
     first, second = _decode_ms(base), _decode_ms(other)
     assert first == second
@@ -122,7 +123,7 @@ def test_a_changed_preset_is_named_for_what_changed():
 
 def test_entry_points_take_a_deployment():
     from m3lab.cache.serving import cached_serving
-    from m3lab.cost.model import cost_step
+    from m3lab.serving.step_cost import cost_step
     from m3lab.serving.disagg import pd_estimate
     from m3lab.spec.memory import memory_facts
     from m3lab.workload.shapes import shape_histograms

@@ -59,7 +59,7 @@ def test_the_committed_h200_table_times_the_cost_models_allreduces():
     import dataclasses
 
     from m3lab.cost.calibration import load_calibration
-    from m3lab.cost.model import cost_step
+    from m3lab.serving.step_cost import cost_step
     from m3lab.workload.step import EngineStep
 
     table = ct.load_table()

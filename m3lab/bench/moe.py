@@ -437,7 +437,7 @@ def decode_share(df, batch: int = 32, context: int = 8192, hardware: str = "h200
     """
     import pandas as pd
 
-    from ..cost.model import cost_step
+    from ..serving.step_cost import cost_step
     from ..spec.serving import make_deployment
     from ..workload.step import EngineStep
     dep = make_deployment(None, model="minimax-m3", hardware=hardware, tp=4, quant=quant)

@@ -463,7 +463,7 @@ def indexer_repetition(model: str = "minimax-m3", hardware: str = "mi355x", tp: 
     import pandas as pd
 
     from ..analysis import repetition as rp
-    from ..cost.model import cost_step
+    from ..serving.step_cost import cost_step
     from ..spec.serving import make_deployment
     from ..workload.step import EngineStep
     dep = make_deployment(None, model=model, hardware=hardware, tp=tp, quant=quant)

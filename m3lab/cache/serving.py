@@ -142,7 +142,7 @@ def cached_serving(deployment, *, trace: Trace | None = None, calibration="defau
     cal = resolve_calibration(hw, calibration)
     calibration_name = cal.name if cal is not None else None
     mode = "calibrated" if cal is not None else "ceiling"
-    coster = StepCoster(m, plan, q, hw, cal, None, spec_tokens=spec_tokens, draft_cost=d.acceptance.draft_cost)
+    coster = StepCoster(d, cal)
     steps = spec_steps(trace.output, spec_tokens, accept_len)
     kv = M3LabKVCache(cap.num_blocks, cap.block_size, policy, use_eagle=bool(spec_tokens))
     sched = CachedScheduler(trace, kv, scheduler_config(d, block_size=cap.block_size),

@@ -59,6 +59,9 @@ def estimate_cmd(
         workload: Optional[str] = typer.Option(None, "--workload", metavar="KIND",
                                                help="fixed (--isl/--osl) or agentx (AgentX-like sessions, prefix "
                                                     "caching: m3lab.cache)"),
+        breakdown: bool = typer.Option(False, "--breakdown",
+                                       help="add the decode step's per-op kernels, bytes, FLOPs, µs and shares "
+                                            "(JSON: decode_step_ops) at the run's mean batch and context"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Serving estimate: TTFT, TPOT, tokens/s/GPU (calibrated where a calibration exists, else the ceiling)."""
     import warnings
@@ -87,10 +90,42 @@ def estimate_cmd(
         if issubclass(w.category, ShortRunWarning):
             typer.secho(f"warning: {w.message}", err=True, fg="yellow")
     s = est.summary()
+    table = _breakdown(d, est, cal, s) if breakdown else None
+    sens = _sensitivity(est, s)
     if as_json:
         echo_json(s)
         return
     _print_summary(s)
+    if sens is not None:
+        from m3lab.cost.sensitivity import format_sensitivity
+        typer.echo(format_sensitivity(sens))
+    if table is not None:
+        from m3lab.serving.breakdown import format_breakdown
+        p = s["decode_step_point"]
+        typer.echo(format_breakdown(table, f"decode step at batch {p['batch']}, context {p['context']} "
+                                           f"({s['kind']}): where the time goes"))
+
+
+def _sensitivity(est, summary: dict):
+    """The calibrated estimate's sensitivity table, added to ``summary`` (none for a ceiling-only estimate)."""
+    from m3lab.cost.sensitivity import sensitivity
+
+    if est.kind != "calibrated":
+        return None
+    table = sensitivity(est.coster, est.results["calibrated"])
+    summary["sensitivity"] = table.replace({float("nan"): None}).to_dict(orient="records")
+    return table
+
+
+def _breakdown(d, est, cal, summary: dict):
+    """The decode-step breakdown at the run's mean batch and context, added to ``summary`` (JSON-ready)."""
+    from m3lab.serving.breakdown import decode_step_breakdown, run_decode_point
+
+    batch, context = run_decode_point(est)
+    table = decode_step_breakdown(d, batch=batch, context=context, calibration=cal)
+    summary["decode_step_point"] = {"batch": batch, "context": context}
+    summary["decode_step_ops"] = table.replace({float("nan"): None}).to_dict(orient="records")
+    return table
 
 
 def _print_summary(s: dict) -> None:

@@ -6,14 +6,21 @@ index-sharing reuse layers skip the index q/k norm, index RoPE and index-key cac
 index columns; per layer two all-reduces at TP > 1: the post-attention one fused with the post-attention
 Gemma norm (``fused_allreduce_gemma_rms_norm``, column ``fused_into`` on ``post_attn_norm``) and an explicit FFN
 one, followed by the next layer's fused residual add + norm (``input_norm``, its own kernel).
+
+With a :class:`~m3lab.optable.dispatch.Dispatch` (what vLLM runs for the deployment) every row carries the
+resolver's ``decision``, ``path`` and ``kernel``, and the structure follows vLLM's decisions (see
+:mod:`m3lab.optable.dispatch`): fused shared expert, index-sharing reuse layers, the page-table builder, the routing
+top-k kernel, and per-phase attention / indexer rows (``phase``) in a step with decodes and prefill chunks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from m3lab.errors import M3LabError
 from m3lab.optable import ops
 from m3lab.optable.ops import COLUMNS
 from m3lab.optable.counts import AttentionCounts, attention_counts
+from m3lab.optable.dispatch import OP_DECISION, PHASED_OPS, Dispatch, layer_kind
 from m3lab.optable.routing import Routing, make_routing
 from m3lab.spec.model import ATTN_LINEAR, ATTN_SPARSE, MLP_MOE, ModelSpec, load_model
 from m3lab.spec.plan import ParallelPlan
@@ -32,10 +39,33 @@ class _Ctx:
     counts: AttentionCounts
     routing: Routing | None
     topk_source: dict  # sparse layer -> layer whose top-k it uses
+    dispatch: Dispatch | None = None
 
     @property
     def T(self) -> int:
         return self.step.num_tokens
+
+    @property
+    def phase(self) -> str:
+        """The step's phase for the ops every token runs through: prefill when it has a prefill chunk."""
+        return "prefill" if self.step.num_prefill_tokens else "decode"
+
+    def parts(self) -> list[tuple[str | None, AttentionCounts, int, int]]:
+        """(phase, counts, tokens, requests) of the attention kernels' launches: the whole step without a
+        Dispatch; with one, the decode rows and the prefill chunks apart (vLLM launches their kernels apart)."""
+        if self.dispatch is None:
+            return [(None, self.counts, self.T, self.step.num_reqs)]
+        sp, st = self.model.sparse, self.step
+        out = []
+        for phase, mask in (("decode", st.is_decode), ("prefill", ~st.is_decode)):
+            if mask.any():
+                cnt = attention_counts(st.new_tokens[mask], st.context_lens[mask], sp.block_size if sp else 0,
+                                       sp.topk_blocks if sp else 0)
+                out.append((phase, cnt, int(st.new_tokens[mask].sum()), int(mask.sum())))
+        return out
+
+    def runs(self, op: str, kind: str, phase: str | None) -> bool:
+        return self.dispatch is not None and self.dispatch.runs(op, kind, phase or self.phase)
 
 
 def _gemm(op: str, m: float, n: int, k: int, w_dtype: str, kind: str = "gemm") -> list[dict]:
@@ -80,7 +110,25 @@ def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
     rows.append(ops.row("cache_write", "cache_write", m=T, act_dtype="bf16", w_dtype=q.kv_dtype, flops=0.0,
                         bytes_compute=T * (2 * hkv * hd + idx_write) * 2.0, bytes_weight=0.0,
                         bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0))
-    cnt = c.counts
+    kind = layer_kind(ATTN_SPARSE if sparse else "dense", ATTN_SPARSE, computes_topk)
+    for phase, cnt, t, r in c.parts():
+        rows += [dict(x, phase=phase, requests=r) for x in _attend_rows(c, cnt, t, r, sparse, computes_topk, kind, phase)]
+    if gate:
+        rows.append(ops.elementwise("attn_gate", "activation", T * gate, reads=2, writes=1, flops_per=5, m=T))
+    rows += _gemm("o_proj", T, H, hq * hd, q.weight_dtype("attn_o"))
+    return rows
+
+
+def _attend_rows(c: _Ctx, cnt: AttentionCounts, T: int, R: int, sparse: bool, computes_topk: bool, kind: str,
+                 phase: str | None) -> list[dict]:
+    """Indexer, top-k, page-table builder and attention rows of ``T`` query tokens of ``R`` requests (one phase)."""
+    m, p, q = c.model, c.plan, c.quant
+    hd, hq, hkv = m.head_dim, p.heads_q_local(m), p.heads_kv_local(m)
+    ih = p.index_heads_local(m) if sparse else 0
+    kv_tok = 2 * hkv * hd * dtype_bytes(q.kv_dtype)
+    idx_tok = m.sparse.index_dim * dtype_bytes(q.index_dtype) if sparse else 0
+    ib = dtype_bytes(q.index_dtype)
+    rows = []
     if sparse and computes_topk:
         sp = m.sparse
         rows.append(ops.row("indexer", "indexer", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens,
@@ -100,10 +148,18 @@ def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
                         flops=4.0 * hq * hd * keys,
                         bytes_compute=2.0 * T * hq * hd * 2 + (T * hkv * m.sparse.topk_blocks * 4.0 if sparse else 0),
                         bytes_weight=0.0, bytes_kv=read_tok * kv_tok, bytes_comm=0.0))
-    if gate:
-        rows.append(ops.elementwise("attn_gate", "activation", T * gate, reads=2, writes=1, flops_per=5, m=T))
-    rows += _gemm("o_proj", T, H, hq * hd, q.weight_dtype("attn_o"))
+    if sparse and c.runs("page_table", kind, phase):
+        rows.insert(len(rows) - 1, _page_table_row(m, cnt, T, R, hkv))
     return rows
+
+
+def _page_table_row(m: ModelSpec, cnt: AttentionCounts, T: int, R: int, hkv: int) -> dict:
+    """The sparse page adapter's table builder: 128-token blocks -> page-16 ids (8 pages a block). Reads the
+    top-k ids [T, hkv, K] int32, the requests' block tables and lengths; writes [T x hkv, 8K] int32."""
+    i32, k = dtype_bytes("int32"), m.sparse.topk_blocks
+    reads = T * hkv * k * i32 + cnt.ctx_tokens / m.sparse.block_size * i32 + R * i32
+    return ops.row("page_table", "page_table", m=T, q_tokens=T, heads_kv=hkv, act_dtype="int32", flops=0.0,
+                   bytes_compute=reads + T * hkv * k * 8 * i32, bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0)
 
 
 def _mla_rows(c: _Ctx, sparse: bool = False, computes_topk: bool = False) -> list[dict]:
@@ -230,7 +286,13 @@ def _ffn_rows(c: _Ctx, moe: bool) -> list[dict]:
     rows.append(ops.gemm("router", T, m.experts, H, m.router_dtype if m.router_dtype == "fp32"
                          else q.weight_dtype("router"), kind="router"))
     w_routed, w_shared = q.weight_dtype("routed_expert"), q.weight_dtype("shared_expert")
-    fused = p.fuses_shared(m, q)   # asked for, no EP, one expert format (ParallelPlan.shared_fusion_reason)
+    # the shared expert as extra grouped-GEMM rows: as vLLM resolved it, else ParallelPlan's rule (asked for, no
+    # EP, one expert format: ParallelPlan.shared_fusion_reason)
+    fused = c.dispatch.fused_shared_expert if c.dispatch is not None else p.fuses_shared(m, q)
+    if c.dispatch is not None:  # the routing top-k kernel: reads the fp32 logits, writes ids and weights
+        rows.append(ops.row("routing", "topk", m=T, topk=m.topk, act_dtype="fp32", flops=4.0 * T * m.experts,
+                            bytes_compute=T * m.experts * 4.0 + T * (m.topk + 1) * 8.0, bytes_weight=0.0,
+                            bytes_kv=0.0, bytes_comm=0.0))
     inter = p.expert_inter_local(m)
     routed = float(r.routed_tokens(T, p.ep)[0])
     active = float(r.active_experts(T, p.ep)[0])
@@ -269,8 +331,44 @@ def _layer_key(m: ModelSpec, topk_source: dict, layer: int) -> tuple:
     return attn, attn == ATTN_SPARSE and topk_source.get(layer) == layer, m.mlp_types[layer] == MLP_MOE
 
 
+def topk_sources(model: ModelSpec, dispatch: Dispatch | None = None) -> dict:
+    """Sparse layer -> the layer whose top-k it uses: the model's index-sharing schedule, unless a Dispatch says
+    vLLM runs no reuse layers for this deployment (then every sparse layer computes its own)."""
+    if model.sparse is None:
+        return {}
+    if dispatch is not None and not dispatch.index_sharing:
+        return {layer: layer for layer in model.sparse_layers}
+    return model.topk_source()
+
+
+def _annotate(c: _Ctx, rows: list[dict], kind: str) -> list[dict]:
+    """Add the resolver's decision, path id and kernels to every row that a decision covers (with a Dispatch).
+    A row whose decision does not run (or is missing) means the OpTable and vLLM disagree: raise."""
+    if c.dispatch is None:
+        return rows
+    out = []
+    for r in rows:
+        op = OP_DECISION.get(r["op"])
+        if op is None:
+            out.append(r)
+            continue
+        phase = r.get("phase") if r["op"] in PHASED_OPS and r.get("phase") else c.phase
+        ch = c.dispatch.choice(op, kind, phase) or (c.dispatch.choice(op, "dense", phase) if kind == "model" else None)
+        if ch is None or not ch.runs:
+            raise M3LabError(f"OpTable row {r['op']!r} on {kind} layers has no running vLLM decision "
+                             f"({op}: {ch.status if ch else 'none'}) in the {phase} phase", field="dispatch",
+                             hint="the OpTable builder and the fast-path resolver disagree; report this")
+        out.append(dict(r, decision=ch.decision, path=ch.path, kernel=", ".join(ch.kernels)))
+    return out
+
+
 def _class_rows(c: _Ctx, key: tuple) -> list[dict]:
-    """Rows of one layer of structure class ``key`` (see :func:`_layer_key`)."""
+    """Rows of one layer of structure class ``key`` (see :func:`_layer_key`), annotated from the Dispatch."""
+    attn, computes_topk, moe = key
+    return _annotate(c, _stock_class_rows(c, key), layer_kind(attn, ATTN_SPARSE, computes_topk))
+
+
+def _stock_class_rows(c: _Ctx, key: tuple) -> list[dict]:
     attn, computes_topk, moe = key
     m = c.model
     if attn == ATTN_LINEAR:
@@ -305,10 +403,10 @@ def _edge_rows(c: _Ctx) -> tuple[list[dict], list[dict]]:
         tail.append(ops.gather("logits_gather", R, v_local * p.tp, p.tp))
     for r in head + tail:
         r["layer"] = -1
-    return head, tail
+    return _annotate(c, head, "model"), _annotate(c, tail, "model")
 
 
-_TEXT_COLUMNS = ("op", "kind", "act_dtype", "w_dtype", "comm_algo", "fused_into")
+_TEXT_COLUMNS = ("op", "kind", "act_dtype", "w_dtype", "comm_algo", "fused_into", "phase", "decision", "path", "kernel")
 
 
 def _frame(templates: list[dict], index, layers):
@@ -329,12 +427,13 @@ def _frame(templates: list[dict], index, layers):
 
 
 def build_optable(model, plan: ParallelPlan | None = None, quant="bf16", step: EngineStep | None = None,
-                  routing=None):
+                  routing=None, dispatch: Dispatch | None = None):
     """OpTable of one engine step on one GPU: a pandas DataFrame with the columns of :data:`COLUMNS`.
 
     ``model``: ModelSpec or name; ``plan``: ParallelPlan (default TP1); ``quant``: QuantScheme or name;
-    ``step``: EngineStep (default one decode at context 1); ``routing``: see ``routing.make_routing``.
-    Each layer structure class is built once (the top-k source map once per build) and repeated column-wise.
+    ``step``: EngineStep (default one decode at context 1); ``routing``: see ``routing.make_routing``;
+    ``dispatch``: what vLLM runs for the deployment (:mod:`m3lab.optable.dispatch`; None: the spec's structure,
+    no decision columns). Each layer structure class is built once and repeated column-wise.
     """
     import numpy as np
 
@@ -346,7 +445,10 @@ def build_optable(model, plan: ParallelPlan | None = None, quant="bf16", step: E
     counts = attention_counts(step.new_tokens, step.context_lens, sp.block_size if sp else 0,
                               sp.topk_blocks if sp else 0)
     rt = make_routing(routing, model.experts, model.topk) if model.is_moe else None
-    c = _Ctx(model, plan, quant, step, counts, rt, model.topk_source() if sp else {})
+    if dispatch is not None and model.sparse is None:
+        raise M3LabError(f"a Dispatch describes MiniMax M3's kernels; {model.name!r} has no block-sparse attention",
+                         field="dispatch")
+    c = _Ctx(model, plan, quant, step, counts, rt, topk_sources(model, dispatch), dispatch)
     head, tail = _edge_rows(c)
     templates = list(head)
     spans: dict = {}  # class key -> (first template index, row count)

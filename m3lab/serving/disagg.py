@@ -16,6 +16,8 @@ requests/s; output tokens/s/GPU = that × osl / ((P + D) × tp); TTFT = prefill 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -216,8 +218,8 @@ def pd_estimate(deployment, *, calibration="default") -> dict:
     handoff, _ = pd_plan(m, pplan.tp, dplan.tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype,
                          prefill_layout=d.pd.prefill.layout, decode_layout=d.pd.decode.layout, bandwidth=kv_link_bw)
     cal = resolve_calibration(hw, calibration)
-    pre = StepCoster(m, pplan, q, hw, cal)
-    dec = StepCoster(m, dplan, q, hw, cal, spec_tokens=spec_tokens, draft_cost=d.acceptance.draft_cost)
+    pre = StepCoster(dataclasses.replace(d, plan=pplan), cal)   # prefill steps only: no speculative rows
+    dec = StepCoster(dataclasses.replace(d, plan=dplan), cal)
     n_req = wl.num_prompts
     gpus = d.gpus
     results = {}

@@ -210,7 +210,7 @@ def estimate(deployment, *, calibration="default", routing=None) -> ServingEstim
             f"num_prompts {n_req} < {MIN_REQUESTS_PER_SLOT} x concurrency {conc}: the run does not reach "
             f"steady state, so TTFT and throughput are start-up figures"), stacklevel=2)
     sched = ArrivalRecordingScheduler(scheduler_config(d, block_size=block_size_of(m)))
-    coster = StepCoster(m, plan, q, hw, cal, routing, spec_tokens=spec_tokens, draft_cost=d.acceptance.draft_cost)
+    coster = StepCoster(d, cal, routing)
     modes = ("ceiling",) + (("calibrated",) if cal is not None else ())
     runs, req = _simulate(coster, sched, workload, modes, osl_steps)
     gpus = plan.world
