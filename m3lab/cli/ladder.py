@@ -90,6 +90,8 @@ def _print(lad) -> None:
     console = Console()
     console.print(table)
     for s in data["steps"]:
+        if s["note"]:
+            console.print(f"{s['fix']}: {s['note']}", highlight=False)
         if s["writeup_text"] and s["writeup_gain_pct"] is None:
             console.print(f"— {s['fix']}: the write-up's figure is for another configuration ({s['writeup_text']}: "
                           f"{s['writeup_configuration']})", highlight=False)

@@ -58,8 +58,8 @@ def vllm_objection(fix: Fix, d, after) -> str | None:
 def relieved_op(fix: Fix, base: Rung, after: Rung) -> tuple[str, float, float]:
     """(op, its share of the decode step now, µs it saves) for the op of ``fix.touches()`` whose decode time falls
     most; the fix's first op present in the step when none falls."""
-    now = base.decode_ops.groupby("op")["t_us"].sum()
-    then = after.decode_ops.groupby("op")["t_us"].sum()
+    now = base.decode_ops.groupby("op")["us"].sum()
+    then = after.decode_ops.groupby("op")["us"].sum()
     total = now.sum()
     saved = {op: now.get(op, 0.0) - then.get(op, 0.0) for op in fix.touches() if op in now.index or op in then.index}
     if saved and max(saved.values()) > 0:

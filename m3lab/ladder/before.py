@@ -1,21 +1,17 @@
 """m3lab's representation of the state before a fix that vLLM 0.33.0 has as code: there is no switch to turn it off.
 
-Two such fixes slow one kind of kernel down, and are represented as the ratio m3lab measured between the two
-states with its own kernels on an H200 (**projected**: the ratio is carried to the deployment's hardware profile,
-an assumption whose :data:`SCALE` the sensitivity table moves):
+The cost follows vLLM's dispatch (:mod:`m3lab.cost.sources`): vLLM's MXFP8 linear (``_mxfp8_linear_kernel``,
+paths ``mxfp8_dot_scaled_*``) is costed from the calibration's FP8 GEMM fit at the row's (M, N, K). The state
+before the **decode GEMM launcher** is represented there (:class:`BeforeCalibration`): the decode-M (at most
+``DECODE_MAX_M`` rows) MXFP8 GEMMs run the large-M tile, their efficiency divided by the prefill-tile / decode-tile
+time ratio m3lab measured with its own GEMM kernel on an H200 at the nearest (M, N, K)
+(``traces/bench/gemm.csv``, bf16, ``m3lab.bench.analysis.tile_gain``). **Projected**: the ratio is carried to the
+deployment's GPU, an assumption whose :data:`SCALE` the sensitivity table moves. A ceiling (no calibration) has no
+efficiency to lose and does not move.
 
-- ``decode_gemm_launcher``: before it, the decode-M (at most ``DECODE_MAX_M`` rows) MXFP8 GEMMs run the large-M
-  tile. Their time is multiplied by the prefill-tile / decode-tile time of m3lab's GEMM kernel at the nearest
-  measured (M, N, K) (``traces/bench/gemm.csv``, bf16, ``m3lab.bench.analysis.tile_gain``).
-- ``moe_program_order``: before it, the grouped GEMMs run the slower of the two program orders m3lab's MoE kernel
-  was measured with (``traces/bench/moe.csv``: order=token, vLLM's GROUP_SIZE_M swizzle, vs order=expert; balanced
-  routing), at the nearest tokens per touched expert.
-
-They act through the calibration (:class:`BeforeCalibration`): a calibrated estimate's GEMM efficiencies divided
-by the ratio, so a ceiling (efficiency 1) does not move; the program order needs a fused-MoE fit of the weights'
-family (the dense fallback of a grouped GEMM is left as it is). The speculative-decoding code fixes
-(``request_level_index_batching``, ``multi_token_verification``) change the indexer and the attention, which no
-calibration reaches: :data:`REPRESENTED` leaves them out and the ladder reports their step as not estimated.
+The other code fixes act on kernels costed from their H200 measurements (:mod:`m3lab.cost.peers`: vLLM's Triton
+MoE, indexer and sparse attention), which no calibration reaches: :data:`REPRESENTED` leaves them out, and the
+ladder reports their step as not estimated, with the representation it would use (``Fix.before``).
 """
 from __future__ import annotations
 
@@ -28,16 +24,11 @@ import pandas as pd
 
 from m3lab.bench.analysis import newest_harness, tile_gain
 from m3lab.bench.table import TRACES_BENCH, read_table
-from m3lab.errors import M3LabError
 from m3lab.kernels.gemm.tables import DECODE_MAX_M
 
 SCALE = 1.0      # assumed: the H200 before/after ratio carries to the target hardware unchanged (1 = as measured)
-LAUNCHER_DTYPES = ("mxfp8",)   # the weights vLLM's shape-aware launcher serves (_mxfp8_linear_kernel)
-MOE_TOPK, MOE_EXPERTS = 5, 129  # the measured MoE rows: M3 with the shared expert fused (traces/bench/moe.csv)
-REPRESENTED = {
-    "decode_gemm_launcher": "H200 tile ratio (traces/bench/gemm.csv), projected",
-    "moe_program_order": "H200 program-order ratio (traces/bench/moe.csv), projected",
-}
+LAUNCHER_FIT = "fp8"   # the calibration fit vLLM's MXFP8 linear is costed from (m3lab.cost.sources, dot_scaled_*)
+REPRESENTED = {"decode_gemm_launcher": "H200 tile ratio (traces/bench/gemm.csv), projected"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,19 +37,6 @@ def launcher_ratios() -> pd.DataFrame:
     g = tile_gain(newest_harness(read_table(TRACES_BENCH / "gemm.csv")))
     g = g[(g["dtype"] == "bf16") & (g["M"] <= DECODE_MAX_M)]
     return g[["M", "N", "K", "ratio"]].astype(float).reset_index(drop=True)
-
-
-@functools.lru_cache(maxsize=1)
-def program_order_ratios() -> pd.DataFrame:
-    """``[tokens, rows_per_expert, ratio]``: slower / faster of the two measured program orders (balanced routing)."""
-    df = read_table(TRACES_BENCH / "moe.csv")
-    df = df[df["shape"].str.contains("routing=balanced")]
-    wide = df.pivot_table(index="T", columns="provider", values="us_p50", aggfunc="median")
-    both = wide[["m3lab-order=token", "m3lab-order=expert"]].dropna()
-    tokens = both.index.to_numpy(float)
-    routed = MOE_TOPK * tokens
-    return pd.DataFrame({"tokens": tokens, "rows_per_expert": routed / np.minimum(MOE_EXPERTS, routed),
-                         "ratio": (both.max(axis=1) / both.min(axis=1)).to_numpy()})
 
 
 def _nearest(table: pd.DataFrame, keys: list[str], query: np.ndarray) -> np.ndarray:
@@ -78,16 +56,44 @@ def launcher_slowdown(m, n, k, scale: float = SCALE) -> np.ndarray:
     return np.where(m <= DECODE_MAX_M, 1.0 + scale * (ratio - 1.0), 1.0)
 
 
-def program_order_slowdown(rows_per_expert, scale: float = SCALE) -> np.ndarray:
-    """Time factor (>= 1) of grouped GEMMs with ``rows_per_expert`` rows per touched expert before the program order."""
-    q = np.atleast_1d(np.asarray(rows_per_expert, float))[:, None]
-    return 1.0 + scale * (_nearest(program_order_ratios(), ["rows_per_expert"], q) - 1.0)
+@dataclass(frozen=True)
+class SlowedFit:
+    """A GEMM fit (``m3lab.cost.calibration.GemmFit``) whose efficiency is divided by the launcher's slowdown."""
+
+    base: Any
+    scale: float
+
+    @property
+    def points(self) -> pd.DataFrame:
+        return self.base.points
+
+    @property
+    def family(self) -> str:
+        return self.base.family
+
+    def efficiency(self, m, n, k) -> np.ndarray:
+        return np.asarray(self.base.efficiency(m, n, k), float) / launcher_slowdown(m, n, k, self.scale)
+
+
+_SLOWED: dict = {}   # (id of a calibration, scale) -> (the calibration, its fits with the launcher's slowed)
+
+
+def _slowed_fits(base, scale: float) -> dict:
+    """``base.fits`` with the launcher's fit slowed: one object per calibration and scale, as the cost model
+    memoises fits by identity (the calibration is kept alive while its id keys the cache)."""
+    key = (id(base), float(scale))
+    if key not in _SLOWED:
+        fits = dict(base.fits)
+        if LAUNCHER_FIT in fits:
+            fits[LAUNCHER_FIT] = SlowedFit(fits[LAUNCHER_FIT], scale)
+        _SLOWED[key] = (base, fits)
+    return _SLOWED[key][1]
 
 
 @dataclass(frozen=True)
 class BeforeCalibration:
-    """A calibration (``m3lab.cost.calibration.Calibration``) with the code fixes ``undone`` in their state before:
-    the GEMM efficiencies of ``base`` divided by the fixes' slowdowns; everything else is ``base``'s."""
+    """A calibration (``m3lab.cost.calibration.Calibration``) with the code fixes ``undone`` in their state before
+    (see the module docstring); everything else is ``base``'s."""
 
     base: Any
     undone: tuple[str, ...]
@@ -97,18 +103,15 @@ class BeforeCalibration:
         unknown = [f for f in self.undone if f not in REPRESENTED]
         if unknown:
             raise ValueError(f"no representation of the state before {unknown}; represented: {list(REPRESENTED)}")
-        # a grouped GEMM without a fused-MoE fit takes the dense fit at its dense-equivalent shape, which the
-        # launcher's slowdown could not tell from a decode GEMM: that state before needs the fused-MoE fit
-        if "decode_gemm_launcher" in self.undone and any(
-                self.base.family_for(w, "_grouped") is None for w in LAUNCHER_DTYPES):
-            raise M3LabError(f"calibration {self.base.name} has no fused-MoE fit for {'/'.join(LAUNCHER_DTYPES)}: "
-                             "the decode launcher's state before cannot be told from the MoE's", field="calibration",
-                             hint="use a calibration with a fused-MoE table (the shipped aiter-mi355x has one)")
 
-    def __getattr__(self, name: str):   # fits, floors_us, residuals, family_for, hardware, source: the base's
+    def __getattr__(self, name: str):   # floors_us, residuals, family_for, hardware, source: the base's
         if name.startswith("__") or name == "base":
             raise AttributeError(name)
         return getattr(self.base, name)
+
+    @property
+    def fits(self) -> dict:
+        return _slowed_fits(self.base, self.scale) if "decode_gemm_launcher" in self.undone else self.base.fits
 
     @property
     def name(self) -> str:
@@ -118,20 +121,3 @@ class BeforeCalibration:
     def label(self) -> str:
         before = "; ".join(f"{f} undone ({REPRESENTED[f]}, scale {self.scale:g})" for f in self.undone)
         return f"{self.base.label}; m3lab's representation of the state before: {before}"
-
-    def gemm_efficiency(self, m, n, k, w_dtype: str) -> np.ndarray:
-        eff = np.asarray(self.base.gemm_efficiency(m, n, k, w_dtype), float)
-        if "decode_gemm_launcher" in self.undone and str(w_dtype) in LAUNCHER_DTYPES:
-            eff = eff / launcher_slowdown(m, n, k, self.scale)
-        return eff
-
-    def grouped_efficiency(self, m_eq, side, w_dtype: str) -> np.ndarray | None:
-        """The base's fused-MoE fit divided by the program-order slowdown when that fix is undone; None (the cost
-        model's dense fallback, untouched) where the base has no fused-MoE fit for the dtype."""
-        eff = self.base.grouped_efficiency(m_eq, side, w_dtype)
-        if eff is None or "moe_program_order" not in self.undone:
-            return eff
-        return np.asarray(eff, float) / program_order_slowdown(m_eq, self.scale)
-
-    def floor_us(self, kind: str) -> float:
-        return self.base.floor_us(kind)

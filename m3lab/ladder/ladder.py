@@ -107,7 +107,8 @@ class Step:
                 "gain_pct": self.gain_pct, "tpot_change_pct": self.tpot_change_pct,
                 "writeup_gain_pct": w.get("value_pct"), "writeup_metric": w.get("metric"),
                 "writeup_text": w.get("text"), "writeup_configuration": w.get("configuration"),
-                "writeup_not_stated": w.get("not_stated")}
+                "writeup_not_stated": w.get("not_stated"),
+                "note": None if self.rung is not None else get_fix(self.fix).before}
 
 
 @dataclass
@@ -208,20 +209,33 @@ def toggled(start, fixes: Sequence[Fix], on, *, calibration="default", scale: fl
     return evaluate(d, undone, calibration=calibration, scale=scale)
 
 
-def scale_sensitivity(start, fixes: Sequence[Fix], *, calibration="default",
-                      scales: Sequence[float] = (0.5, 1.5)) -> pd.DataFrame:
-    """How the ladder's first rung (every code fix of ``fixes`` in its state before) moves when the H200 ratios
-    behind that state are carried with their excess over 1 times each of ``scales`` (:data:`SCALE` 1: as measured;
-    assumed): ``[assumption, value, low, high, unit, source, start_tok_s_gpu, low_tok_s_gpu, high_tok_s_gpu,
-    low_change_pct, high_change_pct]``; no row when no code fix is represented."""
-    undone = tuple(f.name for f in fixes if not f.is_switch and f.name in REPRESENTED)
-    if not undone:
-        return pd.DataFrame()
-    runs = {s: evaluate(start, undone, calibration=calibration, scale=s).throughput for s in (SCALE, *scales)}
-    lo, hi = min(scales), max(scales)
-    return pd.DataFrame([{
-        "assumption": "ladder.before.SCALE", "value": SCALE, "low": lo, "high": hi, "unit": "x (ratio excess)",
-        "source": "assumed: m3lab's H200 before/after kernel ratios (" + ", ".join(undone) + ") carry to "
-                  f"{start.hardware.name}", "start_tok_s_gpu": runs[SCALE], "low_tok_s_gpu": runs[lo],
-        "high_tok_s_gpu": runs[hi], "low_change_pct": (runs[lo] / runs[SCALE] - 1) * 100,
-        "high_change_pct": (runs[hi] / runs[SCALE] - 1) * 100}])
+SENSITIVITY_COLUMNS = ("rung", "assumption", "value", "low", "high", "unit", "tok_s", "change_low_pct",
+                       "change_high_pct", "swing_pct", "source")
+
+
+def sensitivity(lad: Ladder, *, calibration="default", scales: Sequence[float] = (0.5, 1.5),
+                top: int = 6) -> pd.DataFrame:
+    """Which assumption matters, for the ladder's first and last estimated rungs: the cost model's ``top``
+    assumptions by swing (``m3lab.cost.sensitivity``: exact re-timing of each run with one assumption at its low
+    and high value) and the ladder's own, :data:`SCALE` of the code fixes' H200 ratios (re-estimated at each of
+    ``scales``). Columns :data:`SENSITIVITY_COLUMNS`; changes in % of output tokens/s/GPU."""
+    rungs = [s.rung for s in lad.steps if s.rung is not None]
+    parts = []
+    for name, rung in (("start", rungs[0]), ("end", rungs[-1])):
+        if rung.sensitivity is not None:
+            t = rung.sensitivity.head(top).assign(rung=name, tok_s=rung.throughput)
+            parts.append(t)
+    first = rungs[0]
+    if first.undone:
+        runs = {x: evaluate(first.deployment, first.undone, calibration=calibration, scale=x).throughput
+                for x in scales}
+        lo, hi = runs[min(scales)] / first.throughput - 1, runs[max(scales)] / first.throughput - 1
+        parts.append(pd.DataFrame([{
+            "rung": "start", "assumption": "ladder.before.SCALE", "value": SCALE, "low": min(scales),
+            "high": max(scales), "unit": "x (ratio excess over 1)", "tok_s": first.throughput,
+            "change_low_pct": 100 * lo, "change_high_pct": 100 * hi, "swing_pct": 100 * max(abs(lo), abs(hi)),
+            "source": "assumed: m3lab's H200 before/after kernel ratios (" + ", ".join(first.undone) + ") carry to "
+                      f"{first.deployment.hardware.name}"}]))
+    if not parts:
+        return pd.DataFrame(columns=list(SENSITIVITY_COLUMNS))
+    return pd.concat(parts, ignore_index=True)[list(SENSITIVITY_COLUMNS)]

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from m3lab.artifacts import INTERACTIVE_STEP, current_step
+from m3lab.ladder.before import REPRESENTED
 
 
 def _published(row) -> str:
@@ -40,10 +41,10 @@ def shares_before_after(before: pd.DataFrame, after: pd.DataFrame, title: str,
                         names: tuple[str, str] = ("before", "after"), top: int = 10) -> go.Figure:
     """Horizontal bars: each op's share of the decode step's time (``decode_ops`` tables) before and after, the
     ``top`` ops of either side (the rest as "other"); the step's µs in the legend."""
-    keep = list(dict.fromkeys(list(before.nlargest(top, "t_us")["op"]) + list(after.nlargest(top, "t_us")["op"])))
+    keep = list(dict.fromkeys(list(before.nlargest(top, "us")["op"]) + list(after.nlargest(top, "us")["op"])))
     fig = go.Figure()
     for name, df in zip(names, (before, after)):
-        per = df.groupby("op")["t_us"].sum()
+        per = df.groupby("op")["us"].sum()
         shares = per.reindex(keep).fillna(0.0) / per.sum() * 100
         other = 100 - shares.sum()
         fig.add_trace(go.Bar(y=keep + ["other"], x=list(shares) + [other], orientation="h",
@@ -67,7 +68,10 @@ def fix_toggles(start, fixes, *, calibration="default", live: bool | None = None
 
     from m3lab.ladder.ladder import toggled
 
-    boxes = {f.name: widgets.Checkbox(value=False, description=f.name, indent=False) for f in fixes}
+    boxes = {f.name: widgets.Checkbox(value=False, description=f.name, indent=False,
+                                      disabled=not (f.is_switch or f.name in REPRESENTED),
+                                      tooltip=f.before or ", ".join(f"{k}={v}" for k, v in f.settings.items()))
+             for f in fixes}
     out = widgets.Output()
     cache = {frozenset(): toggled(start, fixes, frozenset(), calibration=calibration)}
 
