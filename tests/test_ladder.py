@@ -249,3 +249,13 @@ def test_a_toggle_per_fix_re_estimates_live_and_a_pipeline_run_gets_the_static_l
     assert checks["moe_program_order"].disabled            # not estimated: no toggle pretends otherwise
     checks["decode_gemm_launcher"].value = True
     assert calls[-1] == ()
+
+
+def test_a_pipeline_names_an_unknown_fix_before_any_step_runs():
+    from m3lab.pipeline.validate import validate_step
+
+    with pytest.raises(M3LabError, match="unknown fix 'nope'"):
+        validate_step("following_the_bottleneck", {"fixes": ["nope"]}, {"fixes"})
+    with pytest.raises(M3LabError, match="list of fix names"):
+        validate_step("following_the_bottleneck", {"fixes": "index_sharing"}, {"fixes"})
+    validate_step("following_the_bottleneck", {"fixes": ["index_sharing"]}, {"fixes"})
