@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from m3lab.cost import sources
+from m3lab.cost import paths, sources
 from m3lab.cost.assumptions import ASSUMPTIONS
 from m3lab.errors import M3LabError
 from m3lab.optable import build_optable
@@ -17,6 +17,9 @@ from m3lab.spec.serving import make_deployment
 from m3lab.vllm.fastpaths import resolve
 from m3lab.workload.step import EngineStep
 
+# the persistent FFN kernel's preconditions (MXFP4 experts, BF16 attention, fp8 KV and index caches, no sharing)
+MONO = {"quant": "mxfp4", "model": "minimax-m3", "kv_dtype": "fp8", "index_dtype": "fp8", "monokernel": True,
+        "moe_backend": "aiter", "model_runner_v2": True, "index_topk_freq": 1}
 # deployments that reach every family of decisions: AITER on/off, shuffle, fusion, sharing, dtypes, spec, TP,
 # EP, formats, platforms
 GRID = [
@@ -29,6 +32,7 @@ GRID = [
     ("mxfp8-tp4-optimised", {"indexer_cp": True}), ("mxfp8-tp4-baseline", {"indexer_cp": True}),
     ("mxfp8-tp4-baseline", {"hardware": "mi300x"}), ("h200-bf16-tp4", {"hardware": "b200"}),
     ("mxfp8-tp4-optimised", {"moe_backend": "triton"}), ("mxfp8-tp4-baseline", {"cudagraph_mode": "PIECEWISE"}),
+    ("mxfp8-tp4-optimised", MONO),
 ]
 SIZES = [("decode", 1), ("decode", 32), ("decode", 128), ("decode", 512), ("prefill", 64), ("prefill", 8192)]
 
@@ -65,17 +69,17 @@ def resolutions():
 
 def test_every_path_the_resolver_returns_has_a_cost_source(resolutions):
     assert len(resolutions) > 60
-    assert missing_cost_sources(resolutions, sources.PATH_COST) == []
-    used = {src for entry in sources.PATH_COST.values()
+    assert missing_cost_sources(resolutions, paths.PATH_COST) == []
+    used = {src for entry in paths.PATH_COST.values()
             for src in ([entry] if isinstance(entry, str) else entry.values())} - {None}
     assert used - {"none"} <= set(sources.SOURCES)
 
 
 def test_a_path_without_a_cost_source_is_caught(resolutions):
-    planted = {k: v for k, v in sources.PATH_COST.items() if k != "aiter_sparse_pa"}
+    planted = {k: v for k, v in paths.PATH_COST.items() if k != "aiter_sparse_pa"}
     assert any(m.startswith("aiter_sparse_pa") for m in missing_cost_sources(resolutions, planted))
     with pytest.raises(M3LabError, match="no cost source"):
-        sources.source_of("attention", "attention", "a_new_vllm_path")
+        paths.source_of("attention", "attention", "a_new_vllm_path")
 
 
 def test_every_named_assumption_is_used_and_every_used_one_is_named():
@@ -220,3 +224,22 @@ def test_dispatch_is_cached_on_disk_and_read_back(tmp_path, monkeypatch):
     other = dataclasses.replace(d, serving=dataclasses.replace(d.serving, aiter=False))
     with pytest.raises(pytest.fail.Exception):
         dispatch_for(other)   # another deployment is not read from this entry
+
+
+def test_rows_the_monokernel_replaces_are_costed_as_its_launch():
+    """Where vLLM marks the replaced ops skipped and runs the monokernel, their rows take its path and source."""
+    from m3lab.optable.dispatch import Dispatch, PathChoice
+    d = make_deployment("mxfp8-tp4-optimised", dict(MONO, concurrency=8))
+    disp = dispatch_for(d)
+    assert disp.choice("monokernel", "sparse", "decode").path == "mono_ffn"
+    replaced = ("allreduce_norm", "router", "routing", "experts")
+    dec = {k: (dataclasses.replace(c, status="skipped") if k[0] in replaced and k[1] == "sparse" else c)
+           for k, c in disp.choices["decode"].items()}
+    planted = Dispatch(disp.hardware, {"decode": dec, "prefill": disp.choices["prefill"]}, disp.tokens)
+    ot = build_optable(d.model, d.plan, d.quant, EngineStep.decode(8, 4000), None, planted)
+    sparse = ot[ot["layer"] == 3].set_index("op")
+    assert sparse.loc["moe_gate_up", "path"] == "mono_ffn" and sparse.loc["allreduce_ffn", "path"] == "mono_ffn"
+    assert sparse.loc["attention", "path"] != "mono_ffn"
+    from m3lab.cost.model import cost_optable
+    c = cost_optable(ot, d.hardware, "default")
+    assert set(c.loc[c["path"] == "mono_ffn", "source"]) == {"monokernel"}

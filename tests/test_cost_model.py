@@ -73,7 +73,8 @@ def test_kernel_time_matches_measured_gemm(mi355x, shared_dir):
 
 def test_every_kind_has_a_cost_source_with_named_assumptions():
     from m3lab.cost.assumptions import ASSUMPTIONS
-    from m3lab.cost.sources import KIND_COST, SOURCES
+    from m3lab.cost.paths import KIND_COST
+    from m3lab.cost.sources import SOURCES
 
     kinds = set()
     for model, quant in (("minimax-m3", "mxfp8"), ("qwen3.5-397b-a17b", "fp8"), ("glm-5.2", "mxfp4")):

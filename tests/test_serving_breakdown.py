@@ -57,3 +57,11 @@ def test_cli_breakdown_adds_decode_step_ops(tmp_path, monkeypatch):
     assert {"op", "kernel", "calls", "bytes", "flops", "us", "share"} <= set(ops[0])
     assert sum(o["share"] for o in ops) == pytest.approx(1.0)
     assert out["decode_step_point"]["batch"] >= 1 and np.isfinite(out["output_tokens_per_s_per_gpu"])
+
+
+def test_breakdown_with_pd_is_refused_in_one_line():
+    from typer.testing import CliRunner
+
+    from m3lab.cli.main import app
+    res = CliRunner().invoke(app, ["estimate", "--preset", "mxfp8-tp4-optimised", "--pd", "1:1", "--breakdown"])
+    assert res.exit_code == 2 and "--breakdown" in res.output and "Traceback" not in res.output

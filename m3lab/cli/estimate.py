@@ -73,6 +73,9 @@ def estimate_cmd(
                     ep=ep, quant=quant, kv_dtype=kv_dtype, index_dtype=index_dtype, isl=isl, osl=osl,
                     concurrency=concurrency, num_prompts=num_prompts, accept_len=accept_len,
                     gpu_memory_utilization=gpu_memory_utilization)
+    if breakdown and (d.workload.kind != "fixed" or d.pd.enabled):
+        raise M3LabError("--breakdown applies to the colocated fixed-length estimate", field="breakdown",
+                         hint="drop --pd / --workload, or --breakdown")
     if d.workload.kind != "fixed":
         from m3lab.cache.serving import estimate_workload
         from m3lab.cli.cache import print_estimate

@@ -60,6 +60,9 @@ ASSUMPTIONS: Mapping[str, Assumption] = dict((
     _a("bf16_untuned_vs_aiter", 0.8, 0.5, 1.0, "x", "efficiency",
        "assumed: a BF16 GEMM run by hipBLASLt's default heuristics or vLLM's skinny kernels runs at this fraction "
        "of the speed of AITER's tuned choice for the shape (AITER tunes over hipBLASLt, so its time is a bound)"),
+    _a("monokernel_eff", 0.6, 0.3, 0.8, "x", "efficiency",
+       "assumed: fraction of the roofline of vLLM's FlyDSL persistent FFN kernel (--monokernel) over the ops it "
+       "replaces (all-reduces, norm, router, experts); no measurement of it here"),
     _a("elementwise_eff", 0.6, 0.4, 0.8, "x", "efficiency",
        "assumed: fraction of the HBM roofline of norms, activations, quantisers, RoPE, KV/index cache writes, the "
        "page-table builder, routing top-k and MoE bookkeeping kernels (H200 torch.sum: 0.79 of 4.8 TB/s)"),

@@ -31,7 +31,7 @@ from m3lab.spec.gemm_cost import dense_equivalent, gemm_cost
 
 DATA_DIR = Path(__file__).with_name("data")
 BANDWIDTH = 1.0          # kernel width in log2 units of M, N and K (chosen by the out-of-sample check)
-FAMILY = {"fp8": "fp8", "mxfp8": "mxfp8", "mxfp4": "mxfp4", "bf16": "bf16", "fp16": "fp16"}  # dtypes a table fits
+FIT_DTYPES = ("fp8", "mxfp8", "mxfp4", "bf16", "fp16")   # weight dtypes a measured table can fit
 TORCH_DTYPES = {"torch.float8_e4m3fn": "fp8", "torch.float8_e4m3fnuz": "fp8", "torch.bfloat16": "bf16",
                 "torch.float16": "fp16", "torch.int8": "int8"}
 GFX_HARDWARE = {("gfx950", 256): "mi355x", ("gfx942", 304): "mi300x"}
@@ -212,7 +212,7 @@ def fit_gemm(table: pd.DataFrame, hw, bandwidth: float = BANDWIDTH) -> dict[str,
     rows fit ``"<dtype>_grouped"`` over their dense-equivalent regime (:func:`m3lab.spec.gemm_cost.dense_equivalent`)."""
     fits = {}
     op = table["op"] if "op" in table else pd.Series(["gemm"] * len(table), index=table.index)
-    known = table["w_dtype"].where(table["w_dtype"].isin(list(FAMILY)))
+    known = table["w_dtype"].where(table["w_dtype"].isin(list(FIT_DTYPES)))
     for fam, rows in table.assign(family=known, _op=op).dropna(subset=["family"]).groupby("family"):
         dense, moe = rows[rows["_op"] != "fused_moe"], rows[rows["_op"] == "fused_moe"]
         if len(dense):
@@ -222,7 +222,7 @@ def fit_gemm(table: pd.DataFrame, hw, bandwidth: float = BANDWIDTH) -> dict[str,
             fits[name] = GemmFit(name, grouped_regime(moe.drop(columns="_op").reset_index(drop=True), hw), bandwidth)
     if not fits:
         raise M3LabError("measured table has no GEMM rows of a known dtype", field="calibration",
-                         hint=f"dtypes known: {', '.join(FAMILY)}")
+                         hint=f"dtypes known: {', '.join(FIT_DTYPES)}")
     return fits
 
 

@@ -44,7 +44,7 @@ def sensitivity(coster, figures: dict | None = None, mode: str = "calibrated") -
     """The sensitivity table of a costed run (see the module docstring). ``figures``: the run's results under
     ``mode`` (for the absolute throughput columns; without them only the changes)."""
     rows = _flat(coster, mode)
-    host = float(getattr(coster, "_host", {}).get(mode, 0.0))
+    host = coster.host_total_us(mode)
     out = []
     if not rows:
         return pd.DataFrame(columns=["assumption", "value", "low", "high", "unit", "tok_s_at_low", "tok_s_at_high",

@@ -1,9 +1,5 @@
-"""How each OpTable row is costed: the kernel vLLM runs for it (its ``path``) picks a cost source.
-
-:data:`PATH_COST` is the one table from the fast-path resolver's path ids (``m3lab.vllm.fastpaths``) to cost
-sources: ``{path: source}`` or ``{path: {OpTable op or kind: source, "*": default}}`` where one decision runs
-several rows (a quantiser and its GEMM, the rows inside one fused MoE call). Rows without a decision (no Dispatch,
-or an op the resolver does not decide: the embedding, the logits gather) take :data:`KIND_COST` by their kind.
+"""The cost sources: how a row's efficiency, launch floor and "inside" flag are computed from measured data and
+named assumptions. Which source costs which kernel is the table in :mod:`m3lab.cost.paths`.
 
 A source gives each row an efficiency (the achievable fraction of its roofline bound), a launch floor (µs), or
 marks it ``inside`` a kernel whose measured time already covers it (0 µs). The row's time is then
@@ -25,6 +21,7 @@ marks it ``inside`` a kernel whose measured time already covers it (0 µs). The 
 | ``small_kernel`` | ``small_kernel_eff`` and ``kernel_floor_us`` (top-k, fp32 router, MoE bookkeeping) |
 | ``rccl`` / ``custom_ar`` | wire bytes over ``link_eff`` x link bandwidth, at least ``rccl_allreduce_us`` / ``custom_allreduce_us`` (measured collectives where the device has them) |
 | ``inside`` | 0 µs: the row's work is inside a measured kernel time (the fused MoE call, the indexer's top-k) |
+| ``monokernel`` | ``monokernel_eff`` for every row the persistent FFN kernel replaces (one launch, no floors) |
 | ``generic_gemm`` / ``generic_moe`` / ``generic_attention`` / ``collective`` | no decision: a measured table of the row's own dtype where the calibration has one, else ``generic_*_eff`` |
 
 Rows on H200 take H200 peers as measured (no carry); on other NVIDIA GPUs the peers are carried with factor 1.
@@ -38,103 +35,10 @@ import numpy as np
 
 from m3lab.cost import peers
 from m3lab.cost.assumptions import value
+from m3lab.cost.paths import NO_ROWS, source_of
 from m3lab.spec.gemm_cost import dense_equivalent, gemm_cost
 
-_GEMM = {"quant": "elementwise", "*": None}   # template: a quantised GEMM decision = quantiser + GEMM
 
-
-def _gemm(source: str) -> dict:
-    return {**_GEMM, "*": source}
-
-
-_MOE_INSIDE = {"moe_align": "inside", "moe_gate_up_quant": "inside", "moe_act": "inside", "moe_down_quant": "inside",
-               "moe_sum": "inside"}
-_QK_ONE_KERNEL = {"rope": "fused", "cache_write": "fused", "*": "elementwise"}
-_QK_CACHE_APART = {"rope": "fused", "*": "elementwise"}
-_NO_ROWS = "none"   # a decision with no OpTable row of its own (graph mode, the monokernel's refusal, fusion off)
-
-# path id (m3lab.vllm.fastpaths) -> cost source, or {OpTable op / kind: source, "*": default}
-PATH_COST: Mapping[str, object] = {
-    # G2: MXFP8 linears (quantiser + Triton dot_scaled GEMM)
-    "mxfp8_dot_scaled_decode": _gemm("dot_scaled_decode"), "mxfp8_dot_scaled_mid_M": _gemm("dot_scaled_decode"),
-    "mxfp8_dot_scaled_prefill": _gemm("dot_scaled_prefill"),
-    "mxfp8_bf16_emulation": _gemm("bf16_untuned"), "cuda_mxfp8_linear": _gemm("generic_gemm"),
-    "marlin_mxfp8": _gemm("generic_gemm"),
-    "fp8_linear": _gemm("generic_gemm"), "mxfp4_linear": _gemm("generic_gemm"), "nvfp4_linear": _gemm("generic_gemm"),
-    # G1: BF16 linears
-    "aiter_tgemm": "aiter_bf16", "aiter_triton_gemm": "aiter_bf16", "hipblaslt": "bf16_untuned",
-    "skinny_wvsplitk": "bf16_untuned", "skinny_wvsplitkrc": "bf16_untuned", "skinny_llmm1": "bf16_untuned",
-    "cublas": "generic_gemm",
-    # G3: router GEMM
-    "rocm_bf16x3": "bf16x3", "rocm_fp32_router_gemm": "small_kernel", "fp32_router_gemm": "small_kernel",
-    "fp32_linear": "small_kernel", "cuda_router_tiers": "small_kernel",
-    # M1: routing top-k (+ fusion status rows)
-    "topk_bias_router": "small_kernel", "topk_bias_router_cat_shared": "small_kernel",
-    "aiter_biased_grouped_topk": "small_kernel", "aiter_biased_grouped_topk_fse": "small_kernel",
-    "fse_off": _NO_ROWS,
-    # M2: experts (every MoE row runs inside the fused call the source times)
-    "aiter_mxfp8_flydsl": {**_MOE_INSIDE, "*": "aiter_moe"}, "aiter_ck_fused_moe": {**_MOE_INSIDE, "*": "aiter_moe"},
-    "aiter_mxfp4_mxfp4": {**_MOE_INSIDE, "*": "aiter_moe"},
-    "triton_mxfp8_native": {**_MOE_INSIDE, "*": "triton_moe"}, "triton_fused_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    "mxfp8_emulation": {**_MOE_INSIDE, "*": "triton_moe"}, "mxfp4_emulation": {**_MOE_INSIDE, "*": "triton_moe"},
-    "marlin": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_bf16_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    "cuda_mxfp8_moe": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_mxfp4_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    "cuda_fp8_moe": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_nvfp4_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    # M3: the monokernel; its rows keep their stock decisions (an approximation, see the cost README)
-    "mono_ffn": _NO_ROWS, "stock_layers": _NO_ROWS,
-    # A1 / A7: attention
-    "triton_sparse": "sparse_attention", "aiter_sparse_pa": "aiter_pa", "msa_sm100": "sparse_attention",
-    "rocm_attn": "dense_attention", "rocm_aiter_fa": "dense_attention", "rocm_aiter_unified_attn": "dense_attention",
-    "triton_attn": "dense_attention", "cuda_default_backend": "dense_attention",
-    # A2-A5: indexer (its top-k row runs inside the measured indexer time)
-    "triton_amd_fused_topk": {"topk": "inside", "*": "indexer"},
-    "triton_amd_fused_topk_emit_table": {"topk": "inside", "*": "indexer"},
-    "triton_amd_prefill": {"topk": "inside", "*": "indexer"}, "triton_common": {"topk": "inside", "*": "indexer"},
-    "triton_cp": {"topk": "inside", "*": "indexer"},
-    "msa_fp8": {"topk": "inside", "*": "msa_indexer"}, "msa_fp8_cp": {"topk": "inside", "*": "msa_indexer"},
-    "reuse_topk": _NO_ROWS,
-    # page-16 table producers (A1/A3/A5)
-    "triton_builder": "elementwise", "fused_topk_emits": _NO_ROWS, "msa_topk_emits": _NO_ROWS, "none": _NO_ROWS,
-    # A6 / A7: q/k norm + RoPE + cache insert
-    "vllm_fused_qknorm_rope_kv_insert": _QK_ONE_KERNEL, "aiter_fused_qknorm_idxrqknorm": _QK_ONE_KERNEL,
-    "vllm_fused_qknorm_rope_aiter_cache": _QK_CACHE_APART, "vllm_fused_qknorm_rope": _QK_CACHE_APART,
-    # N1-N3: norms, all-reduces, activations
-    "triton_gemma_rmsnorm": "elementwise", "flashinfer_gemma_rmsnorm": "elementwise", "norm_only": "elementwise",
-    "rccl_then_triton_norm": {"post_attn_norm": "elementwise", "*": "rccl"},
-    "aiter_fused_ar_rmsnorm": {"post_attn_norm": "fused", "*": "custom_ar"},
-    "flashinfer_fused_ar_norm_or_nccl": {"post_attn_norm": "fused", "*": "custom_ar"},
-    "triton_swiglu_oai": "elementwise", "silu_and_mul_with_clamp": "elementwise",
-    # A8: CUDA graphs decide launch overhead on the host (the host-time hook), no rows
-    "full": _NO_ROWS, "piecewise": _NO_ROWS, "eager": _NO_ROWS,
-    "refused": _NO_ROWS,
-}
-# rows without a decision: by kind (ops vLLM's AMD model runs inside a neighbour's kernel: "fused")
-KIND_COST: Mapping[str, str] = {
-    "gemm": "generic_gemm", "lm_head": "generic_gemm", "grouped_gemm": "generic_moe",
-    "attention": "generic_attention", "indexer": "generic_attention", "linear_attention": "generic_attention",
-    "norm": "elementwise", "rope": "elementwise", "activation": "elementwise", "cache_write": "elementwise",
-    "quant": "elementwise", "moe_sum": "elementwise", "conv": "elementwise", "embedding": "elementwise",
-    "page_table": "elementwise", "topk": "small_kernel", "router": "small_kernel", "moe_align": "small_kernel",
-    "allreduce": "custom_ar", "allgather": "collective", "all2all": "collective",
-}
-UNRESOLVED_FUSED = frozenset({"post_attn_norm", "rope", "cache_write", "topk", "moe_act"})
-
-
-def source_of(op: str, kind: str, path) -> str:
-    """The cost source of one row (see the module docstring)."""
-    if isinstance(path, str) and path:
-        entry = PATH_COST.get(path)
-        if entry is None:
-            from m3lab.errors import M3LabError
-            raise M3LabError(f"no cost source for vLLM path {path!r} (op {op})", field="path",
-                             hint="add it to m3lab.cost.sources.PATH_COST")
-        if isinstance(entry, str):
-            return entry
-        return entry.get(op) or entry.get(kind) or entry["*"]
-    return "fused" if op in UNRESOLVED_FUSED else KIND_COST.get(kind, "elementwise")
-
-
-# ---------------------------------------------------------------- the sources
 class Rows:
     """Column access for the rows ``idx`` of an OpTable (dict of arrays or DataFrame), with the context a source
     needs: hardware, calibration and assumption overrides."""
@@ -344,7 +248,7 @@ def _triton_moe(r: Rows) -> Result:
 def _attention_peer(r: Rows, decode_family: str, prefill_family: str, extra: str = "") -> Result:
     reqs = np.maximum(r.f("requests"), 1.0)
     q, ctx = r.f("q_tokens"), r.f("ctx_tokens")
-    prefill = _is_prefill(r, q, reqs)
+    prefill = _is_prefill(r)
     rows_per = q / reqs
     eff = np.empty(_n(r))
     if (~prefill).any():
@@ -359,12 +263,9 @@ def _attention_peer(r: Rows, decode_family: str, prefill_family: str, extra: str
     return eff, np.zeros(_n(r)), np.zeros(_n(r), bool), terms, ""
 
 
-def _is_prefill(r: Rows, q: np.ndarray, reqs: np.ndarray) -> np.ndarray:
-    """The row's phase: its ``phase`` column, else more than 8 query rows per request (a prefill chunk)."""
-    phase = r("phase", None)
-    known = np.array([isinstance(p, str) for p in phase])
-    guess = q / reqs > 8
-    return np.where(known, np.array([p == "prefill" for p in phase]), guess)
+def _is_prefill(r: Rows) -> np.ndarray:
+    """The rows of the prefill phase (the OpTable's ``phase``: the attention-side rows of a Dispatch carry it)."""
+    return np.array([p == "prefill" for p in r("phase", None)], dtype=bool)
 
 
 SOURCES["sparse_attention"] = lambda r: _attention_peer(r, "sparse_decode", "sparse_prefill")
@@ -372,6 +273,12 @@ SOURCES["aiter_pa"] = lambda r: _attention_peer(r, "sparse_decode", "sparse_pref
 SOURCES["dense_attention"] = lambda r: _attention_peer(r, "dense_decode", "sparse_prefill")
 SOURCES["indexer"] = lambda r: _attention_peer(r, "indexer_decode", "indexer_prefill")
 SOURCES["msa_indexer"] = lambda r: _attention_peer(r, "indexer_decode", "indexer_prefill", "msa_vs_triton_indexer")
+
+
+@_source("monokernel")
+def _monokernel(r: Rows) -> Result:
+    """The FlyDSL persistent FFN kernel (``--monokernel``): the replaced rows' bytes and wire bytes in one launch."""
+    return _const(r, r.a("monokernel_eff"), 0.0, ("monokernel_eff",))
 
 
 @_source("generic_attention")
@@ -450,7 +357,7 @@ def cost_terms(cols, hw, cal, overrides: Mapping[str, float] | None = None) -> d
     eff_terms, floor_term = np.full(n, "", dtype=object), np.full(n, "", dtype=object)
     for name in np.unique(src):
         idx = np.flatnonzero(src == name)
-        if name == _NO_ROWS:
+        if name == NO_ROWS:
             from m3lab.errors import M3LabError
             raise M3LabError(f"OpTable row {op[idx[0]]!r} has path {path[idx[0]]!r}, a decision with no rows",
                              field="path", hint="the OpTable builder and m3lab.cost.sources disagree")

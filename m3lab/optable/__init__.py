@@ -7,7 +7,8 @@ Columns (units: elements, FLOPs, bytes; NaN where not applicable):
 
 - ``layer``: decoder layer, -1 for embedding/head ops. ``op``: name (input_norm, qkv_proj (on M3 sparse
   layers the one fused q/k/v/index GEMM), qk_norm, rope, cache_write, indexer, topk, attention, o_proj,
-  allreduce_attn, post_attn_norm, gate_up_proj, act, down_proj, router, routing, page_table, moe_gate_up, moe_act, moe_down, shared_gate_up, shared_act, shared_down,
+  allreduce_attn, post_attn_norm, gate_up_proj, act, down_proj, router, routing, page_table, moe_gate_up,
+  moe_act, moe_down, shared_gate_up, shared_act, shared_down,
   moe_dispatch, moe_combine, allreduce_ffn, embedding, allreduce_embed, final_norm, lm_head, logits_gather;
   ``<gemm op>_quant`` (dynamic activation quantisation before a GEMM with quantised weights), moe_align (sort
   the (token, expert) pairs), moe_sum (weighted top-k combine); attention output gate: attn_gate;

@@ -8,8 +8,8 @@ like ``vllm bench serve --max-concurrency``, ``num_prompts`` requests) and times
 
 - ``ceiling``: the roofline bound of every op (efficiency 1, no launch floors) — an upper bound on
   throughput that a measurement must not beat;
-- ``calibrated``: the bound divided by the calibrated achievable efficiency plus launch floors
-  (default: the hardware's shipped calibration, MI355X <- the AITER GEMM tables).
+- ``calibrated``: each op timed by the cost source of the kernel vLLM runs for it (``m3lab/cost/README.md``:
+  measured tables and peers, named assumptions; default: the hardware's shipped calibration, MI355X <- AITER's).
 
 Per request: TTFT = first token - entry into the system (queueing + chunked prefill), TPOT = (last
 token - first token) / (osl - 1). Throughput = all output tokens / makespan / GPUs (as vLLM bench

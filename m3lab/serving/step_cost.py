@@ -130,7 +130,7 @@ class StepCoster:
         from m3lab.optable import build_optable
 
         shared = isinstance(self.routing, (str, type(None)))
-        key = (self._spec_key, self.routing, step.signature()) if shared else None
+        key = (self._spec_key, self.routing, step.signature(), step.num_decodes) if shared else None
         if key is not None and key in _OPTABLE_CACHE:
             return _OPTABLE_CACHE[key]
         ot = build_optable(self.model, self.plan, self.quant, step, self.routing, self.dispatch)
@@ -208,6 +208,10 @@ class StepCoster:
         self._host[mode] = self._host.get(mode, 0.0) + weight * us
         self._host_steps[mode] = self._host_steps.get(mode, 0.0) + weight
         return us
+
+    def host_total_us(self, mode: str) -> float:
+        """Host µs added over every step timed so far under ``mode`` (0 without a host_time callable)."""
+        return float(self._host.get(mode, 0.0))
 
     def uses(self, mode: str) -> list[tuple[float, dict]]:
         """(weight, row terms) of every step timed so far under ``mode`` (for the sensitivity table)."""
