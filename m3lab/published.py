@@ -39,7 +39,8 @@ _M3 = {"model": "minimax-m3", "hardware": "mi355x"}
 FIX_GAINS = (
     FixGain("decode_gemm_launcher", "output tokens/s/GPU", 7.8, 9.4, "+7.8–9.4% output throughput",
             {**_M3, "tp": 8, "isl": 8192, "osl": 1024}, "serving"),
-    FixGain("moe_program_order", "kernel speed-up", 8.0, 46.0, "1.08×–1.46× in TP4 tests", {**_M3, "tp": 4}, "kernel"),
+    FixGain("moe_program_order", "kernel speed-up", 8.0, 46.0, "1.08×–1.46× in TP4 tests", {**_M3, "tp": 4},
+            "kernel"),
     FixGain("shared_expert_fusion", "output tokens/s/GPU", 30.2, 30.2, "+30.2% output throughput at concurrency 1",
             {**_M3, "tp": 4, "concurrency": 1}, "serving"),
     FixGain("shared_expert_fusion", "output tokens/s/GPU", 5.6, 5.6, "+5.6% output throughput at concurrency 128",
@@ -84,6 +85,12 @@ OPTIMISATIONS = [
 def fix_gains(fix: str) -> list:
     """The published :data:`FIX_GAINS` of ``fix`` (empty when the write-up gives none)."""
     return [g for g in FIX_GAINS if g.fix == fix]
+
+
+def gains_text(fix: str) -> str:
+    """The write-up's figures for ``fix``, each with the configuration it was measured on, as text ("" for none)."""
+    return "; ".join(f"{g.text} ({describe_config(g.config)}{', kernel tests' if g.scope == 'kernel' else ''})"
+                     for g in fix_gains(fix))
 
 
 def describe_config(config: dict) -> str:

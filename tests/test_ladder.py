@@ -58,7 +58,7 @@ def _stray(fix, without, with_fix) -> set:
     return set(op_changes(without, with_fix)["op"]) - fix.touches()
 
 
-# ---- the fixes as data ------------------------------------------------------------------------------
+# ---- the fixes as data ---------------------------------------------------------------------------------------------
 def test_fixes_speak_the_record_vocabulary_and_name_their_published_figures():
     base, target = _dep("mxfp8-tp4-baseline"), _dep("mxfp8-tp4-optimised")
     for fix in fx.FIXES:
@@ -76,7 +76,7 @@ def test_fixes_speak_the_record_vocabulary_and_name_their_published_figures():
     assert list(fx.table()["fix"]) == [f.name for f in fx.FIXES]
 
 
-# ---- a fix that is off costs nothing extra ------------------------------------------------------------
+# ---- a fix that is off costs nothing extra -------------------------------------------------------------------------
 def test_the_ladder_estimate_is_the_serving_estimate_when_nothing_is_undone():
     d = _dep("mxfp8-tp4-baseline")
     rung, est = evaluate(d), estimate(d)
@@ -100,7 +100,7 @@ def test_a_fix_that_is_off_or_absent_costs_nothing_extra():
         evaluate(d, calibration=None).figures
 
 
-# ---- each fix changes only the ops it touches -----------------------------------------------------------
+# ---- each fix changes only the ops it touches ----------------------------------------------------------------------
 @pytest.mark.parametrize("fix", ESTIMATED, ids=[f.name for f in ESTIMATED])
 def test_each_fix_changes_only_the_ops_it_touches(fix):
     without, with_fix = _fixed(fix, _dep("mxfp8-tp4-baseline"))
@@ -115,7 +115,7 @@ def test_a_fix_that_hides_an_op_it_moves_is_caught():
     assert _stray(planted, without, with_fix) == {"shared_gate_up"}
 
 
-# ---- the ladder composes to its target ---------------------------------------------------------------------
+# ---- the ladder composes to its target -----------------------------------------------------------------------------
 def test_ladder_steps_compose_to_the_target():
     start, target = _dep("mxfp8-tp4-baseline"), _dep("mxfp8-tp4-optimised")
     todo = lad.plan(start, target)
@@ -154,7 +154,7 @@ def test_speculative_ladder_carries_the_acceptance_to_the_step_that_switches_it_
                                                "multi_token_verification"]
 
 
-# ---- the write-up's figure only beside its own configuration ----------------------------------------------------
+# ---- the write-up's figure only beside its own configuration -------------------------------------------------------
 def test_a_published_fix_gain_shows_only_beside_the_configuration_it_states():
     def gain(fix, preset="mxfp8-tp4-optimised", **kw):
         return published.fix_gain_for(fix, lad.compare_config(_dep(preset, **kw)))
@@ -173,7 +173,7 @@ def test_a_published_fix_gain_shows_only_beside_the_configuration_it_states():
     assert published.fix_gain_for("no_such_fix", lad.compare_config(spec)) is None
 
 
-# ---- the advisor ------------------------------------------------------------------------------------------------------
+# ---- the advisor ---------------------------------------------------------------------------------------------------
 def test_advise_ranks_by_gain_and_never_lists_what_is_applied(monkeypatch):
     d = _dep("mxfp8-tp4-baseline")
     first = adv.advise(d)
@@ -203,7 +203,7 @@ def test_advise_lists_what_vllm_refuses_or_turns_off_with_its_reason():
     assert "shared_expert_fusion" not in [e["fix"] for e in advice.fixes]
 
 
-# ---- commands -------------------------------------------------------------------------------------------------------------
+# ---- commands ------------------------------------------------------------------------------------------------------
 SMALL_FLAGS = ["--isl", "2048", "--osl", "128", "--concurrency", "8", "--num-prompts", "16"]
 
 
@@ -232,7 +232,7 @@ def test_bad_input_is_one_line_and_exit_2(args, field):
     assert len(res.output.strip().splitlines()) == 1
 
 
-# ---- the toggle per fix ------------------------------------------------------------------------------------------------------
+# ---- the toggle per fix --------------------------------------------------------------------------------------------
 def test_a_toggle_per_fix_re_estimates_live_and_a_pipeline_run_gets_the_static_ladder(monkeypatch):
     from m3lab.plots import ladder as pl
 

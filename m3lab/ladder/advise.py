@@ -118,5 +118,6 @@ def already_off(d) -> list[dict]:
     for x in res.turned_off + res.refused:
         fix = next((f for f in FIXES if f.is_switch and (f.name == x.op or x.op in f.ops) and applied(f, d)), None)
         name = fix.name if fix else f"(as deployed: {x.op})"
-        out.setdefault(name, {"fix": name, "reason": f"{x.op}: {x.note}", "settings": dict(fix.settings) if fix else {}})
+        out.setdefault(name, {"fix": name, "reason": f"{x.op}: {x.note}",
+                              "settings": dict(fix.settings) if fix else {}})
     return list(out.values())

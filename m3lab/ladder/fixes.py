@@ -9,9 +9,9 @@ represents the state *before* it (``before``, :mod:`m3lab.ladder.before`) — m3
 
 ``ops`` are the ops of the per-op breakdown the fix relieves (vLLM's ops as ``m3lab fastpaths`` and
 ``m3lab.serving.breakdown`` name them: ``qkv_proj``, ``experts``, ``indexer``, ``attention``, ...); ``side_ops`` the
-other ops its switches also move (``VLLM_ROCM_USE_AITER=1`` swaps the MoE, all-reduce and LM-head kernels too). ``found_by`` / ``confirm_step`` are
-checklist steps (1 local shapes, 2 repetition, 3 byte planes, 4 fast-path verification, 5 correctness gates,
-6 iterative profiling). The write-up's published gain of each fix is :data:`m3lab.published.FIX_GAINS`.
+other ops its switches also move (``VLLM_ROCM_USE_AITER=1`` swaps the MoE, all-reduce and LM-head kernels too).
+``found_by`` / ``confirm_step`` are checklist steps (1 local shapes, 2 repetition, 3 byte planes, 4 fast-path
+verification, 5 correctness gates, 6 iterative profiling). The write-up's published gain of each fix is :data:`m3lab.published.FIX_GAINS`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.published import gains_text
 
 CHECKLIST = {1: "local shape analysis", 2: "repetition estimate", 3: "byte-plane separation",
              4: "fast-path verification", 5: "correctness gates", 6: "iterative profiling"}
@@ -61,7 +62,7 @@ class Fix:
         return {"fix": self.name, "title": self.title, "settings": dict(self.settings), "ops": list(self.ops),
                 "side_ops": list(self.side_ops), "found_by": self.found_by, "found": self.found,
                 "confirm_step": self.confirm_step, "confirm": self.confirm, "vllm": self.vllm,
-                "before": self.before or None, "spec_only": self.spec_only}
+                "before": self.before or None, "spec_only": self.spec_only, "writeup": gains_text(self.name) or None}
 
 
 FIXES: tuple[Fix, ...] = (
@@ -146,10 +147,12 @@ def applied(fix: Fix, deployment) -> bool:
 
 
 def table(fixes: tuple[Fix, ...] = FIXES) -> pd.DataFrame:
-    """The fixes as rows: name, vLLM switch, ops relieved, the checklist steps that find and confirm each, m3lab's
-    representation of the state before a code fix, and where vLLM has it."""
+    """The fixes as rows: name, vLLM switch, ops relieved, the write-up's published figure with its configuration,
+    the checklist steps that find and confirm each, m3lab's representation of the state before a code fix, and
+    where vLLM has it."""
     rows = [{"fix": f.name, "vLLM switch": ", ".join(f"{k}={v}" for k, v in f.settings.items())
              or "none: vLLM 0.33.0's code", "relieves": ", ".join(f.ops),
+             "write-up (published)": gains_text(f.name),
              "found by": f"step {f.found_by} ({CHECKLIST[f.found_by]}): {f.found}",
              "confirmed by": f"step {f.confirm_step} ({CHECKLIST[f.confirm_step]}): {f.confirm}",
              "before (m3lab's representation)": f.before, "vLLM": f.vllm} for f in fixes]
