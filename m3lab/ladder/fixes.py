@@ -11,7 +11,8 @@ represents the state *before* it (``before``, :mod:`m3lab.ladder.before`) — m3
 ``m3lab.serving.breakdown`` name them: ``qkv_proj``, ``experts``, ``indexer``, ``attention``, ...); ``side_ops`` the
 other ops its switches also move (``VLLM_ROCM_USE_AITER=1`` swaps the MoE, all-reduce and LM-head kernels too).
 ``found_by`` / ``confirm_step`` are checklist steps (1 local shapes, 2 repetition, 3 byte planes, 4 fast-path
-verification, 5 correctness gates, 6 iterative profiling). The write-up's published gain of each fix is :data:`m3lab.published.FIX_GAINS`.
+verification, 5 correctness gates, 6 iterative profiling). The write-up's published gain of each fix is
+:data:`m3lab.published.FIX_GAINS`.
 """
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from m3lab.spec.settings import changes
 START = "start"
 BEFORE = {f.name: f.before for f in FIXES if f.before}
 # code fix -> (resolver op on a sparse layer, prefix of the path that runs the fix's code)
-CODE_PATHS = {"decode_gemm_launcher": ("qkv_proj", "mxfp8_dot_scaled"), "moe_program_order": ("experts", "triton_mxfp8"),
+CODE_PATHS = {"decode_gemm_launcher": ("qkv_proj", "mxfp8_dot_scaled"),
+              "moe_program_order": ("experts", "triton_mxfp8"),
               "request_level_index_batching": ("indexer", "triton_amd"),
               "multi_token_verification": ("attention", "aiter_sparse_pa")}
 
