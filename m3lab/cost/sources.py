@@ -112,7 +112,7 @@ def _table_fit(r: Rows, family: str, m, n, k) -> np.ndarray | None:
 
 
 def _gemm_eff(r: Rows, family: str):
-    """Efficiency of the GEMM rows from the ``family`` table (deduplicated shapes), else the generic assumption."""
+    """Efficiency of the GEMM rows from the ``family`` table (deduplicated shapes); None without that table."""
     m, n, k = r.f("m"), r.f("n"), r.f("k")
     shapes, inv = np.unique(np.column_stack([m, n, k]), axis=0, return_inverse=True)
     eff = _table_fit(r, family, shapes[:, 0], shapes[:, 1], shapes[:, 2])
