@@ -126,6 +126,13 @@ def resolve_parameters(pipeline, overrides: Iterable[str], *, check_values: bool
     return resolved
 
 
+def parameter_values(pipeline, resolved: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every parameter value each step runs with: its notebook's defaults, then what ``resolved`` sets
+    (:func:`resolve_parameters`)."""
+    return {s.name: {k: p.default for k, p in notebook_parameters(s.notebook).items()} | resolved.get(s.name, {})
+            for s in pipeline.steps}
+
+
 def _assign(resolved, declared, step: str, key: str, value: Any, where: str) -> None:
     params = declared[step]
     if key not in params:
