@@ -59,8 +59,9 @@ def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as err:
-        why = "no answer" if isinstance(err, TimeoutError) else (err.strerror or type(err).__name__)
-        raise M3LabError(f"cannot join the Ray cluster at {address}: {why} within {timeout_s:g} s", field="address",
+        why = f"no answer within {timeout_s:g} s" if isinstance(err, TimeoutError) else \
+            (err.strerror or type(err).__name__).lower()
+        raise M3LabError(f"cannot join the Ray cluster at {address}: {why}", field="address",
                          hint="check the address and that the cluster is up ('ray status' on its head node)") from None
 
 
