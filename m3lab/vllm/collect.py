@@ -143,6 +143,13 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
     bench_files = _bench_files(bench)
     dep_gpus = deployment.plan.tp * deployment.plan.dp if deployment is not None else None
     results = [(read_bench_result(b), _bench_gpus(b, gpus, dep_gpus)) for b in bench_files]  # validates each
+    if deployment is not None:
+        for b, (res, _) in zip(bench_files, results):
+            off = bench_mismatches(deployment, res)
+            if off:
+                raise M3LabError(f"--bench {b}: not a benchmark of {deployment.name or 'the deployment'}: "
+                                 f"{'; '.join(off)}", field="--bench",
+                                 hint="pass the --preset that was measured (and its --set), or no --preset")
     traces = _trace_files(profile)
     expectations = None
     if deployment is not None and traces:
@@ -239,6 +246,18 @@ def beside_estimate(est: Any, run: str | Path | None = None):
 
 
 LENGTH_TOLERANCE = 0.1   # random-dataset lengths: mean within 10% of the requested ISL/OSL
+
+
+def bench_mismatches(deployment: Any, result: Any) -> list[str]:
+    """What differs between the deployment named at collection and a bench result
+    (:class:`~m3lab.serving.vllm_bench.BenchResult`): the model, and, when the deployment record carries a
+    workload, the max concurrency and mean input / output lengths; [] when they agree."""
+    wl = getattr(deployment, "workload", None)
+    config = {"model": deployment.model.name, "concurrency": getattr(wl, "concurrency", None),
+              "isl": getattr(wl, "isl", None), "osl": getattr(wl, "osl", None)}
+    got = {"model_id": result.model_id, "max_concurrency": result.max_concurrency,
+           "mean_input_len": result.mean_input_len, "mean_output_len": result.mean_output_len}
+    return deployment_mismatches(config, got)
 
 
 def deployment_mismatches(config: dict, got: dict) -> list[str]:
