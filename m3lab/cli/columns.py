@@ -7,7 +7,9 @@
   and the row's other cells follow on the next line (a name wider than the terminal ends in ``…``);
 - ``detail`` columns (long comma-separated lists) go on indented lines under their row when the table would
   not fit with them, wrapped only between words;
-- ``group``: rows sharing that column's value are listed under one heading line, indented.
+- ``group``: rows sharing that column's value are listed under one heading line, indented;
+- on a terminal too narrow for the other columns beside a name, each row becomes a block: its name, then
+  ``header value`` pairs wrapped between words.
 
 The result is a list of lines, each at most ``width`` characters.
 """
@@ -79,6 +81,8 @@ def render(rows: Iterable[dict[str, Any]], columns: Sequence[Column], width: int
     inline = [c for c in inline if not c.detail or any(t[c.key] for t in text)]
     rest = sum(natural[c.key] for c in inline[1:]) + GAP * (len(inline) - 1)
     first = inline[0].key
+    if rest + NAME_MIN > inner:   # even the numbers do not fit beside a name: one block per row
+        return _blocks(rows, text, columns, width, title, group)
     widths = [max(min(natural[first], inner - rest), NAME_MIN)] + [natural[c.key] for c in inline[1:]]
     right = [c.fmt is not None for c in inline]
     lines = wrap(title, width) if title else []
@@ -97,4 +101,20 @@ def render(rows: Iterable[dict[str, Any]], columns: Sequence[Column], width: int
         for c in details:
             if t[c.key]:
                 lines.extend(wrap(f"{c.title}: {t[c.key]}", width, indent + "    ", indent + "      "))
+    return lines
+
+
+def _blocks(rows: list[dict], text: list[dict], columns: Sequence[Column], width: int, title: str | None,
+            group: str | None) -> list[str]:
+    """One block per row: the first column's value on its own line, the others as ``header value`` pairs."""
+    lines = wrap(title, width) if title else []
+    current = object()
+    for r, t in zip(rows, text):
+        if group and r.get(group) != current:
+            current = r.get(group)
+            lines.append(cut(cell(current), width))
+        lines.append(cut(t[columns[0].key], width))
+        pairs = ", ".join(f"{c.title} {t[c.key]}" for c in columns[1:] if t[c.key])
+        if pairs:
+            lines.extend(wrap(pairs, width, "    ", "      "))
     return lines
