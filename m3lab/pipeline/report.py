@@ -98,11 +98,21 @@ def render_notebook(nb: Any, anchor: str) -> tuple[str, list[tuple[str, str]]]:
     return "\n".join(parts), headings
 
 
+# What a batch kernel's progress bars leave behind: tqdm's warning where ipywidgets is missing (two lines: the
+# warning and the source line it quotes), and a widget whose state no executed notebook keeps (its text is a
+# frozen "0%" bar). Neither is a result; the report leaves them out.
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_TQDM_WARNING = re.compile(r"^[^\n]*TqdmWarning: IProgress not found[^\n]*\n(?:[ \t]+[^\n]*\n?)?", re.M)
+
+
 def _render_output(out: Any, div_id: str) -> str:
     kind = out.get("output_type")
     if kind == "stream":
         text = _ANSI.sub("", "".join(out.get("text", "")))
-        return f'<pre class="out">{html.escape(text)}</pre>'
+        text = _TQDM_WARNING.sub("", text) if out.get("name") == "stderr" else text
+        return f'<pre class="out">{html.escape(text)}</pre>' if text.strip() else ""
+    if WIDGET_VIEW in out.get("data", {}):
+        return ""
     if kind == "error":
         tb = _ANSI.sub("", "\n".join(out.get("traceback", [])))
         return f'<pre class="err">{html.escape(tb)}</pre>'
