@@ -89,9 +89,9 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
 
 @vllm_app.command("collect")
 def collect(run_dir: Path = typer.Argument(..., help="run folder to add the measurements to (created if absent)"),
-            bench: List[Path] = typer.Option([], "--bench", help="a vllm bench serve --save-result JSON, or its "
+            bench: List[Path] = typer.Option([], "--bench", metavar="FILE_OR_DIR", help="a vllm bench serve --save-result JSON, or its "
                                                                    "--result-dir; repeatable"),
-            profile: List[Path] = typer.Option([], "--profile", help="a profiler folder or trace file; repeatable"),
+            profile: List[Path] = typer.Option([], "--profile", metavar="DIR_OR_FILE", help="a profiler folder or trace file; repeatable"),
             preset: Optional[str] = typer.Option(None, "--preset", help="the deployment that ran: enables the "
                                                                          "fast-path verification"),
             set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="adjust the preset (as in plan)"),
