@@ -124,7 +124,7 @@ def tune_gemm_cmd(shapes: Optional[str] = typer.Option(None, help="N x K list (d
         raise M3LabError("tune: needs a GPU (timings on the CPU interpreter mean nothing)", field="device")
     m_list = tuple(int(v) for v in ms.split(",")) if ms else tuner.DECODE_MS + tuner.PREFILL_MS
     df = tuner.tune_gemm(nk, fmts, m_list, config_dir=config_dir or CONFIG_DIR,
-                         budget_s=budget_s, log=(lambda s: None) if as_json else typer.echo)
+                         budget_s=budget_s, log=lambda s: typer.echo(s, err=as_json))   # --json: progress on stderr
     if as_json:
         echo_json({"timings": len(df), "ok": int(df["us"].notna().sum()) if len(df) else 0})
 
