@@ -144,12 +144,7 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
     dep_gpus = deployment.plan.tp * deployment.plan.dp if deployment is not None else None
     results = [(read_bench_result(b), _bench_gpus(b, gpus, dep_gpus)) for b in bench_files]  # validates each
     if deployment is not None:
-        for b, (res, _) in zip(bench_files, results):
-            off = bench_mismatches(deployment, res)
-            if off:
-                raise M3LabError(f"--bench {b}: not a benchmark of {deployment.name or 'the deployment'}: "
-                                 f"{'; '.join(off)}", field="--bench",
-                                 hint="pass the --preset that was measured (and its --set), or no --preset")
+        _check_identity(deployment, bench_files, [res for res, _ in results])
     traces = _trace_files(profile)
     expectations = None
     if deployment is not None and traces:
@@ -246,6 +241,16 @@ def beside_estimate(est: Any, run: str | Path | None = None):
 
 
 LENGTH_TOLERANCE = 0.1   # random-dataset lengths: mean within 10% of the requested ISL/OSL
+
+
+def _check_identity(deployment: Any, files: Sequence[Path], results: Sequence[Any]) -> None:
+    """One-line M3LabError when a bench result is not of ``deployment`` (:func:`bench_mismatches`)."""
+    for path, res in zip(files, results):
+        off = bench_mismatches(deployment, res)
+        if off:
+            raise M3LabError(f"--bench {path}: not a benchmark of {deployment.name or 'the deployment'}: "
+                             f"{'; '.join(off)}", field="--bench",
+                             hint="pass the --preset that was measured (and its --set), or no --preset")
 
 
 def bench_mismatches(deployment: Any, result: Any) -> list[str]:

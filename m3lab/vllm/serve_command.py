@@ -30,6 +30,7 @@ from typing import Any, Iterator, Sequence
 
 from m3lab.errors import M3LabError
 from m3lab.spec.serving import Deployment, load_preset
+from m3lab.vllm.plan_checks import check_weights_fit
 
 # Quantised checkpoints whose config.json m3lab reads under another name (same architecture): (model, quant) ->
 # the checkpoint vLLM loads. The MXFP4 deployment of the write-up serves amd/MiniMax-M3-MXFP4.
@@ -195,20 +196,6 @@ def _bench_args(name: str, model: str, port: int, launch: Launch, gpus: int,
     return argv, result_file
 
 
-def check_weights_fit(dep: Deployment) -> None:
-    """Raise M3LabError when the weights one GPU holds (:func:`m3lab.spec.memory.weight_bytes_per_gpu`) exceed
-    the HBM of the deployment's GPU: such a server cannot start, so no command is printed for it."""
-    from m3lab.spec.memory import weight_bytes_per_gpu
-
-    per_gpu = weight_bytes_per_gpu(dep.model, dep.plan, dep.quant)
-    hbm = dep.hardware.hbm_bytes
-    if per_gpu > hbm:
-        raise M3LabError(f"{dep.name or dep.model.name}: the {dep.quant.name} weights take {per_gpu / 1e9:,.0f} GB per "
-                         f"GPU at TP{dep.plan.tp} EP{dep.plan.ep}, more than the {hbm / 1e9:,.0f} GB of one "
-                         f"{dep.hardware.name}", field="--tp",
-                         hint="raise --tp or --ep, or quantise the weights (--quant mxfp8 or mxfp4)")
-
-
 def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None = None,
                   name: str | None = None) -> ServePlan:
     """The commands for ``parts``: ``[(deployment, replicas), ...]`` (one entry for a plain deployment; a
@@ -235,7 +222,7 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
     for dep, replicas in parts:
         if replicas < 1:
             raise M3LabError(f"{dep.name or 'deployment'}: replicas must be >= 1", field="--preset")
-        check_weights_fit(dep)
+        check_weights_fit(dep)   # a server whose weights do not fit one GPU cannot start: no command for it
         n = _gpus(dep)
         if n > launch.gpus_per_node:
             raise M3LabError(f"{dep.name}: {n} GPUs per instance do not fit a node of {launch.gpus_per_node}",
