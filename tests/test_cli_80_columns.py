@@ -2,6 +2,7 @@
 print no line wider than the terminal and every name whole on one line: each op, path, kernel, rejected path,
 gate and case name of the command's own --json (or --save) output is found intact in some line."""
 import csv
+import os
 import glob
 import json
 import re
@@ -11,6 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from m3lab.cli.main import app
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # gates run in this process: the interpreter before triton loads
 
 REPO = Path(__file__).resolve().parents[1]
 DISPATCH = sorted(glob.glob(str(REPO / "traces" / "dispatch" / "*.dispatch.jsonl.gz")))[-1]

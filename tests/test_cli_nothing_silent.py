@@ -1,5 +1,6 @@
 """The review's commands (2026-12-01), each with its exit status and first line: bad input is one line and exit 2
 before any work, long commands show progress, successful ones print no warning; large Kineto traces stream."""
+import os
 import subprocess
 import sys
 import tracemalloc
@@ -11,13 +12,14 @@ from typer.testing import CliRunner
 
 from m3lab.cli.main import app
 
+os.environ.setdefault("TRITON_INTERPRET", "1")   # gates run in this process: the interpreter before triton loads
+
 REPO = Path(__file__).resolve().parents[1]
 MOONCAKE = REPO / "m3lab" / "cache" / "data" / "mooncake_synthetic_trace.jsonl.gz"
 cli = CliRunner()
 
 
 def _m3lab(*args, env=None, unset=(), timeout=300):
-    import os
     env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     return subprocess.run([sys.executable, "-m", "m3lab", *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO)
