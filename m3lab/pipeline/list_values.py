@@ -35,10 +35,21 @@ def _capacities(p: dict) -> None:
         blocks_for_tokens(v, block)
 
 
-def _sharding_tps(p: dict) -> None:
+def _model(p: dict):
+    """The step's model: from its Deployment (``validate.step_deployment``: a null ``model`` is the preset's) where
+    the validator builds one, else by name."""
+    from m3lab.pipeline import validate
+    build = getattr(validate, "step_deployment", None)
+    deployment = build(p) if build is not None else None
+    if deployment is not None:
+        return deployment.model
     from m3lab.spec.model import load_model
+    return load_model(p["model"])
+
+
+def _sharding_tps(p: dict) -> None:
     from m3lab.spec.plan import ParallelPlan
-    model = load_model(p["model"])
+    model = _model(p)
     for tp in p["sharding_tps"]:
         ParallelPlan(tp=tp).validate(model)
 
