@@ -72,7 +72,7 @@ def summarize_cmd(trace: Path = typer.Argument(..., help="trace file (dispatch J
     width = shutil.get_terminal_size((100, 24)).columns
     shown = f"top {top} of {len(summary)}" if len(summary) > top else f"{len(summary)}"
     title = f"{trace.name}: {totals['format']}, {len(table):,} rows; {shown} summary rows"
-    for line in summary_lines(summary.head(top), totals, title, width):
+    for line in summary_lines(summary.head(top), totals, title, width) if len(summary) else wrap(title, width):
         typer.echo(line)
     for line in footer(summary.head(top), totals):
         typer.echo("\n".join(wrap(line, width)))
@@ -81,6 +81,9 @@ def summarize_cmd(trace: Path = typer.Argument(..., help="trace file (dispatch J
 def footer(summary, totals: dict) -> list[str]:
     """What the table's totals and labels mean, in sentences."""
     out = []
+    if totals["rows"] == 0:
+        out.append("no events in this trace: a Kineto trace needs GPU kernel, memcpy or memset events (a profile "
+                   "of CPU activity only has none)" if totals["format"] == "kineto" else "no events in this trace")
     if "total_us" in totals:
         device = totals.get("device_name") or "device not recorded"
         by = ", ".join(f"{k} {v}" for k, v in totals["attribution"].items())

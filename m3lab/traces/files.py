@@ -25,6 +25,9 @@ def is_gzip(path: str | Path) -> bool:
 
 
 def _check_exists(path: Path) -> None:
+    if path.is_dir():
+        raise M3LabError(f"{path} is a folder, not a trace file", field="TRACE",
+                         hint="give one file (a profiler folder holds one trace per rank: name one of them)")
     if not path.is_file():
         raise M3LabError(f"trace file not found: {path}", field="TRACE", hint="check the path")
 
