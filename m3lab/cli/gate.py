@@ -42,7 +42,7 @@ def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small 
     from m3lab.gates.runner import run_gates, summary
     if only:
         _check_patterns(only)
-    with warnings.catch_warnings(), progress("gates", enabled=True) as update:
+    with warnings.catch_warnings(), progress("gates") as update:
         for message in INTERPRETER_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=RuntimeWarning, module=INTERPRETER_MODULE)
         df = run_gates(device, names=only, perf=perf, baseline=baseline, threshold=threshold, progress=update)

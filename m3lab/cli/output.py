@@ -41,8 +41,9 @@ def progress(label: str, *, unit: str = "", scale: float = 1.0, enabled: bool = 
     """Progress of a long command, on stderr: yields ``update(done, total, what="")``.
 
     On a terminal: a live bar with the elapsed and remaining time, gone when the work ends. Elsewhere (a pipe,
-    a log file): one line ``label: what (done/total unit, N s)`` once the work has taken PROGRESS_AFTER_S seconds,
-    then at most every PROGRESS_EVERY_S seconds (a short command prints none). ``scale`` divides ``done`` and ``total`` for display (1e6 with unit 'MB').
+    a log file): one line ``label: what (done/total unit, N s)`` once the work has taken PROGRESS_AFTER_S
+    seconds, then at most every PROGRESS_EVERY_S seconds (a short command prints none). ``scale`` divides
+    ``done`` and ``total`` for display (1e6 with unit 'MB').
     """
     if not enabled:
         yield lambda done, total, what="": None

@@ -202,6 +202,7 @@ def _page(summary: dict, toc: str, body: str) -> str:
     env = summary.get("environment", {})
     rows = "".join(_summary_row(s) for s in summary["steps"])
     params = html.escape(json.dumps(summary.get("parameters", {}), indent=1))
+    values = html.escape(json.dumps(summary.get("parameter_values", {}), indent=1))
     title = f"m3lab run {summary.get('run_id', '')}"
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{_CSS}</style><script type="text/javascript">{get_plotlyjs()}</script></head><body>
@@ -212,5 +213,6 @@ def _page(summary: dict, toc: str, body: str) -> str:
 · device {html.escape(str(env.get('device')))} · commit {html.escape(str(env.get('git_commit')))}</p>
 <table><tr><th>step</th><th>status</th><th>duration</th><th>artifacts</th><th>error</th></tr>{rows}</table>
 <details><summary>parameters (non-default values injected per step)</summary><pre>{params}</pre></details>
+<details><summary>every parameter value each step ran with (defaults included)</summary><pre>{values}</pre></details>
 <details><summary>package versions</summary><pre>{html.escape(json.dumps(env.get('packages', {}), indent=1))}</pre></details>
 {body}</main></body></html>"""
