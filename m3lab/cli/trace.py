@@ -25,6 +25,7 @@ KINETO_COLUMNS = (Column("short_name", "kernel"), Column("count", fmt="d"), Colu
                   Column("share", fmt=".1%"), Column("cpu_op", fmt="d"), Column("graph_launch", fmt="d"),
                   Column("unattributed", fmt="d"))
 KINETO_OPTIONAL = ("graph_launch", "unattributed", "cpu_op")    # dropped in this order on a narrow terminal
+NAME_MIN = 40   # kernel-name characters kept beside the numbers before optional count columns are dropped
 DISPATCH_COLUMNS = (Column("op"), Column("path"), Column("calls", fmt="d"), Column("layers", fmt="d"),
                     Column("share", fmt=".1%"), Column("kernels", detail=True),
                     Column("rejected_paths", "rejected", detail=True))
@@ -49,9 +50,6 @@ def summary_lines(summary, totals: dict, title: str, width: int) -> list[str]:
     else:
         columns = [Column(c, fmt="d" if c in ("calls", "shapes") else None) for c in summary.columns]
     return render(rows, columns, width, title=title)
-
-
-NAME_MIN = 40   # kernel-name characters kept beside the numbers before optional count columns are dropped
 
 
 @trace_app.command("summarize")

@@ -13,6 +13,9 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
+import ijson
+from ijson.common import ObjectBuilder
+
 from m3lab.errors import M3LabError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -126,8 +129,6 @@ def iter_json_items(path: str | Path, prefix: str, progress=None) -> Iterator[An
     file_bytes)`` follows the file on disk. A damaged gzip stream raises :class:`M3LabError`; a malformed
     document raises ``ijson.JSONError`` (fall back to :func:`read_json` for its message, or for what only
     Python's json reads, such as NaN)."""
-    import ijson  # the streaming parser (a pinned dependency): only readers of large files need it
-
     path = Path(path)
     _check_exists(path)
     reading = _Reading(path, progress)
@@ -142,9 +143,6 @@ def iter_json_items(path: str | Path, prefix: str, progress=None) -> Iterator[An
 def json_value_before(path: str | Path, key: str, stop: str) -> tuple[bool, Any]:
     """``(found, value)`` of the top-level ``key`` of a JSON object when it comes before the top-level ``stop``
     (how PyTorch writes ``deviceProperties`` before ``traceEvents``): reads only the head of a large file."""
-    import ijson  # see iter_json_items
-    from ijson.common import ObjectBuilder
-
     path = Path(path)
     _check_exists(path)
     reading, builder = _Reading(path), None
@@ -155,7 +153,7 @@ def json_value_before(path: str | Path, key: str, stop: str) -> tuple[bool, Any]
             if prefix == key or prefix.startswith(key + "."):
                 builder = builder or ObjectBuilder()
                 builder.event(event, value)
-                if prefix == key and event in ("end_array", "end_map", "string", "number", "boolean", "null"):
+                if prefix == key and event not in ("start_array", "start_map", "map_key"):
                     return True, builder.value
     except (ijson.JSONError, EOFError, OSError, zlib.error):
         pass   # the main pass reports what is wrong with the file

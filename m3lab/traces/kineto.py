@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import ijson
 import pandas as pd
 
 from m3lab.errors import M3LabError
@@ -174,8 +175,6 @@ def read_kineto(path: str | Path, progress: Callable[[int, int], None] | None = 
     The file is parsed as a stream (memory grows with the kept events, not with the file);
     ``progress(bytes_read, file_bytes)`` follows it.
     """
-    import ijson  # the streaming parser (a pinned dependency): only this reader needs it
-
     path = Path(path)
     ev = _Events(path)
     top_list = head_text(path, 4096).lstrip().startswith("[")
