@@ -3,6 +3,8 @@ recovery advice works (a lost executed notebook is run again; a run that could n
 Each CLI case is the review's command: its exit status and its first line."""
 import errno
 import json
+import subprocess
+import sys
 import time
 
 import nbformat as nbf
@@ -148,3 +150,19 @@ def test_shipped_tables_cite_repository_paths_not_this_machines():
     for table in (shipped_bench_table(), acceptance_table()):
         assert not any(str(s).startswith("/") for s in table["source"]), table["source"].tolist()
     assert shipped_bench_table()["source"].str.startswith("m3lab/serving/data/inferencex_").all()
+
+
+def test_a_parameters_comment_with_an_equals_sign_prints_nothing_on_success(tmp_path):
+    """The review: `m3lab run -p calibration=none` printed papermill's "Unable to parse line 8 'accept_len = 2.7
+    # ... spec_tokens=3 ...'" on a successful run."""
+    from notebook_files import write_notebook
+
+    d = tmp_path / "p"
+    d.mkdir()
+    write_notebook(d / "01_eq.ipynb", "accept_len = 2.7  # tokens per step with spec_tokens=3\nn = 1  # rows",
+                   "print(accept_len * n)")
+    (d / "eq.yaml").write_text("name: eq\nsteps:\n  - notebook: 01_eq.ipynb\n")
+    res = subprocess.run([sys.executable, "-m", "m3lab", "run", str(d / "eq.yaml"), "-p", "n=2", "--out",
+                          str(tmp_path / "runs")], capture_output=True, text=True, timeout=300)  # pytest would
+    assert res.returncode == 0, res.stderr                                                     # catch the log
+    assert res.stderr == "", res.stderr

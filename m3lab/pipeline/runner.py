@@ -16,6 +16,7 @@ folder in use. Paths in ``summary.json`` are relative, so a run folder can be re
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -207,6 +208,7 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
+    _quiet_papermill_inspection()
     todo = [(i, s) for i, s in enumerate(pipe.steps) if summary["steps"][i]["status"] != "ok"]
     done = len(pipe.steps) - len(todo)
     if done:
@@ -264,6 +266,21 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         _write_summary(run_dir, summary)
     _report_quietly(run_dir, echo)
     return RunResult(run_dir, summary)
+
+
+class _UnparsedLine(logging.Filter):
+    """Drops papermill's "Unable to parse line N" and nothing else. papermill re-reads a parameters cell with a regex
+    only to warn about unknown parameters, which :mod:`m3lab.pipeline.params` has already checked with Python's own
+    parser; the regex fails on any line with '=' in its comment (``accept_len = 2.7  # with spec_tokens=3``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Unable to parse line")
+
+
+def _quiet_papermill_inspection() -> None:
+    log = logging.getLogger("papermill.translators")
+    if not any(isinstance(f, _UnparsedLine) for f in log.filters):
+        log.addFilter(_UnparsedLine())
 
 
 def _kernel_manager(stderr):
