@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import typer
 
-from m3lab.cli.output import echo_json, progress
+from m3lab.cli.output import echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 
 
@@ -31,7 +31,7 @@ def _capacity(text: str, block_size: int) -> float | None:
     return v
 
 
-def _trace(trace: str, fmt: str, block_size: int, skip_invalid: bool):
+def _trace(trace: str, fmt: str, block_size: int, skip_invalid: bool, show_progress: bool = True):
     if fmt == "agentic" and trace.startswith("generate:"):
         from m3lab.cache.agentic import generate
         parts = trace.split(":")
@@ -42,7 +42,7 @@ def _trace(trace: str, fmt: str, block_size: int, skip_invalid: bool):
             raise M3LabError(f"--trace {trace!r}: expected generate:SESSIONS[:SEED]", field="trace") from None
         from m3lab.cache.agentic import AgenticConfig
         AgenticConfig(sessions=sessions, seed=seed, block_size=block_size)   # bounds, before the long part
-        with progress("generating sessions", unit="sessions") as update:
+        with progress("generating sessions", unit="sessions", enabled=show_progress) as update:
             return generate(sessions=sessions, seed=seed, block_size=block_size, progress=update)
     from m3lab.cache.trace import read_trace
     return read_trace(trace, fmt, block_size, skip_invalid=skip_invalid)
@@ -75,7 +75,7 @@ def cache_sim_cmd(
     if engine == "vllm" and num_blocks is None:
         raise M3LabError("--engine vllm needs a finite --capacity-tokens", field="capacity_tokens",
                          hint="vLLM's block pool has a size; pass e.g. --capacity-tokens 4e6")
-    tr = _trace(trace, fmt, block_size, skip_invalid)
+    tr = _trace(trace, fmt, block_size, skip_invalid, progress_wanted(as_json))
     res = replay(tr, engine, num_blocks=num_blocks, policy=policy, concurrency=concurrency, progress=not as_json)
     s = res.summary()
     if as_json:

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from m3lab.cli.output import echo_json, progress
+from m3lab.cli.output import echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 
 tune_app = typer.Typer(help="Tune kernel launch tables on the GPU (writes kernels/<op>/configs/).",
@@ -42,7 +42,7 @@ def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small 
     from m3lab.gates.runner import run_gates, summary
     if only:
         _check_patterns(only)
-    with warnings.catch_warnings(), progress("gates") as update:
+    with warnings.catch_warnings(), progress("gates", enabled=progress_wanted(as_json)) as update:
         for message in INTERPRETER_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=RuntimeWarning, module=INTERPRETER_MODULE)
         df = run_gates(device, names=only, perf=perf, baseline=baseline, threshold=threshold, progress=update)

@@ -36,6 +36,11 @@ PROGRESS_AFTER_S = 3.0   # off a terminal: the first progress line once the work
 PROGRESS_EVERY_S = 5.0   # ... and then at most one line per this many seconds
 
 
+def progress_wanted(as_json: bool) -> bool:
+    """Progress on a terminal always; off one, not with --json (a script reading the JSON reads its stderr too)."""
+    return not as_json or sys.stderr.isatty()
+
+
 @contextmanager
 def progress(label: str, *, unit: str = "", scale: float = 1.0, enabled: bool = True) -> Iterator[Callable]:
     """Progress of a long command, on stderr: yields ``update(done, total, what="")``.

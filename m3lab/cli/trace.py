@@ -15,7 +15,7 @@ from typing import List
 import typer
 
 from m3lab.cli.columns import Column, cell, render, wrap
-from m3lab.cli.output import echo_json, progress
+from m3lab.cli.output import echo_json, progress, progress_wanted
 
 trace_app = typer.Typer(help="Read kernel/dispatch traces: per-kernel time shares, fast-path checks.",
                         no_args_is_help=True)
@@ -60,7 +60,7 @@ def summarize_cmd(trace: Path = typer.Argument(..., help="trace file (dispatch J
     """Per-kernel time shares (kernel traces) or per-(op, path) counts (dispatch traces)."""
     from m3lab.traces import load_trace, summarize, summary_totals
 
-    with progress("reading trace", unit="MB", scale=1e6) as update:
+    with progress("reading trace", unit="MB", scale=1e6, enabled=progress_wanted(as_json)) as update:
         table = load_trace(trace, progress=update)
     summary = summarize(table)
     totals = summary_totals(table)
