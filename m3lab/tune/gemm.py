@@ -250,10 +250,12 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
             if not (f in DEQUANT_FORMATS and c.kernel in PREFILL_KERNELS)]
     failed = {}
     if workers > 1:
+        log(f"precompile: {len(jobs)} kernels on {workers} processes ...")
         try:
             failed = precompile(jobs, workers, log)
         except Exception as err:      # compiling serially while timing is slower, never wrong
             log(f"precompile failed ({type(err).__name__}: {str(err)[:200]}); compiling while timing")
+    done, total = 0, len(plan)   # progress: points tuned of all (shape, format, M) points
     order = sorted(w_formats, key=lambda f: f != "bf16")        # bf16 first: MX prefill reuses its winners
     tables: dict[tuple, dict] = {}
     if "bf16" not in w_formats:                                 # MX prefill: the committed bf16 winners
@@ -272,11 +274,13 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
                     cands = [tables[(n, k, "bf16")][m]]
                 rows = tune_point(m, n, k, w_format, cands, checked)
                 all_rows += rows
+                done += 1
                 ok = [r for r in rows if not math.isnan(r["us"])]
                 if ok:
                     best = min(ok, key=lambda r: r["us"])
                     table[m] = best["config"]
-                    log(f"tune N={n} K={k} {w_format} M={m}: {best['us']:.1f}us {best['config'].to_dict()}")
+                    log(f"[{done}/{total}, {time.time() - t0:.0f} of {budget_s:.0f} s] tune N={n} K={k} {w_format} "
+                        f"M={m}: {best['us']:.1f}us {best['config'].to_dict()}")
             if table:
                 write_table(path, table)
     df = pd.DataFrame(all_rows)
