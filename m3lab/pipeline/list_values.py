@@ -11,6 +11,8 @@ import inspect
 from typing import Any, Callable
 
 from m3lab.errors import M3LabError
+from m3lab.pipeline import validate
+from m3lab.spec.model import load_model
 
 
 def _each(name: str, least: int = 1, *, null: bool = False) -> Callable[[dict], None]:
@@ -36,14 +38,10 @@ def _capacities(p: dict) -> None:
 
 
 def _model(p: dict):
-    """The step's model: from its Deployment (``validate.step_deployment``: a null ``model`` is the preset's) where
-    the validator builds one, else by name."""
-    from m3lab.pipeline import validate
-    build = getattr(validate, "step_deployment", None)
-    deployment = build(p) if build is not None else None
+    """The step's model: from its Deployment (a null ``model`` is the preset's), else by name."""
+    deployment = validate.step_deployment(p)
     if deployment is not None:
         return deployment.model
-    from m3lab.spec.model import load_model
     return load_model(p["model"])
 
 

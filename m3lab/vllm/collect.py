@@ -257,9 +257,8 @@ def bench_mismatches(deployment: Any, result: Any) -> list[str]:
     """What differs between the deployment named at collection and a bench result
     (:class:`~m3lab.serving.vllm_bench.BenchResult`): the model, and, when the deployment record carries a
     workload, the max concurrency and mean input / output lengths; [] when they agree."""
-    wl = getattr(deployment, "workload", None)
-    config = {"model": deployment.model.name, "concurrency": getattr(wl, "concurrency", None),
-              "isl": getattr(wl, "isl", None), "osl": getattr(wl, "osl", None)}
+    wl = deployment.workload
+    config = {"model": deployment.model.name, "concurrency": wl.concurrency, "isl": wl.isl, "osl": wl.osl}
     got = {"model_id": result.model_id, "max_concurrency": result.max_concurrency,
            "mean_input_len": result.mean_input_len, "mean_output_len": result.mean_output_len}
     return deployment_mismatches(config, got)
