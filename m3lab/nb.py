@@ -46,9 +46,35 @@ def setup(renderer: str = "plotly_mimetype") -> None:
         shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
 
 
-def format_number(v: float) -> str:
-    """Four significant digits with thousands separators (``1,234``, ``0.01234``, ``1.2e+09``)."""
-    return f"{v:,.4g}"
+SIGNIFICANT = 3   # significant figures of every number a notebook or a command shows
+
+
+def format_number(v: float, sig: int = SIGNIFICANT) -> str:
+    """``sig`` significant figures, thousands separators, no exponent from 0.001 to 1e15 (``350``, ``1,230``,
+    ``21.8``, ``0.00116``, ``1.23e+18``); NaN is empty."""
+    v = float(v)
+    if math.isnan(v):
+        return ""
+    if v == 0 or math.isinf(v):
+        return f"{v:g}"
+    if not 1e-3 <= abs(v) < 1e15:
+        return f"{v:.{sig - 1}e}"
+    decimals = sig - 1 - math.floor(math.log10(abs(v)))
+    return f"{round(v, decimals):,.{max(decimals, 0)}f}"
+
+
+def format_value(v: Any) -> str:
+    """A number as a table shows it: integers whole with separators (``4,131``), other numbers
+    :func:`format_number`; anything else as text."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) and type(v).__module__ != "numpy":
+        return str(v)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if math.isnan(f):
+        return ""
+    return f"{int(f):,}" if f.is_integer() and abs(f) < 1e15 else format_number(f)
 
 
 def format_bytes(v: Any) -> str:
@@ -78,17 +104,12 @@ def _cell(v: Any, bytes_col: bool) -> str:
         return html.escape(", ".join(map(str, items)))
     if isinstance(v, bool) or v is None:
         return html.escape(str(v))
-    if isinstance(v, (int, float)) or type(v).__module__ == "numpy":
+    if bytes_col and (isinstance(v, (int, float)) or type(v).__module__ == "numpy"):
         try:
-            f = float(v)
+            return format_bytes(float(v))
         except (TypeError, ValueError):
-            return html.escape(str(v))
-        if bytes_col:
-            return format_bytes(f)
-        if math.isnan(f):
-            return ""
-        return f"{int(f):,}" if f.is_integer() and abs(f) < 1e15 else format_number(f)
-    return html.escape(str(v))
+            pass
+    return html.escape(format_value(v))
 
 
 def facts(values: dict, name: str = "value"):

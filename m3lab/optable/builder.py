@@ -79,7 +79,8 @@ def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
     idx_write = m.sparse.index_dim if own_index else 0   # the index cache exists on every sparse layer (memory)
     rows.append(ops.row("cache_write", "cache_write", m=T, act_dtype="bf16", w_dtype=q.kv_dtype, flops=0.0,
                         bytes_compute=T * (2 * hkv * hd + idx_write) * 2.0, bytes_weight=0.0,
-                        bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0))
+                        bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0,
+                        bytes_compute_written=0.0, bytes_kv_written=T * (kv_tok + (idx_tok if own_index else 0))))
     cnt = c.counts
     if sparse and computes_topk:
         sp = m.sparse
@@ -87,11 +88,13 @@ def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
                             keys_attended=cnt.dense_keys, heads_q=ih, heads_kv=1, head_dim=sp.index_dim,
                             act_dtype=q.index_dtype, flops=2.0 * ih * sp.index_dim * cnt.dense_keys,
                             bytes_compute=T * ih * sp.index_dim * ib + cnt.scored_blocks * ih * 4.0,
-                            bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0))
+                            bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0,
+                            bytes_compute_written=cnt.scored_blocks * ih * 4.0, bytes_kv_written=0.0))
         rows.append(ops.row("topk", "topk", m=T, q_tokens=T, selected_blocks=cnt.selected_blocks * hkv,
                             heads_kv=hkv, act_dtype="fp32", flops=float(cnt.scored_blocks * ih),
                             bytes_compute=cnt.scored_blocks * ih * 4.0 + T * ih * sp.topk_blocks * 4.0,
-                            bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0))
+                            bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0,
+                            bytes_compute_written=T * ih * sp.topk_blocks * 4.0, bytes_kv_written=0.0))
     keys = cnt.sparse_keys if sparse else cnt.dense_keys
     read_tok = cnt.sparse_read_tokens if sparse else cnt.ctx_tokens
     rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens, keys_attended=keys,
@@ -99,7 +102,8 @@ def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
                         heads_q=hq, heads_kv=hkv, head_dim=hd, act_dtype="bf16", w_dtype=q.kv_dtype,
                         flops=4.0 * hq * hd * keys,
                         bytes_compute=2.0 * T * hq * hd * 2 + (T * hkv * m.sparse.topk_blocks * 4.0 if sparse else 0),
-                        bytes_weight=0.0, bytes_kv=read_tok * kv_tok, bytes_comm=0.0))
+                        bytes_weight=0.0, bytes_kv=read_tok * kv_tok, bytes_comm=0.0,
+                        bytes_compute_written=T * hq * hd * 2.0, bytes_kv_written=0.0))
     if gate:
         rows.append(ops.elementwise("attn_gate", "activation", T * gate, reads=2, writes=1, flops_per=5, m=T))
     rows += _gemm("o_proj", T, H, hq * hd, q.weight_dtype("attn_o"))
@@ -140,20 +144,23 @@ def _mla_rows(c: _Ctx, sparse: bool = False, computes_topk: bool = False) -> lis
     rows += [ops.elementwise("rope", "rope", T * rot, reads=1, writes=1, flops_per=3, m=T),
              ops.row("cache_write", "cache_write", m=T, act_dtype="bf16", w_dtype=q.kv_dtype, flops=0.0,
                      bytes_compute=T * (lat + (sp.index_dim if own_idx else 0)) * 2.0, bytes_weight=0.0,
-                     bytes_kv=T * (lat * kvb + idx_tok), bytes_comm=0.0)]
+                     bytes_kv=T * (lat * kvb + idx_tok), bytes_comm=0.0, bytes_compute_written=0.0,
+                     bytes_kv_written=T * (lat * kvb + idx_tok))]
     if sp is None:
         rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens,
                             keys_attended=cnt.dense_keys, heads_q=hq, heads_kv=1, head_dim=qk, act_dtype="bf16",
                             w_dtype=q.kv_dtype, flops=2.0 * hq * (qk + a.v_head_dim) * cnt.dense_keys,
                             bytes_compute=T * hq * (qk + a.v_head_dim) * 2.0, bytes_weight=0.0,
-                            bytes_kv=cnt.ctx_tokens * lat * kvb, bytes_comm=0.0))
+                            bytes_kv=cnt.ctx_tokens * lat * kvb, bytes_comm=0.0,
+                            bytes_compute_written=T * hq * a.v_head_dim * 2.0, bytes_kv_written=0.0))
     else:
         keys = cnt.sparse_keys
         rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens, keys_attended=keys,
                             selected_blocks=cnt.selected_blocks, heads_q=hq, heads_kv=1, head_dim=lat,
                             act_dtype="bf16", w_dtype=q.kv_dtype, flops=2.0 * hq * (lat + a.kv_lora_rank) * keys,
                             bytes_compute=T * hq * (lat + a.kv_lora_rank) * 2.0 + T * sp.topk_blocks * 4.0,
-                            bytes_weight=0.0, bytes_kv=cnt.sparse_read_tokens * lat * kvb, bytes_comm=0.0))
+                            bytes_weight=0.0, bytes_kv=cnt.sparse_read_tokens * lat * kvb, bytes_comm=0.0,
+                            bytes_compute_written=T * hq * a.kv_lora_rank * 2.0, bytes_kv_written=0.0))
     rows += _gemm("o_proj", T, H, hq * a.v_head_dim, q.weight_dtype("attn_o"))
     return rows
 
@@ -174,11 +181,13 @@ def _dsa_indexer_rows(c: _Ctx, idx_tok: float) -> list[dict]:
                     heads_q=ih, heads_kv=1, head_dim=d, act_dtype=q.index_dtype,
                     flops=2.0 * ih * d * cnt.dense_keys + 2.0 * ih * cnt.dense_keys,
                     bytes_compute=T * ih * (d * dtype_bytes(q.index_dtype) + 4.0) + cnt.scored_blocks * 4.0,
-                    bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0),
+                    bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0,
+                    bytes_compute_written=cnt.scored_blocks * 4.0, bytes_kv_written=0.0),
             ops.row("topk", "topk", m=T, q_tokens=T, selected_blocks=cnt.selected_blocks, act_dtype="fp32",
                     flops=float(cnt.scored_blocks),
                     bytes_compute=cnt.scored_blocks * 4.0 + T * sp.topk_blocks * 4.0, bytes_weight=0.0,
-                    bytes_kv=0.0, bytes_comm=0.0)]
+                    bytes_kv=0.0, bytes_comm=0.0, bytes_compute_written=T * sp.topk_blocks * 4.0,
+                    bytes_kv_written=0.0)]
 
 
 def _linear_attention_rows(c: _Ctx) -> list[dict]:
@@ -202,12 +211,14 @@ def _linear_attention_rows(c: _Ctx) -> list[dict]:
             *_gemm("in_proj_ba", T, 2 * vh, H, w),
             ops.row("conv1d", "conv", m=T, act_dtype="bf16", w_dtype="bf16", flops=2.0 * T * conv_dim * a.conv_kernel,
                     bytes_compute=2.0 * T * conv_dim * 2.0, bytes_weight=conv_dim * a.conv_kernel * 2.0,
-                    bytes_kv=2.0 * R * conv_state, bytes_comm=0.0),
+                    bytes_kv=2.0 * R * conv_state, bytes_comm=0.0, bytes_compute_written=T * conv_dim * 2.0,
+                    bytes_kv_written=R * conv_state),
             ops.elementwise("gdn_gating", "activation", T * vh, reads=2, writes=2, flops_per=10, m=T),
             ops.row("gated_delta_rule", "linear_attention", m=T, q_tokens=T, heads_q=vh, heads_kv=kh, head_dim=kd,
                     act_dtype="bf16", w_dtype=a.state_dtype, flops=8.0 * T * vh * kd * vd,
                     bytes_compute=T * (2 * kh * kd + 2 * vh * vd + 2 * vh) * 2.0,
-                    bytes_weight=2 * vh * 4.0, bytes_kv=2.0 * R * state, bytes_comm=0.0),
+                    bytes_weight=2 * vh * 4.0, bytes_kv=2.0 * R * state, bytes_comm=0.0,
+                    bytes_compute_written=T * vh * vd * 2.0, bytes_kv_written=R * state),
             ops.elementwise("gated_norm", "norm", T * vh * vd, reads=2, writes=1, flops_per=8, m=T, weight_elems=vd),
             *_gemm("out_proj", T, H, vh * vd, q.weight_dtype("attn_o"))]
 
@@ -295,7 +306,7 @@ def _edge_rows(c: _Ctx) -> tuple[list[dict], list[dict]]:
     # result, zeros elsewhere, that the all-reduce sums).
     head = [ops.row("embedding", "embedding", m=T, n=H, act_dtype="bf16", w_dtype=w_emb, flops=0.0,
                     bytes_compute=T * H * 2.0 + T * 8.0, bytes_weight=T / p.tp * H * dtype_bytes(w_emb),
-                    bytes_kv=0.0, bytes_comm=0.0)]
+                    bytes_kv=0.0, bytes_comm=0.0, bytes_compute_written=T * H * 2.0, bytes_kv_written=0.0)]
     if p.tp > 1:
         head.append(ops.allreduce("allreduce_embed", T, H, p.tp))
     tail = [ops.elementwise("final_norm", "norm", T * H, reads=2, writes=1, flops_per=4, m=T, hidden=H,

@@ -1,0 +1,94 @@
+"""``m3lab repetition`` (checklist step 2): each op's per-call cost times its calls over a whole workload.
+
+``m3lab repetition --model minimax-m3 --hardware mi355x --tp 4 --quant mxfp8 --isl 8192 --osl 1024
+--concurrency 32 --json`` simulates the serving run (vLLM v1 continuous batching, the estimate's scheduler), sums
+each op's time, FLOPs and bytes over its calls (layers x engine steps; the requests share a step's calls) and
+ranks the ops (:func:`m3lab.analysis.repetition.of_run`): ``ops: [{rank, op, kind, calls, calls_per_step,
+us_per_call, us_per_step, ms_per_request, ms_per_1k_output_tokens, share, cumulative_share, bound,
+gflop_per_request, mb_per_request}]``, ``by_kind`` and ``totals``. Times are projected for the hardware profile.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from m3lab.cli.planes import deployment_options
+from m3lab.errors import M3LabError
+
+
+@deployment_options
+def repetition(
+    deployment,
+    isl: int = typer.Option(8192, "--isl", help="Input (prompt) tokens per request."),
+    osl: int = typer.Option(1024, "--osl", help="Output tokens per request."),
+    concurrency: int = typer.Option(32, "--concurrency", help="Requests in flight (closed loop)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests",
+                                               help="Requests simulated (default: the estimate's, several per "
+                                                    "concurrency slot)."),
+    calibration: Optional[str] = typer.Option("default", "--calibration",
+                                              help="default (the hardware's shipped calibration), none (roofline "
+                                                   "ceiling), or a CSV path."),
+    top: int = typer.Option(15, "--top", help="Ops listed (ranked by their share of the run's time)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Each op's cost over a whole serving run: per call, per engine step, per request, per 1,000 output tokens."""
+    import warnings
+
+    from m3lab.analysis import repetition as rp
+    from m3lab.cli.output import echo_json
+    from m3lab.serving.estimate import ShortRunWarning, estimate
+
+    if top < 1:
+        raise M3LabError(f"--top {top} must be a positive number of ops", field="top")
+    d = deployment
+    limit = d.model.max_position
+    if limit and isl + osl > limit:
+        raise M3LabError(f"--isl {isl:,} + --osl {osl:,} is over {d.model.name}'s context length ({limit:,} tokens)",
+                         field="isl")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ShortRunWarning)
+        est = estimate(d.model, d.hardware, tp=d.plan.tp, ep=d.plan.ep, quant=d.quant, isl=isl, osl=osl,
+                       concurrency=concurrency, num_requests=num_requests,
+                       calibration=None if str(calibration).lower() in ("none", "null") else calibration)
+    for w in caught:
+        if issubclass(w.category, ShortRunWarning):
+            typer.secho(f"warning: {w.message}", err=True, fg="yellow")
+    rep = rp.of_run(est)
+    summary = est.summary()
+    result = {"workload": {"model": d.model.name, "hardware": d.hardware.name, "tp": d.plan.tp, "ep": d.plan.ep,
+                           "quant": d.quant.name, "kv_dtype": d.quant.kv_dtype, "isl": isl, "osl": osl,
+                           "concurrency": concurrency, "num_requests": est.config["num_requests"]},
+              "label": f"projected for {d.hardware.name}, per GPU — {summary['label']}",
+              "totals": {"engine_steps": int(est.steps["repeat"].sum()), "op_time_s": float(rep.attrs["total_us"] / 1e6),
+                         "output_tokens": int(rep.attrs["output_tokens"]),
+                         "output_tokens_per_s_per_gpu": summary["output_tokens_per_s_per_gpu"]},
+              "ops": rep.head(top).to_dict(orient="records"),
+              "by_kind": rp.by_kind(rep).to_dict(orient="records")}
+    if as_json:
+        echo_json(result)
+        return
+    _print(result, top)
+
+
+def _print(result: dict, top: int) -> None:
+    from m3lab.cli import columns
+    from m3lab.nb import format_value
+
+    w, t = result["workload"], result["totals"]
+    typer.echo(columns.wrap(f"{w['model']} {w['quant']} (KV {w['kv_dtype']}) TP{w['tp']} EP{w['ep']} on "
+                            f"{w['hardware']}: {w['num_requests']} requests of {w['isl']:,} in / {w['osl']:,} out "
+                            f"at concurrency {w['concurrency']}, {t['engine_steps']:,} engine steps"))
+    typer.echo(columns.wrap(result["label"]))
+    typer.echo(f"\ntop {min(top, len(result['ops']))} ops by share of the run's time")
+    rows = [[str(r["rank"]), r["op"], format_value(r["calls_per_step"]), format_value(r["us_per_call"]),
+             format_value(r["ms_per_1k_output_tokens"]), f"{r['share']:.1%}", r["bound"]] for r in result["ops"]]
+    typer.echo("\n".join(columns.render(["#", "op", "calls/step", "µs/call", "ms/1k out", "share", "bound"], rows,
+                                        right=[1, 0, 1, 1, 1, 1, 0])))
+    typer.echo("\nby kind of op")
+    rows = [[r["kind"], format_value(r["ms_per_1k_output_tokens"]), f"{r['share']:.1%}"] for r in result["by_kind"]]
+    typer.echo("\n".join(columns.render(["kind", "ms/1k out", "share"], rows, right=[0, 1, 1])))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("repetition")(repetition)
