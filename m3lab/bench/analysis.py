@@ -6,6 +6,7 @@ M, N, K). Speed-ups are always against cuBLAS with bf16 weights measured in the 
 import numpy as np
 import pandas as pd
 
+from ..analysis.targets import add_verdicts, missing
 from ..kernels.gemm.tables import DECODE_MAX_M
 
 DECODE_MS = (1, 8, 32, 64, 128)      # the bf16 decode points of the targets
@@ -79,8 +80,9 @@ def newest_harness(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
-    """The GEMM kernels' H200 targets (kernels/gemm/README.md): measured figure, target, pass/fail (NaN
-    measured = not measured); rows with op "info" are reported figures without a target (peers, ratios)."""
+    """The GEMM kernels' H200 targets (kernels/gemm/README.md): measured figure, threshold, the named points
+    the table lacks (``missing``) and ``status``/``passed`` (m3lab.analysis.targets: a target with a missing
+    point is ``incomplete``, never passed); rows with op "info" are reported figures without a target."""
     df = newest_harness(df)
     sp = speedups(df)
     tri = sp[sp["provider"] == "triton"]
@@ -96,22 +98,27 @@ def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
     fs = pd.concat([stream_fraction(df, path8), stream_fraction(df, path4)])
     fs = fs[((fs["dtype"] == "mxfp8") & (fs["provider"] == path8) | (fs["dtype"] == "mxfp4") & (fs["provider"] == path4))
             & (fs["M"] <= MX_TARGET_MAX_M)]
+    mx_ms = [m for m in DECODE_MS if m <= MX_TARGET_MAX_M]                  # the points each title names
+    both_mx = set(fs.loc[fs["dtype"] == "mxfp8", "M"]) & set(fs.loc[fs["dtype"] == "mxfp4", "M"])
     rows = [
-        ("bf16 decode M in {1,8,32,64,128}: geomean vs cuBLAS", _geomean(dec["speedup"]), 1.05, ">="),
-        ("bf16 decode: worst point vs cuBLAS", dec["speedup"].min(), 0.9, ">="),
-        ("bf16 prefill M >= 2048: worst point vs cuBLAS", pre["speedup"].min(), 0.9, ">="),
-        (f"MXFP8 decode M <= 32 ({path8}): geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">="),
-        (f"MXFP4 decode M <= 32 ({path4}): geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">="),
-        ("MX decode M <= 32: worst fraction of the streaming ceiling", fs["frac_stream"].min(), 0.7, ">="),
+        ("bf16 decode M in {1,8,32,64,128}: geomean vs cuBLAS", _geomean(dec["speedup"]), 1.05, ">=",
+         missing(dec["M"], DECODE_MS)),
+        ("bf16 decode: worst point vs cuBLAS", dec["speedup"].min(), 0.9, ">=", missing(dec["M"], DECODE_MS)),
+        ("bf16 prefill M >= 2048: worst point vs cuBLAS", pre["speedup"].min(), 0.9, ">=",
+         "" if len(pre) else f"M >= {PREFILL_MIN_M} not measured"),
+        (f"MXFP8 decode M <= 32 ({path8}): geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">=",
+         missing(mx8["M"], mx_ms)),
+        (f"MXFP4 decode M <= 32 ({path4}): geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">=",
+         missing(mx4["M"], mx_ms)),
+        ("MX decode M <= 32: worst fraction of the streaming ceiling", fs["frac_stream"].min(), 0.7, ">=",
+         missing(both_mx, mx_ms)),
         (f"bf16 decode tiles vs prefill tiles, M <= {DECODE_MAX_M}: speed ratio (geomean)",
-         _geomean(gain["ratio"]), 1.0, ">"),
-        ("fp8 per-channel decode: geomean vs bf16 cuBLAS", _geomean(fp8["speedup"]), float("nan"), "info"),
-        ("vLLM MXFP8 (peer) decode M <= 32: geomean vs bf16 cuBLAS", _geomean(peer["speedup"]), float("nan"), "info"),
+         _geomean(gain["ratio"]), 1.0, ">", missing(gain["M"], [m for m in DECODE_MS if m <= DECODE_MAX_M])),
+        ("fp8 per-channel decode: geomean vs bf16 cuBLAS", _geomean(fp8["speedup"]), float("nan"), "info", ""),
+        ("vLLM MXFP8 (peer) decode M <= 32: geomean vs bf16 cuBLAS", _geomean(peer["speedup"]), float("nan"), "info",
+         ""),
     ]
-    out = pd.DataFrame(rows, columns=["target", "measured", "threshold", "op"])
-    out["passed"] = [None if op == "info" else ((m >= t if op == ">=" else m > t) if not np.isnan(m) else False)
-                     for m, t, op in zip(out["measured"], out["threshold"], out["op"])]
-    return out
+    return add_verdicts(pd.DataFrame(rows, columns=["target", "measured", "threshold", "op", "missing"]))
 
 
 def committed_targets(path=None) -> pd.DataFrame:
