@@ -5,8 +5,9 @@
 
 Makes plotly figures render as the plotly MIME bundle (interactive in JupyterLab, and embedded
 interactively by ``m3lab report``) with a palette of distinct colours, and shows DataFrames as tables
-that teach: no truncated cells, byte counts in GB / MB / kB, long lists summarised with the full list
-one click away (:func:`frame_html`).
+that teach: no truncated cells, numbers to 3 significant figures, byte counts in GB / MB / kB, long lists
+summarised with the full list one click away (:func:`frame_html`); a bare dict shows as a small table with
+units (:func:`table`).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def setup(renderer: str = "plotly_mimetype") -> None:
     shell = get_ipython()
     if shell is not None:
         shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
+        shell.display_formatter.formatters["text/html"].for_type(dict, _dict_html)   # no bare dicts
 
 
 SIGNIFICANT = 3   # significant figures of every number a notebook or a command shows
@@ -112,12 +114,60 @@ def _cell(v: Any, bytes_col: bool) -> str:
     return html.escape(format_value(v))
 
 
-def facts(values: dict, name: str = "value"):
-    """A flat dict of facts (``memory_facts``, a summary) as a two-column table, byte counts in GB / MB."""
+#: Units read off m3lab's key names (``ttft_s``, ``tpot_ms``, ``output_tokens_per_s_per_gpu`` ...), first match wins.
+UNITS = (("tokens_per_s_per_gpu", "tok/s/GPU"), ("_per_s_per_gpu", "/s/GPU"), ("_gbps", "GB/s"), ("_gb", "GB"),
+         ("_ms", "ms"), ("_us", "µs"), ("_s", "s"), ("_pct", "%"), ("hit_rate", "fraction"), ("usage", "fraction"),
+         ("share", "fraction"), ("utilisation", "fraction"), ("ratio", "×"), ("tokens", "tokens"),
+         ("requests", "requests"), ("blocks", "blocks"), ("steps", "steps"), ("preemptions", "count"))
+
+
+def unit_of(name: Any) -> str:
+    """The unit a key's name states (see :data:`UNITS`); byte counts are shown in GB / MB instead; else ``""``."""
+    key = str(name).lower().replace(" ", "_")
+    if is_bytes_column(key):
+        return "/s" if key.endswith("_per_s") else ""
+    return next((unit for suffix, unit in UNITS if key.endswith(suffix) or suffix.strip("_") in key.split("_")
+                 and not suffix.startswith("_")), "")
+
+
+def _shown(key: Any, v: Any) -> Any:
+    if is_bytes_column(key) and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return format_bytes(v)
+    if isinstance(v, (list, tuple)) and len(v) <= LIST_ITEMS_SHOWN:
+        return ", ".join(format_value(x) for x in v)
+    return format_value(v) if isinstance(v, (int, float)) or type(v).__module__ == "numpy" else v
+
+
+def table(values: dict, name: str = "value", keys=None):
+    """A dict as a small table with units (3 significant figures, bytes in GB / MB): a flat dict gives
+    ``[quantity, <name>, unit]``; a dict of dicts (scenario -> quantity -> value) one column per scenario.
+    ``keys``: the quantities shown, in that order (default: all)."""
     import pandas as pd
-    rows = [{"fact": k, name: format_bytes(v) if is_bytes_column(k) and isinstance(v, (int, float)) else v}
-            for k, v in values.items()]
-    return pd.DataFrame(rows).set_index("fact")
+    nested = values and all(isinstance(v, dict) for v in values.values())
+    columns = values if nested else {name: values}
+    keys = list(keys or dict.fromkeys(k for col in columns.values() for k in col))
+    rows = [{"quantity": k, **{c: _shown(k, col.get(k)) for c, col in columns.items()}, "unit": unit_of(k)}
+            for k in keys]
+    return pd.DataFrame(rows).set_index("quantity")
+
+
+def facts(values: dict, name: str = "value"):
+    """A flat dict of facts (``memory_facts``, a summary) as a table with units (:func:`table`)."""
+    return table(values, name)
+
+
+def _dict_html(values: dict) -> str | None:
+    """How a notebook shows a bare dict: as :func:`table` when its values are scalars or dicts of scalars
+    (one level), else None (IPython's own repr)."""
+    def scalar(v):
+        return v is None or isinstance(v, (str, int, float, bool, list, tuple)) or type(v).__module__ == "numpy"
+    flat = {f"{k} · {j}" if isinstance(v, dict) else k: (w if isinstance(v, dict) else v)
+            for k, v in values.items() for j, w in (v.items() if isinstance(v, dict) else [(None, v)])}
+    if not values or not all(scalar(v) for v in flat.values()):
+        return None
+    nested = all(isinstance(v, dict) for v in values.values()) and all(scalar(w) for v in values.values()
+                                                                          for w in v.values())
+    return frame_html(table(values if nested else flat))
 
 
 #: Rows shown of a long DataFrame: the first and the last half of this many.
