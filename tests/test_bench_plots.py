@@ -12,7 +12,7 @@ from m3lab.kernels.gemm import tables
 
 def _recorded_labels(fig, table):
     title = fig.layout.title.text
-    assert "recorded on NVIDIA_H200" in title, title
+    assert "recorded: measured on NVIDIA_H200" in title, title
     for commit, date in set(zip(table["commit"].astype(str), table["date"].astype(str))):
         assert f"commit {commit}, {date}" in title, (title, commit, date)
 

@@ -46,11 +46,11 @@ class Source:
 
     @property
     def label(self) -> str:
-        """``measured live on NVIDIA H200, commit abc1234`` / ``recorded on NVIDIA_H200, commit 14782d0,
+        """``measured live on NVIDIA H200, commit abc1234`` / ``recorded: measured on NVIDIA_H200, commit 14782d0,
         2026-11-28`` (every run the rows come from)."""
         if self.live:
             return f"measured live on {self.device}, commit {self.runs[0][0]}"
-        return f"recorded on {self.device}, " + "; ".join(f"commit {c}, {d}" for c, d in self.runs)
+        return f"recorded: measured on {self.device}, " + "; ".join(f"commit {c}, {d}" for c, d in self.runs)
 
     @classmethod
     def here(cls, device: str) -> Source:

@@ -62,6 +62,11 @@ def build_deployment(model: str, hardware: str, tp: int, ep: int, quant: str, kv
     return dataclasses.replace(dep, quant=dep.quant.with_cache(kv_dtype)) if kv_dtype else dep
 
 
+def calibration_option(value: str | None):
+    """``--calibration none`` (or null) means the roofline ceiling: None to the cost model."""
+    return None if value is None or str(value).lower() in ("none", "null") else value
+
+
 def engine_step(model, phase: str, batch: int, context: int, chunk: int | None):
     """The EngineStep of ``--phase/--batch/--context/--chunk``, each checked before any work."""
     from m3lab.workload.step import EngineStep
@@ -109,7 +114,7 @@ def planes(
     from m3lab.cli.output import echo_json
 
     step = engine_step(deployment.model, phase, batch, context, chunk)
-    result = step_planes(deployment, step, phase, None if str(calibration).lower() in ("none", "null") else calibration)
+    result = step_planes(deployment, step, phase, calibration_option(calibration))
     if as_json:
         echo_json(result)
         return

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from m3lab.cli.planes import deployment_options
+from m3lab.cli.planes import calibration_option, deployment_options
 from m3lab.errors import M3LabError
 
 
@@ -50,7 +50,7 @@ def repetition(
         warnings.simplefilter("always", ShortRunWarning)
         est = estimate(d.model, d.hardware, tp=d.plan.tp, ep=d.plan.ep, quant=d.quant, isl=isl, osl=osl,
                        concurrency=concurrency, num_requests=num_requests,
-                       calibration=None if str(calibration).lower() in ("none", "null") else calibration)
+                       calibration=calibration_option(calibration))
     for w in caught:
         if issubclass(w.category, ShortRunWarning):
             typer.secho(f"warning: {w.message}", err=True, fg="yellow")
