@@ -10,6 +10,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from m3lab.analysis.display import format_value
+
 
 def _device(df: pd.DataFrame) -> str:
     return ", ".join(sorted(set(df["device"].astype(str)))) if "device" in df else "unknown device"
@@ -81,7 +83,6 @@ def tile_gain_figure(gain: pd.DataFrame, source) -> go.Figure:
 def targets_table(targets: pd.DataFrame, source, title: str) -> go.Figure:
     """Targets as a table figure: the figure measured over the points each title names, the threshold, the
     status (``incomplete`` names the missing points: never a pass)."""
-    from m3lab.nb import format_value
     t = targets
     measured = [v if isinstance(v, str) else format_value(v) or "not measured" for v in t["measured"]]
     threshold = ((t["op"] + " " + t["threshold"].map(format_value)).where(t["op"] != "info", "-")
