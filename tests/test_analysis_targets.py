@@ -1,5 +1,9 @@
 """A target is computed only from the points its title names: a missing point makes it incomplete, never a pass
 (GEMM, grouped MoE, sparse attention)."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: kernels run on the CPU
+
 import pytest
 
 from m3lab.analysis.targets import add_verdicts, missing, verdict

@@ -1,5 +1,9 @@
 """The kernel notebooks' views (07, 08, 09, 05): committed H200 tables -> analysis DataFrames -> plotly figures,
 every figure labelled with where its numbers come from — on a CPU the recorded rows' device, commit and date."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: kernels run on the CPU
+
 import pandas as pd
 import pytest
 
