@@ -186,6 +186,23 @@ def test_every_row_says_what_it_writes_and_the_split_adds_up(model):
         assert ops["flops"].sum() == pytest.approx(t["flops"].sum())
 
 
+@pytest.mark.parametrize("preset", ["mxfp8-tp4-optimised", "h200-bf16-tp4"])
+def test_the_rows_of_vllms_dispatch_say_what_they_write(preset):
+    """The OpTable the cost follows (vLLM's dispatch: the routing top-k and the sparse page-table rows too)."""
+    from m3lab.analysis.byte_planes import op_planes
+    from m3lab.serving.dispatch import dispatch_for
+    from m3lab.spec.serving import make_deployment
+    d = make_deployment(preset)
+    for step in (EngineStep.decode(8, 4096), EngineStep.prefill(512, batch=2, past=1024)):
+        t = build_optable(d.model, d.plan, d.quant, step, None, dispatch_for(d))
+        ops = op_planes(t)
+        assert "routing" in set(t["op"]) and ("page_table" in set(t["op"])) == (preset == "mxfp8-tp4-optimised")
+        new = ops[ops["op"].isin(["routing", "page_table"]) & (ops["plane"] == "compute")]
+        assert (new["bytes_written"] > 0).all() and (new["bytes_read"] > 0).all()
+        for written, total in (("bytes_compute_written", "bytes_compute"), ("bytes_kv_written", "bytes_kv")):
+            assert (t[written].fillna(0) <= t[total].fillna(0) + 1e-6).all()
+
+
 def test_written_bytes_are_the_outputs_a_hand_count_gives():
     from m3lab.analysis.byte_planes import op_planes
     T = 8

@@ -12,6 +12,8 @@ from m3lab.cache.replay import M3LabKVCache, blocks_for_tokens
 from m3lab.cache.scheduler import CachedScheduler
 from m3lab.cache.serving import cached_serving, spec_steps
 from m3lab.cache.trace import fixed_length
+from m3lab.errors import M3LabError
+from m3lab.spec.serving import make_deployment
 from m3lab.cli.main import app
 from m3lab.workload.scheduler import Scheduler, SchedulerConfig, Workload
 
@@ -84,7 +86,10 @@ def test_spec_steps():
 
 def test_timed_serving_run_reports_distributions():
     tr = generate(sessions=4, seed=2, turns_median=4)
-    run = cached_serving("minimax-m3", "mi355x", tp=4, quant="mxfp4", concurrency=4, trace=tr, spec_tokens=3)
+    dep = make_deployment(None, model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp4", concurrency=4,
+                          workload="agentx")
+    spec = dep.with_settings({"spec_tokens": 3, "accept_len": 2.7, "accept_dataset": "assumed"})
+    run = cached_serving(spec, trace=tr)
     s = run.summary()
     for key in ("ttft_p50_s", "tpot_p50_ms", "prefix_cache_hit_rate", "kv_cache_usage", "output_tokens_per_s_per_gpu"):
         assert s[key] is not None and np.isfinite(s[key]) and s[key] >= 0, key
@@ -92,9 +97,12 @@ def test_timed_serving_run_reports_distributions():
     assert s["tpot_p50_ms"] <= s["tpot_p90_ms"] <= s["tpot_p99_ms"]
     assert 0.5 < s["prefix_cache_hit_rate"] < 1 and 0 < s["kv_cache_usage"] <= s["kv_cache_usage_peak"] <= 1
     assert s["accept_len"] == 2.7 and s["accept_len_source"] == "assumed"
+    with pytest.raises(M3LabError, match="agentic"):   # a chat benchmark's acceptance is not agentic traffic's
+        spec.with_settings({"accept_dataset": "MT-Bench"})
+    with pytest.raises(M3LabError, match="accept_len"):
+        cached_serving(dep.with_settings({"spec_tokens": 3}), trace=tr)
     assert run.requests["finish_s"].notna().all() and len(run.timeline) > 0
-    small = cached_serving("minimax-m3", "mi355x", tp=4, quant="mxfp4", concurrency=4, trace=tr,
-                           capacity_tokens=int((tr.prompt + tr.output).max()) + 1024).summary()
+    small = cached_serving(spec, trace=tr, capacity_tokens=int((tr.prompt + tr.output).max()) + 1024).summary()
     assert small["prefix_cache_hit_rate"] < s["prefix_cache_hit_rate"]
 
 
@@ -121,14 +129,18 @@ def test_cache_sim_cli(tmp_path):
 
 def test_estimate_cli_agentx_workload():
     out = CliRunner().invoke(app, ["estimate", "--model", "minimax-m3", "--hardware", "mi355x", "--tp", "4", "--quant",
-                                   "mxfp4", "--spec-tokens", "3", "--workload", "agentx", "--concurrency", "2", "--json"])
+                                   "mxfp4", "--spec-tokens", "3", "--accept-len", "2.7", "--set", "accept_dataset=assumed",
+                                   "--workload", "agentx", "--concurrency", "2", "--json"])
     assert out.exit_code == 0, out.output
     s = json.loads(out.output)
     for key in ("ttft_p50_s", "tpot_p50_ms", "prefix_cache_hit_rate", "kv_cache_usage", "output_tokens_per_s_per_gpu"):
         assert isinstance(s[key], float) and s[key] >= 0, key
     assert s["sessions"] == 2 and s["tp"] == 4 and s["quant"] == "mxfp4"
-    bad = CliRunner().invoke(app, ["estimate", "--model", "minimax-m3", "--hardware", "mi355x", "--concurrency", "2"])
-    assert bad.exit_code == 2 and "--isl and --osl" in bad.output
+    assert s["accept_len_source"] == "assumed"
+    bad = CliRunner().invoke(app, ["estimate", "--workload", "agentx", "--isl", "100", "--pd", "1:1"])
+    assert bad.exit_code == 2 and "--isl, --pd do not apply to --workload agentx" in bad.output
+    unsourced = CliRunner().invoke(app, ["estimate", "--workload", "agentx", "--spec-tokens", "3"])
+    assert unsourced.exit_code == 2 and "accept_len" in unsourced.output
 
 
 def test_open_loop_uses_the_trace_arrival_times():
@@ -166,15 +178,11 @@ def test_capacity_per_rank_comes_from_the_memory_model():
 def test_coarse_step_times_stay_close_to_the_cost_model():
     from m3lab.cache.serving import CoarseStepTime
     from m3lab.serving.step_cost import StepCoster
-    from m3lab.spec.hardware import load_hardware
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-    from m3lab.spec.quant import load_quant
+    from m3lab.spec.serving import make_deployment
     from m3lab.workload.step import EngineStep
 
-    m = load_model("minimax-m3")
-    coster = StepCoster(m, ParallelPlan(tp=4).validate(m), load_quant("mxfp4"), load_hardware("mi355x"), None, None,
-                        spec_tokens=3)
+    coster = StepCoster(make_deployment(model="minimax-m3", hardware="mi355x", quant="mxfp4", tp=4,
+                                        spec_method="eagle3", spec_tokens=3, accept_len=2.7))
     coarse = CoarseStepTime(coster, "ceiling")
     rng = np.random.default_rng(0)
     for _ in range(6):

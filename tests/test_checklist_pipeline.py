@@ -15,9 +15,10 @@ import pytest
 from m3lab.pipeline.params import notebook_parameters
 from m3lab.pipeline.runner import run_pipeline
 from m3lab.pipeline.spec import load_pipeline
+from m3lab.pipeline.validate import DEPLOYMENT_PARAMETERS
+from m3lab.spec.serving import default_deployment
 
 LABEL = re.compile(r"measured|projected|published|analytic", re.I)
-WORKLOAD = ("model", "hardware", "tp", "ep", "quant", "kv_dtype", "isl", "osl", "concurrency", "calibration")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
@@ -78,15 +79,21 @@ def _shown_text(run_dir: Path, summary: dict):
                     yield s["name"], data.get("text/html") or data.get("text/plain") or out.get("text", "")
 
 
-def test_checklist_notebooks_share_one_workload():
-    defaults: dict[str, set] = {}
+def test_checklist_notebooks_share_one_deployment_vocabulary():
+    """Every checklist notebook with a deployment declares the same keys with the same defaults (None: the
+    preset's), so -p tp=8 moves every step; the default deployment is the checklist's."""
+    declared = {}
     for step in load_pipeline("checklist").steps:
         params = notebook_parameters(step.notebook)
-        for key in WORKLOAD:
-            if key in params:
-                defaults.setdefault(key, set()).add(repr(step.parameters.get(key, params[key].default)))
-    assert {k: v for k, v in defaults.items() if len(v) > 1} == {}
-    assert defaults["quant"] == {"'mxfp8'"} and defaults["concurrency"] == {"32"}
+        if any(k in params for k in DEPLOYMENT_PARAMETERS):
+            declared[step.name] = {k: repr(step.parameters.get(k, params[k].default)) if k in params else "missing"
+                                   for k in DEPLOYMENT_PARAMETERS}
+    assert set(declared) >= {"local_shapes", "repetition", "byte_planes", "fast_paths", "iterative_profiling",
+                             "serving_estimates"}
+    assert len({tuple(v.items()) for v in declared.values()}) == 1, declared
+    d = default_deployment()
+    assert (d.model.name, d.quant.name, d.plan.tp, d.workload.isl, d.workload.osl, d.workload.concurrency) == \
+        ("minimax-m3", "mxfp8", 4, 8192, 1024, 32)
 
 
 def _screenshots(report: Path, steps: int, out: Path) -> list[Path]:

@@ -22,8 +22,8 @@ def _json(args):
 
 
 def test_planes_json_is_the_optable_grouped_by_op_and_plane():
-    from m3lab.optable import build_optable
-    from m3lab.spec.plan import ParallelPlan
+    from m3lab.serving.step_cost import cost_step
+    from m3lab.spec.serving import make_deployment
     from m3lab.workload.step import EngineStep
 
     d = _json(PLANES)
@@ -31,7 +31,10 @@ def test_planes_json_is_the_optable_grouped_by_op_and_plane():
                                                            "tokens": 216}
     assert all({"op", "kind", "plane", "bytes_read", "bytes_written", "flops"} <= set(r) for r in d["ops"])
     assert {r["plane"] for r in d["ops"]} == {"compute", "persistent", "communication"}
-    t = build_optable("minimax-m3", ParallelPlan(tp=8), "mxfp8", EngineStep.decode(216, 8704))
+    dep = make_deployment(model="minimax-m3", hardware="mi300x", tp=8, quant="mxfp8")
+    t = cost_step(dep, EngineStep.decode(216, 8704))   # the OpTable of the kernels vLLM runs for it
+    assert "routing" in set(t["op"]) == {r["op"] for r in d["ops"]}
+    assert [r["bytes_written"] > 0 for r in d["ops"] if r["op"] == "routing"] == [True]
     tot = d["totals"]
     assert tot["compute"]["bytes"] == pytest.approx(t["bytes_compute"].sum())
     assert tot["persistent"]["bytes"] == pytest.approx(t["bytes_weight"].sum() + t["bytes_kv"].sum())

@@ -64,7 +64,7 @@ def test_import_has_no_side_effects():
 LAYERS = {
     "m3lab.errors": 0, "m3lab.atomic": 0, "m3lab.kernels": 0, "m3lab.vllm.imports": 0, "m3lab.vllm.install": 0,
     "m3lab.spec": 1, "m3lab.traces": 1, "m3lab.artifacts": 1, "m3lab.published": 1,
-    "m3lab.workload": 2, "m3lab.optable": 2,
+    "m3lab.workload": 2, "m3lab.optable": 2, "m3lab.cache.pool": 2, "m3lab.cache.policies": 2,
     "m3lab.dispatch": 3,
     "m3lab.model": 4, "m3lab.weights": 4, "m3lab.cost": 4, "m3lab.analysis": 4,
     "m3lab.analysis.kernel_runs": 6,   # runs the benchmark runners (layer 5) for the kernel notebooks' figures

@@ -54,7 +54,8 @@ def _runs(log: Path) -> list[str]:
 @pytest.mark.parametrize("param, field", [("tp=3", "tp"), ("quant=int3", "quant"), ("isl=-5", "isl"),
                                           ("hardware=tpu9", "hardware"), ("model=nosuch-model", "model"),
                                           ("serving_estimates.calibration=nosuch", "calibration"),
-                                          ("hardware=h200", "concurrency"), ("routing=zipf:x", "routing")])
+                                          ("concurrency=5000", "concurrency"), ("routing=zipf:x", "routing"),
+                                          ("preset=nosuch", "preset"), ("settings={max_num_seq: 8}", "settings")])
 def test_bad_values_fail_before_anything_runs_in_one_line(param, field, tmp_path):
     res = cli.invoke(app, ["run", "-p", param, "--out", str(tmp_path / "runs")])
     assert res.exit_code == 2, res.output

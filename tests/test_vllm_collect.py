@@ -151,8 +151,10 @@ def test_measured_beside_the_estimate(tmp_path):
     from m3lab.serving.estimate import estimate
     from m3lab.vllm.collect import beside_estimate, collect
 
-    est = estimate("minimax-m3-mxfp8", "mi355x", tp=4, quant="mxfp8", isl=1024, osl=64, concurrency=8,
-                   num_requests=16)
+    from m3lab.spec.serving import make_deployment
+
+    est = estimate(make_deployment(None, model="minimax-m3-mxfp8", hardware="mi355x", tp=4, quant="mxfp8", isl=1024,
+                                   osl=64, concurrency=8, num_prompts=16))
     with pytest.raises(M3LabError, match="no vLLM measurement"):
         beside_estimate(est, tmp_path / "run")
     collect(tmp_path / "other", [BENCH], gpus=4)          # Qwen3.5 at c=64, 8K/1K: another deployment

@@ -475,12 +475,14 @@ def indexer_repetition(model: str = "minimax-m3", hardware: str = "mi355x", tp: 
     import pandas as pd
 
     from ..analysis import repetition as rp
-    from ..cost.model import cost_step
+    from ..serving.step_cost import cost_step
+    from ..spec.serving import make_deployment
     from ..workload.step import EngineStep
+    dep = make_deployment(None, model=model, hardware=hardware, tp=tp, quant=quant)
     frames = []
     for c in concurrencies:
         step = EngineStep.decode(c, ctx)
-        rep = rp.repetition(cost_step(model, hardware, tp=tp, quant=quant, step=step, calibration=calibration),
+        rep = rp.repetition(cost_step(dep, step, calibration=calibration),
                             output_tokens=c, active_requests=c)
         rep = rep[rep["op"].isin(["indexer", "topk", "attention", "indexer_qk_proj", "qkv_proj"])].copy()
         rep["concurrency"] = c

@@ -25,9 +25,7 @@ from m3lab.cache.replay import M3LabKVCache
 from m3lab.cache.scheduler import CachedScheduler
 from m3lab.cache.trace import Trace
 from m3lab.errors import M3LabError
-from m3lab.workload.scheduler import SchedulerConfig
 
-EAGLE3_ACCEPT_LEN = 2.7     # assumed tokens per verification step for EAGLE3 with K = 3 (bonus token included)
 DEFAULT_SESSIONS_PER_SLOT = 1   # sessions simulated per concurrent session slot by default
 STEP_QUANTUM = 1.25         # steps are costed at contexts / chunks / decode counts (> 8) rounded to 25% apart:
                             # a session run has tens of thousands of distinct steps, each new one costs an OpTable;
@@ -98,50 +96,56 @@ def spec_steps(output: np.ndarray, spec_tokens: int, accept_len: float | None) -
     return 1 + np.ceil((np.asarray(output) - 1) / accept_len).astype(np.int64)
 
 
-def cached_serving(model="minimax-m3", hardware="mi355x", *, tp: int = 4, ep: int = 1, quant="mxfp4",
-                   kv_dtype: str | None = None, concurrency: int = 28, trace: Trace | None = None,
-                   sessions: int | None = None, seed: int = 0, spec_tokens: int = 0, accept_len: float | None = None,
-                   calibration="default", gpu_memory_utilization: float = 0.9, policy: str = "lru",
-                   max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+def _trace_of(d, trace: Trace | None, block_size: int) -> Trace:
+    """The trace to serve: ``trace`` when given, else the deployment's workload (agentx sessions or a file)."""
+    wl = d.workload
+    if wl.kind == "fixed":
+        raise M3LabError("the agentic estimate serves sessions or a trace, not a fixed-length workload",
+                         field="workload", hint="set workload=agentx (or workload=trace trace=PATH)")
+    if trace is None and wl.kind == "agentx":
+        from m3lab.cache.agentic import generate
+        trace = generate(sessions=wl.sessions or DEFAULT_SESSIONS_PER_SLOT * wl.concurrency, seed=wl.seed,
+                         block_size=block_size)
+    elif trace is None:
+        from m3lab.cache.trace import read_trace
+        trace = read_trace(wl.trace, "mooncake", block_size)
+    if trace.block_size != block_size:
+        raise M3LabError(f"the trace is keyed in {trace.block_size}-token blocks but {d.model.name} uses {block_size}",
+                         field="block_size")
+    return trace
+
+
+def cached_serving(deployment, *, trace: Trace | None = None, calibration="default", policy: str = "lru",
                    capacity_tokens: int | None = None) -> CachedServing:
-    """Serve ``trace`` (default: ``sessions`` AgentX-like sessions, ``concurrency`` of them at a time)."""
+    """Serve ``deployment``'s agentic workload (``workload.sessions`` AgentX-like sessions from ``workload.seed``,
+    ``workload.concurrency`` of them at a time, or the Mooncake trace at ``workload.trace``; ``trace``: a Trace
+    to serve instead). ``policy``: the eviction policy; ``capacity_tokens``: a what-if KV pool per GPU."""
     from m3lab.cost.model import cost_label, resolve_calibration
     from m3lab.serving.step_cost import StepCoster
-    from m3lab.spec.hardware import load_hardware
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-    from m3lab.spec.quant import load_quant
+    from m3lab.workload.deployed import scheduler_config
 
-    m, hw = load_model(model), load_hardware(hardware)
-    plan = ParallelPlan(tp=tp, ep=ep).validate(m)
-    q = load_quant(quant)
-    if kv_dtype is not None:
-        q = q.with_cache(kv_dtype=kv_dtype)
-    accept_source = "given"
+    d = deployment.validate()
+    m, hw, plan, q, wl = d.model, d.hardware, d.plan, d.quant, d.workload
+    concurrency, limits = wl.concurrency, d.scheduler_limits()
+    spec_tokens, accept_len = d.serving.spec_tokens, d.acceptance.accept_len
     if spec_tokens and accept_len is None:
-        if spec_tokens != 3:
-            raise M3LabError("accept_len is needed with spec_tokens other than 3", field="accept_len",
-                             hint="pass --accept-len A (mean tokens per verification step, bonus included)")
-        accept_len, accept_source = EAGLE3_ACCEPT_LEN, "assumed"
-    cap = cache_capacity(m, plan, q, hw, gpu_memory_utilization=gpu_memory_utilization, spec_tokens=spec_tokens)
+        raise M3LabError(f"spec_tokens={spec_tokens} needs accept_len measured on this traffic", field="accept_len",
+                         hint="set accept_len with accept_dataset=agentic, or accept_dataset=assumed")
+    if not limits.prefix_caching:
+        raise M3LabError("the agentic estimate models vLLM's prefix caching; prefix_caching=0 is not modelled",
+                         field="prefix_caching", hint="leave prefix caching on (vLLM's default)")
+    cap = cache_capacity(m, plan, q, hw, gpu_memory_utilization=limits.gpu_memory_utilization,
+                         spec_tokens=spec_tokens)
     if capacity_tokens is not None:
         cap = cap.with_tokens(capacity_tokens)
-    if trace is None:
-        from m3lab.cache.agentic import generate
-        trace = generate(sessions=sessions or DEFAULT_SESSIONS_PER_SLOT * concurrency, seed=seed,
-                         block_size=cap.block_size)
-    elif trace.block_size != cap.block_size:
-        raise M3LabError(f"the trace is keyed in {trace.block_size}-token blocks but {m.name} uses {cap.block_size}",
-                         field="block_size")
+    trace = _trace_of(d, trace, cap.block_size)
     cal = resolve_calibration(hw, calibration)
     calibration_name = cal.name if cal is not None else None
     mode = "calibrated" if cal is not None else "ceiling"
-    coster = StepCoster(m, plan, q, hw, cal, None, spec_tokens=spec_tokens)
+    coster = StepCoster(d, cal)
     steps = spec_steps(trace.output, spec_tokens, accept_len)
     kv = M3LabKVCache(cap.num_blocks, cap.block_size, policy, use_eagle=bool(spec_tokens))
-    sched = CachedScheduler(trace, kv, SchedulerConfig(max_num_seqs=max_num_seqs,
-                                                       max_num_batched_tokens=max_num_batched_tokens,
-                                                       block_size=cap.block_size),
+    sched = CachedScheduler(trace, kv, scheduler_config(d, block_size=cap.block_size),
                             step_time=CoarseStepTime(coster, mode), concurrency=concurrency,
                             output_steps=steps, spec_tokens=spec_tokens)
     n = len(trace)
@@ -178,32 +182,26 @@ def cached_serving(model="minimax-m3", hardware="mi355x", *, tp: int = 4, ep: in
         "preemptions": int(state.preemptions), "evicted_blocks": int(kv.evicted_blocks),
         "makespan_s": float(makespan), "kv_capacity_tokens": cap.kv_capacity_tokens,
         "kv_bytes_per_token_per_gpu": cap.kv_bytes_per_token_per_gpu,
-        "weight_gb_per_gpu": cap.weight_bytes_per_gpu / 1e9, "gpu_memory_utilization": gpu_memory_utilization,
+        "weight_gb_per_gpu": cap.weight_bytes_per_gpu / 1e9, "gpu_memory_utilization": limits.gpu_memory_utilization,
         "num_requests": n,
         "kv_blocks": cap.num_blocks, "block_size": cap.block_size, "policy": policy,
         "median_input_tokens": float(np.median(trace.prompt)), "median_output_tokens": float(np.median(trace.output)),
-        "spec_tokens": spec_tokens, "accept_len": accept_len, "accept_len_source": accept_source if spec_tokens else None,
+        "spec_tokens": spec_tokens, "accept_len": accept_len, "accept_len_source": d.acceptance.source(),
         "distinct_steps_costed": coster.distinct_steps,
     }
     requests = pd.DataFrame({"request": np.arange(n), "session": trace.session, "prompt_tokens": trace.prompt,
                              "output_tokens": trace.output, "hit_tokens": sched.hit_tokens, "arrival_s": sched.arrived,
                              "first_token_s": first, "finish_s": finish, "ttft_s": ttft, "tpot_ms": tpot * 1e3})
-    config = {"model": m.name, "hardware": hw.name, "tp": tp, "ep": ep, "gpus": gpus, "quant": q.name,
-              "kv_dtype": q.kv_dtype, "concurrency": concurrency, "seed": seed, "trace": trace.source,
-              "calibration": calibration_name}
+    config = {"deployment": d.name, "deployment_key": d.key(), "model": m.name, "hardware": hw.name, "tp": plan.tp,
+              "ep": plan.ep, "gpus": gpus, "quant": q.name, "kv_dtype": q.kv_dtype, "index_dtype": q.index_dtype,
+              "index_topk_freq": d.index_sharing_freq, "concurrency": concurrency, "seed": wl.seed,
+              "trace": trace.source, "max_num_seqs": limits.max_num_seqs,
+              "max_num_batched_tokens": limits.max_num_batched_tokens, "calibration": calibration_name}
     return CachedServing(config, summary, requests, tl, st.as_dict())
 
 
-WORKLOADS = ("fixed", "agentx")
-
-
-def estimate_workload(workload: str, model, hardware, **kwargs) -> dict:
-    """What ``m3lab estimate --workload agentx`` prints: :func:`cached_serving` on AgentX-like sessions
-    (``concurrency`` sessions at a time, as many sessions as slots unless ``sessions`` is given), its summary
-    with the run's configuration."""
-    if workload != "agentx":
-        raise M3LabError(f"unknown workload {workload!r} for the cached serving run", field="workload",
-                         hint=f"choose one of {', '.join(WORKLOADS)}")
-    run = cached_serving(model, hardware, **kwargs)
+def estimate_workload(deployment, *, calibration="default") -> dict:
+    """What ``m3lab estimate --workload agentx`` prints: :func:`cached_serving` of ``deployment``, its summary with
+    the run's configuration."""
+    run = cached_serving(deployment, calibration=calibration)
     return {**run.summary(), **run.config}
-

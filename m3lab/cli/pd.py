@@ -85,7 +85,7 @@ def print_pd_estimate(s: dict, as_json: bool) -> None:
     console.print(t)
     console.print(f"KV hand-off {s['kv_handoff_bytes_per_request'] / 1e9:.2f} GB/request in "
                   f"{s['kv_handoff_descriptors_per_request']:,} descriptors: {s['kv_handoff_ms']:.2f} ms at "
-                  f"{s['kv_link_bw'] / 1e9:g} GB/s per GPU; decode instances hold at most "
+                  f"{s['kv_link_gbps']:g} GB/s per GPU; decode instances hold at most "
                   f"{s['max_num_seqs_per_decode_instance']} requests each")
     console.print(f"{s['kind']}: {s['label']}")
 

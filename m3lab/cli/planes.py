@@ -2,64 +2,25 @@
 
 ``m3lab planes --model minimax-m3 --hardware mi300x --tp 8 --quant mxfp8 --phase decode --batch 216
 --context 8704 --json`` prints ``ops: [{op, kind, plane, part, calls, bytes, bytes_read, bytes_written, flops}]``
-and ``totals`` (per plane, per GPU and over all GPUs), from the OpTable
-(:func:`m3lab.analysis.byte_planes.op_planes`); the step's time by plane is projected for the hardware profile.
-
-:func:`deployment_options` adds the deployment's options (model, hardware, tp, ep, quant, kv dtype) to a
-command and hands it one :class:`~m3lab.spec.serving.Deployment`; ``m3lab repetition`` uses it too.
+and ``totals`` (per plane, per GPU and over all GPUs), from the OpTable of the kernels vLLM runs for the
+deployment (:func:`m3lab.serving.step_cost.cost_step`, grouped by
+:func:`m3lab.analysis.byte_planes.op_planes`); the step's time by plane is projected for the hardware profile.
+The deployment options are the shared ones (:mod:`m3lab.cli.deploy_options`: ``--preset``, ``--set``,
+``--model``, ``--hardware``, ``--tp``, ...); ``--batch`` and ``--context`` default to the deployment's workload
+(its concurrency; its mean decode context, isl + osl / 2).
 """
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Optional
 
 import typer
 
-from m3lab.cli.shapes import MODEL_HELP
+from m3lab.cli import deploy_options as opt
 from m3lab.errors import M3LabError
 
 PHASES = ("decode", "prefill")
 MAX_BATCH = 1 << 20            # requests in one step: the step holds one entry per request
 MAX_STEP_TOKENS = 2**31 - 1    # tokens in one step: vLLM's token indices are int32
-
-_OPTIONS = {   # name -> (default, flag, help)
-    "model": ("minimax-m3", "--model", MODEL_HELP),
-    "hardware": ("mi355x", "--hardware", "Hardware profile (mi355x, mi300x, h200, ...) or a YAML profile."),
-    "tp": (4, "--tp", "Tensor-parallel degree."),
-    "ep": (1, "--ep", "Expert-parallel degree (1: TP-MoE)."),
-    "quant": ("mxfp8", "--quant", "Weight quantisation: bf16, fp8, mxfp8, mxfp4."),
-    "kv_dtype": (None, "--kv-dtype", "Main KV cache dtype: bf16 or fp8 (default: the quantisation's, bf16)."),
-}
-_TYPES = {"model": str, "hardware": str, "tp": int, "ep": int, "quant": str, "kv_dtype": Optional[str]}
-
-
-def deployment_options(command):
-    """Decorate a command taking ``deployment``: its CLI gets the options of :data:`_OPTIONS` instead, and
-    the command is called with the Deployment they name (validated: a bad value is one line, exit 2)."""
-    sig = inspect.signature(command)
-    kept = [p for p in sig.parameters.values() if p.name != "deployment"]
-    added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=_TYPES[name],
-                               default=typer.Option(default, flag, help=text))
-             for name, (default, flag, text) in _OPTIONS.items()]
-
-    @functools.wraps(command)
-    def wrapper(**kw):
-        return command(deployment=build_deployment(**{k: kw.pop(k) for k in _OPTIONS}), **kw)
-
-    wrapper.__signature__ = sig.replace(parameters=added + kept)
-    wrapper.__annotations__ = {p.name: p.annotation for p in added + kept}
-    return wrapper
-
-
-def build_deployment(model: str, hardware: str, tp: int, ep: int, quant: str, kv_dtype: str | None):
-    """A validated Deployment from the option values (vLLM's defaults for every serving switch)."""
-    import dataclasses
-
-    from m3lab.spec.serving import deployment
-
-    dep = deployment(model, hardware, quant, tp=tp, ep=ep)
-    return dataclasses.replace(dep, quant=dep.quant.with_cache(kv_dtype)) if kv_dtype else dep
 
 
 def calibration_option(value: str | None):
@@ -94,14 +55,16 @@ def engine_step(model, phase: str, batch: int, context: int, chunk: int | None):
     return EngineStep.prefill(chunk, batch=batch, past=context - chunk)
 
 
-@deployment_options
 def planes(
-    deployment,
+    preset: opt.Preset = None, model: opt.Model = None, hardware: opt.HardwareName = None, tp: opt.Tp = None,
+    ep: opt.Ep = None, quant: opt.Quant = None, kv_dtype: opt.KvDtype = None, index_dtype: opt.IndexDtype = None,
+    set_: opt.Settings = [],
     phase: str = typer.Option("decode", "--phase", help="decode (one token per request) or prefill."),
-    batch: int = typer.Option(32, "--batch", help="Requests in the step."),
-    context: int = typer.Option(8704, "--context",
-                                help="Tokens of context per request after the step (default: 8192 + 1024/2, "
-                                     "the mean decode context of an 8K/1K request)."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Requests in the step (default: the deployment's "
+                                                              "concurrency)."),
+    context: Optional[int] = typer.Option(None, "--context",
+                                          help="Tokens of context per request after the step (default: the "
+                                               "deployment's isl + osl / 2, the mean decode context of a request)."),
     chunk: Optional[int] = typer.Option(None, "--chunk",
                                         help="Prefill only: tokens each request computes in this step "
                                              "(default: the whole --context)."),
@@ -113,8 +76,13 @@ def planes(
     """Bytes per op of one engine step, split into compute tensors, persistent state and communication."""
     from m3lab.cli.output import echo_json
 
-    step = engine_step(deployment.model, phase, batch, context, chunk)
-    result = step_planes(deployment, step, phase, calibration_option(calibration))
+    d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
+                  index_dtype=index_dtype)
+    wl = d.workload
+    batch = wl.concurrency if batch is None else batch
+    context = wl.isl + wl.osl // 2 if context is None else context
+    step = engine_step(d.model, phase, batch, context, chunk)
+    result = step_planes(d, step, phase, calibration_option(calibration))
     if as_json:
         echo_json(result)
         return
@@ -126,16 +94,14 @@ def step_planes(deployment, step, phase: str, calibration) -> dict:
     ``totals`` by plane (:func:`~m3lab.analysis.byte_planes.planes_totals`) and the step's projected time by
     plane (:func:`~m3lab.analysis.byte_planes.time_by_plane`)."""
     from m3lab.analysis import byte_planes as bp
-    from m3lab.cost.model import cost_optable
-    from m3lab.optable import build_optable
+    from m3lab.serving.step_cost import cost_step
 
     d, gpus = deployment, deployment.plan.world
-    table = build_optable(d.model, d.plan, d.quant, step)
-    ops = bp.op_planes(table)
+    costed = cost_step(d, step, calibration=calibration)   # the OpTable of vLLM's kernels, costed
+    ops = bp.op_planes(costed)
     totals = bp.planes_totals(ops, gpus=gpus).assign(bytes_per_request=lambda t: t["bytes"] / step.num_reqs)
-    costed = cost_optable(table, d.hardware, calibration)
     return {
-        "deployment": {"model": d.model.name, "hardware": d.hardware.name, "tp": d.plan.tp, "ep": d.plan.ep,
+        "deployment": {"name": d.name, "model": d.model.name, "hardware": d.hardware.name, "tp": d.plan.tp, "ep": d.plan.ep,
                        "gpus": gpus, "quant": d.quant.name, "kv_dtype": d.quant.kv_dtype,
                        "index_dtype": d.quant.index_dtype},
         "step": {"phase": phase, "batch": int(step.num_reqs), "context": int(step.context_lens.max()),

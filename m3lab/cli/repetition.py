@@ -1,7 +1,8 @@
 """``m3lab repetition`` (checklist step 2): each op's per-call cost times its calls over a whole workload.
 
 ``m3lab repetition --model minimax-m3 --hardware mi355x --tp 4 --quant mxfp8 --isl 8192 --osl 1024
---concurrency 32 --json`` simulates the serving run (vLLM v1 continuous batching, the estimate's scheduler), sums
+--concurrency 32 --json`` (or ``--preset NAME``, ``--set KEY=VALUE``: the shared deployment options of
+:mod:`m3lab.cli.deploy_options`) simulates the serving run (:func:`m3lab.serving.estimate.estimate`), sums
 each op's time, FLOPs and bytes over its calls (layers x engine steps; the requests share a step's calls) and
 ranks the ops (:func:`m3lab.analysis.repetition.of_run`): ``ops: [{rank, op, kind, calls, calls_per_step,
 us_per_call, us_per_step, ms_per_request, ms_per_1k_output_tokens, share, cumulative_share, bound,
@@ -13,19 +14,16 @@ from typing import Optional
 
 import typer
 
-from m3lab.cli.planes import calibration_option, deployment_options
+from m3lab.cli import deploy_options as opt
+from m3lab.cli.planes import calibration_option
 from m3lab.errors import M3LabError
 
 
-@deployment_options
 def repetition(
-    deployment,
-    isl: int = typer.Option(8192, "--isl", help="Input (prompt) tokens per request."),
-    osl: int = typer.Option(1024, "--osl", help="Output tokens per request."),
-    concurrency: int = typer.Option(32, "--concurrency", help="Requests in flight (closed loop)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests",
-                                               help="Requests simulated (default: the estimate's, several per "
-                                                    "concurrency slot)."),
+    preset: opt.Preset = None, model: opt.Model = None, hardware: opt.HardwareName = None, tp: opt.Tp = None,
+    ep: opt.Ep = None, quant: opt.Quant = None, kv_dtype: opt.KvDtype = None, index_dtype: opt.IndexDtype = None,
+    isl: opt.Isl = None, osl: opt.Osl = None, concurrency: opt.Concurrency = None,
+    num_prompts: opt.NumPrompts = None, set_: opt.Settings = [],
     calibration: Optional[str] = typer.Option("default", "--calibration",
                                               help="default (the hardware's shipped calibration), none (roofline "
                                                    "ceiling), or a CSV path."),
@@ -41,24 +39,24 @@ def repetition(
 
     if top < 1:
         raise M3LabError(f"--top {top} must be a positive number of ops", field="top")
-    d = deployment
-    limit = d.model.max_position
-    if limit and isl + osl > limit:
-        raise M3LabError(f"--isl {isl:,} + --osl {osl:,} is over {d.model.name}'s context length ({limit:,} tokens)",
-                         field="isl")
+    d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
+                  index_dtype=index_dtype, isl=isl, osl=osl, concurrency=concurrency, num_prompts=num_prompts)
+    wl, limit = d.workload, d.model.max_position
+    if limit and wl.isl + wl.osl > limit:
+        raise M3LabError(f"--isl {wl.isl:,} + --osl {wl.osl:,} is over {d.model.name}'s context length "
+                         f"({limit:,} tokens)", field="isl")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ShortRunWarning)
-        est = estimate(d.model, d.hardware, tp=d.plan.tp, ep=d.plan.ep, quant=d.quant, isl=isl, osl=osl,
-                       concurrency=concurrency, num_requests=num_requests,
-                       calibration=calibration_option(calibration))
+        est = estimate(d, calibration=calibration_option(calibration))
     for w in caught:
         if issubclass(w.category, ShortRunWarning):
             typer.secho(f"warning: {w.message}", err=True, fg="yellow")
     rep = rp.of_run(est)
     summary = est.summary()
-    result = {"workload": {"model": d.model.name, "hardware": d.hardware.name, "tp": d.plan.tp, "ep": d.plan.ep,
-                           "quant": d.quant.name, "kv_dtype": d.quant.kv_dtype, "isl": isl, "osl": osl,
-                           "concurrency": concurrency, "num_requests": est.config["num_requests"]},
+    result = {"workload": {"deployment": d.name, "model": d.model.name, "hardware": d.hardware.name,
+                           "tp": d.plan.tp, "ep": d.plan.ep, "quant": d.quant.name, "kv_dtype": d.quant.kv_dtype,
+                           "isl": wl.isl, "osl": wl.osl, "concurrency": wl.concurrency,
+                           "num_requests": est.config["num_requests"]},
               "label": f"projected for {d.hardware.name}, per GPU — {summary['label']}",
               "totals": {"engine_steps": int(est.steps["repeat"].sum()), "op_time_s": float(rep.attrs["total_us"] / 1e6),
                          "output_tokens": int(rep.attrs["output_tokens"]),

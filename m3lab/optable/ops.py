@@ -22,8 +22,9 @@ from m3lab.spec.gemm_cost import gemm_cost
 COLUMNS = ("layer", "op", "kind", "m", "n", "k", "experts", "topk", "hidden", "inter", "routed_tokens",
            "experts_active", "tokens_per_expert_max", "q_tokens", "ctx_tokens", "keys_attended",
            "selected_blocks", "heads_q", "heads_kv", "head_dim", "act_dtype", "w_dtype", "flops",
-           "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm", "bytes_compute_written", "bytes_kv_written", "comm_payload", "comm_factor", "comm_algo",
-           "comm_group", "fused_into")
+           "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm", "bytes_compute_written", "bytes_kv_written",
+           "comm_payload", "comm_factor", "comm_algo", "comm_group", "fused_into", "requests", "phase", "decision",
+           "path", "kernel")
 _KNOWN = frozenset(COLUMNS)
 ACT = "bf16"
 OUT_BYTES = dtype_bytes(ACT)

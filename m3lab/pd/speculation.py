@@ -138,11 +138,11 @@ def acceptance_table(bench_paths=None) -> "pandas.DataFrame":  # noqa: F821
     return pd.DataFrame(rows)[cols]
 
 
-def spec_sweep(model, hardware, draft_lengths, *, dataset: str = "MT-Bench",
-               **estimate_kwargs) -> "pandas.DataFrame":  # noqa: F821
-    """Serving estimates against the draft length k: acceptance length projected from the published M3 EAGLE3
-    point on ``dataset`` (:func:`projected_accept_len`), one row per (k, mode); ``estimate_kwargs`` as for
-    :func:`m3lab.serving.estimate.estimate`."""
+def spec_sweep(deployment, draft_lengths, *, dataset: str = "MT-Bench",
+               calibration="default") -> "pandas.DataFrame":  # noqa: F821
+    """Serving estimates of ``deployment`` with EAGLE3 against the draft length k (0: off): acceptance length
+    projected from the published M3 EAGLE3 point on ``dataset`` (:func:`projected_accept_len`), one row per
+    (k, mode)."""
     import pandas as pd
 
     from m3lab.serving.estimate import estimate
@@ -150,7 +150,9 @@ def spec_sweep(model, hardware, draft_lengths, *, dataset: str = "MT-Bench",
     rows = []
     for k in draft_lengths:
         a = projected_accept_len(int(k), dataset) if k else None
-        est = estimate(model, hardware, spec_tokens=int(k), accept_len=a, **estimate_kwargs)
+        spec = {"spec_method": "eagle3" if k else None, "spec_tokens": int(k), "accept_len": a,
+                "accept_dataset": f"{dataset} (projected to k={int(k)})" if k else "assumed"}
+        est = estimate(deployment.with_settings(spec), calibration=calibration)
         for mode, res in est.results.items():
             rows.append({"k": int(k), "accept_len": a or 1.0, "mode": mode,
                          **{key: res[key] for key in ("output_tokens_per_s_per_gpu", "ttft_s", "tpot_ms", "label")}})

@@ -4,7 +4,7 @@ A prefill instance (``tp`` GPUs) serves only prompts: its request rate and prefi
 :func:`m3lab.serving.estimate.estimate` with one output token (the scheduler's chunked prefill). A
 decode instance holds ``concurrency`` requests decoding from ``isl`` to ``isl + osl`` tokens: its
 TPOT is the mean cost of those decode steps. Each request's KV (every layer; ``kv_per_layer``)
-travels from prefill to decode over ``kv_link_bw`` (B/s per GPU; all ranks in parallel), together with a
+travels from prefill to decode over ``pd.kv_link_gbps`` (GB/s per GPU; all ranks in parallel), with a
 linear-attention model's fixed recurrent state per request (``state_bytes_per_request``; 0 otherwise).
 
 With P prefill and D decode instances the system serves ``min(P × prefill rate, D × decode rate)``
@@ -16,12 +16,14 @@ requests/s; output tokens/s/GPU = that × osl / ((P + D) × tp); TTFT = prefill 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.spec.settings import parse_pd
 
-KV_LINK_BW = 50e9     # assumed B/s per GPU between a prefill and a decode node (one 400 Gb/s NIC per GPU)
 DECODE_SAMPLES = 8    # decode contexts sampled between isl and isl + osl
 
 
@@ -48,29 +50,23 @@ def _handoff_bytes_per_rank(m, plan, quant, isl: int) -> float:
                  + state_bytes_per_request(m, plan))
 
 
-def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int, concurrency: int,
-                  ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3)), prefill_concurrency: int = 4,
-                  kv_link_bw: float = KV_LINK_BW, calibration="default", kv_dtype: str | None = None) -> pd.DataFrame:
-    """One row per (prefill:decode ratio, mode): request rates, TTFT (prefill + KV hand-off), TPOT and output
-    tokens/s/GPU; ``limited_by`` says which side sets the rate."""
+def disaggregated(deployment, *, ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3)), prefill_concurrency: int = 4,
+                  calibration="default") -> pd.DataFrame:
+    """One row per (prefill:decode ratio, mode) for ``deployment`` (both sides on its plan; its workload's
+    lengths and concurrency; its KV link): request rates, TTFT (prefill + KV hand-off), TPOT and output
+    tokens/s/GPU; ``limited_by`` says which side sets the rate. ``prefill_concurrency``: prompts in flight on a
+    prefill instance."""
     from m3lab.serving.estimate import estimate
 
-    if kv_link_bw <= 0:
-        raise M3LabError(f"kv_link_bw={kv_link_bw} must be positive (B/s per GPU)", field="kv_link_bw")
-    pre = estimate(model, hardware, tp=tp, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=1, concurrency=prefill_concurrency,
-                   calibration=calibration)
-    dec = estimate(model, hardware, tp=tp, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=2, concurrency=concurrency,
+    d = deployment.validate()
+    wl, tp = d.workload, d.plan.tp
+    isl, osl, concurrency = wl.isl, wl.osl, wl.concurrency
+    pre = estimate(d.with_settings({"osl": 1, "concurrency": prefill_concurrency,
+                                    "num_prompts": 4 * prefill_concurrency}), calibration=calibration)
+    dec = estimate(d.with_settings({"osl": 2, "num_prompts": 4 * concurrency}),
                    calibration=calibration)  # checks the decode side's KV capacity
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-
-    m = load_model(model)
-    plan = ParallelPlan(tp=tp)
-    from m3lab.spec.quant import load_quant
-
-    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else quant
-    kv_bytes_rank = _handoff_bytes_per_rank(m, plan, q, isl)
-    kv_s = kv_bytes_rank / kv_link_bw
+    kv_bytes_rank = _handoff_bytes_per_rank(d.model, d.plan, d.quant, isl)
+    kv_s = kv_bytes_rank / (d.pd.kv_link_gbps * 1e9)
     rows = []
     for mode, res in pre.results.items():
         pre_rate = pre.config["num_requests"] / res["makespan_s"]            # requests/s per prefill instance
@@ -94,7 +90,7 @@ def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int,
 #   most ``max_num_batched_tokens`` (one prompt at a time; the prefill's own first token is discarded, as vLLM's
 #   P/D proxy does with ``max_tokens=1``);
 # - its KV then crosses the link: the busiest rank's bytes from the exact hand-off geometry
-#   (:func:`m3lab.pd.geometry.pd_plan`) over ``kv_link_bw``, one transfer at a time per prefill instance;
+#   (:func:`m3lab.pd.geometry.pd_plan`) over ``kv_link_gbps``, one transfer at a time per prefill instance;
 # - it joins the least-loaded decode instance (at most ``max_num_seqs`` and its KV capacity at once) at the next
 #   step boundary; every decode step emits one token per request (``accept_len`` with speculative decoding), the
 #   first at the request's first step, so TTFT = queueing + prefill + hand-off + first decode step;
@@ -102,13 +98,9 @@ def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int,
 
 
 def parse_ratio(text: str) -> tuple[int, int]:
-    """"P:D" -> (P, D), both positive integers."""
-    try:
-        p, d = (int(x) for x in str(text).split(":"))
-    except ValueError:
-        raise M3LabError(f"--pd {text!r} is not P:D", field="pd", hint="e.g. --pd 2:1 (2 prefill, 1 decode)") \
-            from None
-    if p < 1 or d < 1:
+    """"P:D" -> (P, D), both positive integers (:func:`m3lab.spec.settings.parse_pd`)."""
+    p, d = parse_pd(text)
+    if p < 1:
         raise M3LabError(f"--pd {text!r} needs at least one prefill and one decode instance", field="pd")
     return p, d
 
@@ -193,54 +185,48 @@ def _simulate_pd(pre_coster, dec_coster, mode: str, *, prefill: int, decode: int
             "mean_decode_batch": batch_sum / max(steps, 1)}
 
 
-def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, decode_tp: int | None = None,
-                ep: int = 1, quant="bf16", kv_dtype: str | None = None, isl: int, osl: int, concurrency: int,
-                num_requests: int | None = None,
-                calibration="default", kv_link_bw: float = KV_LINK_BW, spec_tokens: int = 0,
-                accept_len: float | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                prefill_layout: str = "triton", decode_layout: str = "triton",
-                gpu_memory_utilization: float = 0.9) -> dict:
-    """A P:D deployment (``prefill`` instances of ``tp`` GPUs, ``decode`` instances of ``decode_tp``) simulated as
-    described above. Returns the summary dict ``m3lab estimate --pd`` prints: the calibrated figures where a
-    calibration exists (else the ceiling), the ceiling under ``ceiling``, the hand-off and the pools' load."""
+def pd_estimate(deployment, *, calibration="default") -> dict:
+    """``deployment`` served disaggregated (``pd.prefill.instances`` prefill instances on the prefill role's plan,
+    ``pd.decode.instances`` decode instances on the decode role's), simulated as described above. Returns the
+    summary dict ``m3lab estimate --pd`` prints: the calibrated figures where a calibration exists (else the
+    ceiling), the ceiling under ``ceiling``, the hand-off and the pools' load."""
     from m3lab.cost.model import cost_label, resolve_calibration
     from m3lab.pd.geometry import pd_plan
     from m3lab.serving.capacity import capacity
     from m3lab.serving.estimate import spec_decode_steps
     from m3lab.serving.step_cost import StepCoster
-    from m3lab.workload.scheduler import default_num_requests
-    from m3lab.spec.hardware import load_hardware
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-    from m3lab.spec.quant import load_quant
+    from m3lab.workload.deployed import fixed_workload
 
-    m, hw = load_model(model), load_hardware(hardware)
-    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else load_quant(quant)
-    decode_tp = decode_tp or tp
-    if kv_link_bw <= 0:
-        raise M3LabError(f"kv_link_bw={kv_link_bw} must be positive (B/s per GPU)", field="kv_link_bw")
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise M3LabError(f"concurrency={concurrency!r} must be a positive integer", field="concurrency")
-    pplan = ParallelPlan(tp=tp, ep=ep, role="prefill").validate(m)
-    dplan = ParallelPlan(tp=decode_tp, ep=ep, role="decode").validate(m)
-    cap = capacity(m, dplan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=gpu_memory_utilization,
+    d = deployment.validate()
+    if not d.pd.enabled:
+        raise M3LabError("the P/D estimate needs prefill and decode instances", field="pd",
+                         hint="e.g. --pd 2:1 (2 prefill, 1 decode)")
+    m, hw, q, wl = d.model, d.hardware, d.quant, d.workload
+    isl, osl, concurrency = wl.isl, wl.osl, wl.concurrency
+    prefill, decode = d.pd.prefill.instances, d.pd.decode.instances
+    pplan, dplan = d.role_plan("prefill"), d.role_plan("decode")
+    spec_tokens, accept_len = d.serving.spec_tokens, d.acceptance.accept_len
+    dlim, plim = d.role_limits("decode"), d.role_limits("prefill")
+    cap = capacity(m, dplan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=dlim.gpu_memory_utilization,
                    spec_tokens=spec_tokens)
-    max_seqs = min(max_num_seqs, cap.max_concurrency)
+    max_seqs = min(dlim.max_num_seqs, cap.max_concurrency)
     if max_seqs < 1:
         cap.check(1)
     osl_steps = spec_decode_steps(osl, spec_tokens, accept_len)
-    handoff, _ = pd_plan(m, tp, decode_tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype,
-                         prefill_layout=prefill_layout, decode_layout=decode_layout, bandwidth=kv_link_bw)
+    fixed_workload(d, what="the P/D estimate")
+    kv_link_bw = d.pd.kv_link_gbps * 1e9
+    handoff, _ = pd_plan(m, pplan.tp, dplan.tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype,
+                         prefill_layout=d.pd.prefill.layout, decode_layout=d.pd.decode.layout, bandwidth=kv_link_bw)
     cal = resolve_calibration(hw, calibration)
-    pre = StepCoster(m, pplan, q, hw, cal)
-    dec = StepCoster(m, dplan, q, hw, cal, spec_tokens=spec_tokens)
-    n_req = default_num_requests(concurrency) if num_requests is None else num_requests
-    gpus = prefill * tp + decode * decode_tp
+    pre = StepCoster(dataclasses.replace(d, plan=pplan), cal)   # prefill steps only: no speculative rows
+    dec = StepCoster(dataclasses.replace(d, plan=dplan), cal)
+    n_req = wl.num_prompts
+    gpus = d.gpus
     results = {}
     for mode in ("ceiling",) + (("calibrated",) if cal is not None else ()):
         sim = _simulate_pd(pre, dec, mode, prefill=prefill, decode=decode, isl=isl, osl_steps=osl_steps,
                            concurrency=concurrency, num_requests=n_req, handoff_s=handoff["transfer_s"],
-                           max_seqs=max_seqs, chunk=max_num_batched_tokens)
+                           max_seqs=max_seqs, chunk=plim.max_num_batched_tokens)
         span, n = sim["makespan_s"], sim["completed"]
         results[mode] = {
             "output_tokens_per_s_per_gpu": n * osl / span / gpus,
@@ -256,21 +242,23 @@ def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, deco
     return {"kind": kind, **{k: results[kind][k] for k in figures},
             "ceiling": {k: results["ceiling"][k] for k in figures},
             "pd": f"{prefill}:{decode}", "prefill_instances": prefill, "decode_instances": decode,
-            "prefill_tp": tp, "decode_tp": decode_tp, "ep": ep, "gpus": gpus, "model": m.name, "hardware": hw.name,
+            "prefill_tp": pplan.tp, "decode_tp": dplan.tp, "ep": dplan.ep, "gpus": gpus, "model": m.name,
+            "hardware": hw.name, "deployment": d.name, "deployment_key": d.key(),
             "quant": q.name, "kv_dtype": q.kv_dtype, "isl": isl, "osl": osl, "concurrency": concurrency,
             "num_requests": n_req, "max_num_seqs_per_decode_instance": max_seqs,
             "kv_handoff_bytes_per_request": handoff["bytes_per_request"],
             "kv_handoff_descriptors_per_request": handoff["descriptors_per_request"],
-            "kv_handoff_ms": handoff["transfer_s"] * 1e3, "kv_link_bw": kv_link_bw,
-            "spec_tokens": spec_tokens, "accept_len": accept_len,
+            "kv_handoff_ms": handoff["transfer_s"] * 1e3, "kv_link_gbps": d.pd.kv_link_gbps,
+            "spec_tokens": spec_tokens, "accept_len": accept_len, "accept_len_source": d.acceptance.source(),
             "calibration": cal.name if cal is not None else None}
 
 
-def pd_ratio_sweep(model, hardware, ratios, **kwargs) -> pd.DataFrame:
-    """:func:`pd_estimate` over ``ratios`` [(P, D)]: one row per (ratio, mode) with the four figures."""
+def pd_ratio_sweep(deployment, ratios, *, calibration="default") -> pd.DataFrame:
+    """:func:`pd_estimate` of ``deployment`` at each of ``ratios`` [(P, D)]: one row per (ratio, mode) with the
+    four figures."""
     rows = []
     for p, d in ratios:
-        s = pd_estimate(model, hardware, prefill=p, decode=d, **kwargs)
+        s = pd_estimate(deployment.with_settings({"pd": f"{p}:{d}"}), calibration=calibration)
         modes = {"ceiling": s["ceiling"]}
         if s["kind"] == "calibrated":
             modes["calibrated"] = {k: s[k] for k in s["ceiling"]}

@@ -1,23 +1,24 @@
-"""Serving estimates: TTFT, TPOT and tokens/s/GPU from A's scheduler, timed by the cost model.
+"""Serving estimates: TTFT, TPOT and tokens/s/GPU from the scheduler, timed by the cost model.
 
-``estimate(model, hardware, tp=, quant=, isl=, osl=, concurrency=, ...)`` runs the one engine-step
-generator (:class:`m3lab.workload.scheduler.Scheduler`, vLLM v1 continuous batching with chunked
-prefill; closed loop at ``concurrency`` like ``vllm bench serve --max-concurrency``) and times every
-step with :class:`~m3lab.serving.step_cost.StepCoster` under two labelled modes:
+``estimate(deployment)`` (a :class:`~m3lab.spec.serving.Deployment`) runs the one engine-step generator
+(:class:`m3lab.workload.scheduler.Scheduler`, vLLM v1 continuous batching with chunked prefill at the
+deployment's ``max_num_seqs`` / ``max_num_batched_tokens``; closed loop at the workload's ``concurrency``
+like ``vllm bench serve --max-concurrency``, ``num_prompts`` requests) and times every step with
+:class:`~m3lab.serving.step_cost.StepCoster` under two labelled modes:
 
 - ``ceiling``: the roofline bound of every op (efficiency 1, no launch floors) — an upper bound on
   throughput that a measurement must not beat;
-- ``calibrated``: the bound divided by the calibrated achievable efficiency plus launch floors
-  (default: the hardware's shipped calibration, MI355X <- the AITER GEMM tables).
+- ``calibrated``: each op timed by the cost source of the kernel vLLM runs for it (``m3lab/cost/README.md``:
+  measured tables and peers, named assumptions; default: the hardware's shipped calibration, MI355X <- AITER's).
 
 Per request: TTFT = first token - entry into the system (queueing + chunked prefill), TPOT = (last
 token - first token) / (osl - 1). Throughput = all output tokens / makespan / GPUs (as vLLM bench
 computes it). Memory: weights per GPU, KV capacity in tokens at ``gpu_memory_utilization``, and the
 largest concurrency that fits; a concurrency whose KV does not fit raises M3LabError.
 
-Speculative decoding: ``spec_tokens`` K draft tokens per step, ``accept_len`` A tokens emitted per
-verification step (vLLM's acceptance length, 1 ≤ A ≤ K + 1): decode steps verify K + 1 tokens and a
-request needs ceil((osl - 1) / A) of them; the draft costs ``draft_cost`` × a plain decode step per
+Speculative decoding (``serving.spec_tokens`` K draft tokens per step, ``acceptance.accept_len`` A tokens
+emitted per verification step, vLLM's acceptance length, 1 ≤ A ≤ K + 1): decode steps verify K + 1 tokens and a
+request needs ceil((osl - 1) / A) of them; the draft costs ``acceptance.draft_cost`` × a plain decode step per
 draft token.
 """
 from __future__ import annotations
@@ -30,10 +31,10 @@ import numpy as np
 import pandas as pd
 
 from m3lab.errors import M3LabError
-from m3lab.serving.capacity import GPU_MEMORY_UTILIZATION, Capacity, block_size_of, capacity
-from m3lab.serving.step_cost import DRAFT_COST, StepCoster
-from m3lab.workload.scheduler import (MIN_REQUESTS_PER_SLOT, Scheduler, SchedulerConfig, Workload,
-                                      default_num_requests)
+from m3lab.serving.capacity import Capacity, block_size_of, capacity
+from m3lab.serving.step_cost import StepCoster
+from m3lab.workload.deployed import fixed_workload, scheduler_config
+from m3lab.workload.scheduler import MIN_REQUESTS_PER_SLOT, Scheduler, SchedulerConfig, Workload
 
 
 METRICS = (("output tokens/s/GPU", "tok/s/GPU", "output_tokens_per_s_per_gpu"), ("median TTFT", "s", "ttft_s"),
@@ -175,66 +176,57 @@ def spec_decode_steps(osl: int, spec_tokens: int, accept_len: float | None) -> i
         raise M3LabError(f"spec_tokens={spec_tokens!r} must be a non-negative integer", field="spec_tokens")
     if accept_len is None:
         raise M3LabError(f"spec_tokens={spec_tokens} needs accept_len, the mean tokens accepted per step",
-                         field="accept_len", hint=f"set accept_len in [1, {spec_tokens + 1}], e.g. 2.7 for EAGLE3 "
-                                                  "with 3 draft tokens (estimate: --accept-len 2.7)")
+                         field="accept_len", hint=f"set accept_len in [1, {spec_tokens + 1}] (--accept-len A) and "
+                                                  "its traffic (accept_dataset); published for EAGLE3 on M3 with 3 "
+                                                  "draft tokens: 2.70 on MT-Bench (m3lab.pd.speculation)")
     if not isinstance(accept_len, (int, float)) or not 1 <= accept_len <= spec_tokens + 1:
         raise M3LabError(f"accept_len={accept_len!r} must lie in [1, spec_tokens + 1 = {spec_tokens + 1}]",
                          field="accept_len", hint="vLLM's mean acceptance length counts the bonus token")
     return 1 + math.ceil((osl - 1) / accept_len)
 
 
-def estimate(model, hardware, *, tp: int = 1, ep: int = 1, quant="bf16", kv_dtype: str | None = None, isl: int,
-             osl: int, concurrency: int, num_requests: int | None = None, calibration="default", spec_tokens: int = 0,
-             accept_len: float | None = None, draft_cost: float = DRAFT_COST, routing=None,
-             gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, max_num_seqs: int = 256,
-             max_num_batched_tokens: int = 8192) -> ServingEstimate:
-    """Estimate serving a model on ``hardware`` (see module docstring). ``calibration``: "default" (the
-    hardware's shipped one, if any), None (ceiling only), a shipped name, a CSV path or a Calibration.
-    ``kv_dtype``: the KV cache dtype (bf16 or fp8; default the scheme's). ``num_requests``: requests simulated
-    (default :func:`~m3lab.workload.scheduler.default_num_requests`); fewer than ``MIN_REQUESTS_PER_SLOT`` x
-    concurrency warns (:class:`ShortRunWarning`): the run would not reach steady state."""
+def estimate(deployment, *, calibration="default", routing=None) -> ServingEstimate:
+    """Estimate serving ``deployment`` (a :class:`~m3lab.spec.serving.Deployment` with a fixed-length workload;
+    see the module docstring). ``calibration``: "default" (the hardware's shipped one, if any), None (ceiling
+    only), a shipped name, a CSV path or a Calibration. ``routing``: the MoE routing model (None: balanced).
+    Requests simulated: ``workload.num_prompts``; fewer than ``MIN_REQUESTS_PER_SLOT`` x concurrency warns
+    (:class:`ShortRunWarning`): the run would not reach steady state."""
     from m3lab.cost.model import cost_label, resolve_calibration
-    from m3lab.spec.hardware import load_hardware
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-    from m3lab.spec.quant import load_quant
 
-    m = load_model(model)
-    hw = load_hardware(hardware)
-    plan = ParallelPlan(tp=tp, ep=ep).validate(m)
-    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else load_quant(quant)
+    d = deployment.validate()
+    m, hw, plan, q, wl = d.model, d.hardware, d.plan, d.quant, d.workload
+    spec_tokens, accept_len = d.serving.spec_tokens, d.acceptance.accept_len
+    limits = d.scheduler_limits()
+    osl_steps = spec_decode_steps(wl.osl, spec_tokens, accept_len)
+    workload = fixed_workload(d, osl=osl_steps, what="the serving estimate")
     cal = resolve_calibration(hw, calibration)
-    cap = capacity(m, plan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=gpu_memory_utilization,
-                   spec_tokens=spec_tokens if isinstance(spec_tokens, int) else 0)
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise M3LabError(f"concurrency={concurrency!r} must be a positive integer", field="concurrency")
-    cap.check(concurrency)
-    osl_steps = spec_decode_steps(osl, spec_tokens, accept_len)
-    n_req = default_num_requests(concurrency) if num_requests is None else num_requests
-    workload = Workload(isl=isl, osl=osl_steps, concurrency=concurrency, num_requests=n_req)
-    steady = n_req >= MIN_REQUESTS_PER_SLOT * concurrency
+    cap = capacity(m, plan, q, hw, isl=wl.isl, osl=wl.osl, gpu_memory_utilization=limits.gpu_memory_utilization,
+                   spec_tokens=spec_tokens)
+    cap.check(wl.concurrency)
+    n_req, conc = wl.num_prompts, wl.concurrency
+    steady = n_req >= MIN_REQUESTS_PER_SLOT * conc
     if not steady:
         warnings.warn(ShortRunWarning(
-            f"num_requests {n_req} < {MIN_REQUESTS_PER_SLOT} x concurrency {concurrency}: the run does not reach "
-            f"steady state, so TTFT and throughput are start-up figures (leave num_requests unset for "
-            f"{default_num_requests(concurrency)})"), stacklevel=2)
-    sched = ArrivalRecordingScheduler(SchedulerConfig(max_num_seqs=max_num_seqs,
-                                                      max_num_batched_tokens=max_num_batched_tokens,
-                                                      block_size=block_size_of(m)))
-    coster = StepCoster(m, plan, q, hw, cal, routing, spec_tokens=spec_tokens, draft_cost=draft_cost)
+            f"num_prompts {n_req} < {MIN_REQUESTS_PER_SLOT} x concurrency {conc}: the run does not reach "
+            f"steady state, so TTFT and throughput are start-up figures"), stacklevel=2)
+    sched = ArrivalRecordingScheduler(scheduler_config(d, block_size=block_size_of(m)))
+    coster = StepCoster(d, cal, routing)
     modes = ("ceiling",) + (("calibrated",) if cal is not None else ())
     runs, req = _simulate(coster, sched, workload, modes, osl_steps)
     gpus = plan.world
-    results = {mode: _figures(req, mode, n_req, isl, osl, gpus, cost_label(hw, None if mode == "ceiling" else cal))
-               for mode in modes}
+    results = {mode: _figures(req, mode, n_req, wl.isl, wl.osl, gpus,
+                              cost_label(hw, None if mode == "ceiling" else cal)) for mode in modes}
     requests = pd.concat([pd.DataFrame({"mode": mode, "request": np.arange(n_req), "entered_s": req["entered"][mode],
                                         "first_token_s": req["first"][mode], "finish_s": req["finish"][mode]})
                           for mode in modes], ignore_index=True)
     requests["ttft_s"] = requests["first_token_s"] - requests["entered_s"]
-    requests["tpot_ms"] = (requests["finish_s"] - requests["first_token_s"]) / max(osl - 1, 1) * 1e3
-    config = {"model": m.name, "hardware": hw.name, "tp": tp, "ep": ep, "gpus": gpus, "quant": q.name,
-              "kv_dtype": q.kv_dtype, "isl": isl, "osl": osl, "concurrency": concurrency, "num_requests": n_req,
-              "steady_state": steady, "spec_tokens": spec_tokens, "accept_len": accept_len,
+    requests["tpot_ms"] = (requests["finish_s"] - requests["first_token_s"]) / max(wl.osl - 1, 1) * 1e3
+    config = {"deployment": d.name, "deployment_key": d.key(), "model": m.name, "hardware": hw.name, "tp": plan.tp,
+              "ep": plan.ep, "gpus": gpus, "quant": q.name, "kv_dtype": q.kv_dtype, "index_dtype": q.index_dtype,
+              "index_topk_freq": d.index_sharing_freq, "isl": wl.isl, "osl": wl.osl, "concurrency": conc,
+              "num_requests": n_req, "steady_state": steady, "max_num_seqs": limits.max_num_seqs,
+              "max_num_batched_tokens": limits.max_num_batched_tokens, "spec_tokens": spec_tokens,
+              "accept_len": accept_len, "accept_len_source": d.acceptance.source(),
               "calibration": cal.name if cal is not None else None,
               "routing": "balanced" if routing is None else str(routing)}
     return ServingEstimate(config=config, capacity=cap, results=results, steps=runs, requests=requests, coster=coster)
@@ -284,12 +276,12 @@ def comparison_title(est: ServingEstimate) -> str:
             f"deployment exists")
 
 
-def sweep(model, hardware, concurrencies, **kwargs) -> pd.DataFrame:
-    """Estimates over concurrencies: one row per (concurrency, mode) with ``source`` = the mode's name
-    (for ``m3lab.plots.serving``); ``kwargs`` as for :func:`estimate` (``num_requests`` is per point's default)."""
+def sweep(deployment, concurrencies, *, calibration="default", routing=None) -> pd.DataFrame:
+    """Estimates of ``deployment`` at each of ``concurrencies``: one row per (concurrency, mode) with ``source`` =
+    the mode's name (for ``m3lab.plots.serving``)."""
     rows = []
     for c in concurrencies:
-        est = estimate(model, hardware, concurrency=int(c), **kwargs)
+        est = estimate(deployment.with_settings({"concurrency": int(c)}), calibration=calibration, routing=routing)
         for mode, res in est.results.items():
             rows.append({"source": mode, "concurrency": int(c), **{k: v for k, v in res.items() if k != "kind"}})
     return pd.DataFrame(rows)
