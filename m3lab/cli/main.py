@@ -90,6 +90,8 @@ def _register_all() -> None:
     from m3lab.cli import pd; pd.register(app)  # noqa: E702
     from m3lab.cli import cache; cache.register(app)  # noqa: E702
     from m3lab.cli import vllm; vllm.register(app)  # noqa: E702
+    from m3lab.cli import ladder; ladder.register(app)  # noqa: E702
+    from m3lab.cli import advise; advise.register(app)  # noqa: E702
 
 
 _register_all()
