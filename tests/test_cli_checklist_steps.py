@@ -109,3 +109,18 @@ def test_planes_and_repetition_read_at_80_columns():
 def test_narrow_terminal_prints_one_block_per_row():
     res = runner.invoke(app, PLANES, env={"COLUMNS": "40"})
     assert res.exit_code == 0 and re.search(r"^moe_gate_up\n  part: weights mxfp8$", res.stdout, re.M), res.stdout
+
+
+def test_planes_and_repetition_take_the_shared_deployment_options():
+    """--preset and --set as every deployment command takes them (m3lab.cli.deploy_options)."""
+    opt = _json(["planes", "--preset", "mxfp8-tp4-optimised", "--set", "tp=8"])
+    assert opt["deployment"]["tp"] == 8 and opt["deployment"]["name"].startswith("mxfp8-tp4-optimised")
+    assert "page_table" in {r["op"] for r in opt["ops"]}         # AITER's sparse attention path: its table builder
+    plain = _json(["planes", "--tp", "8"])
+    assert "page_table" not in {r["op"] for r in plain["ops"]}   # vLLM's defaults: the Triton path, no table
+    assert plain["step"] == {"phase": "decode", "batch": 32, "context": 8192 + 1024 // 2, "tokens": 32}
+    rep = _json(REPETITION[:1] + ["--preset", "mxfp8-tp4-optimised", "--set", "isl=1024", "--osl", "16",
+                                  "--concurrency", "4", "--num-prompts", "16"])
+    assert rep["workload"]["isl"] == 1024 and rep["workload"]["num_requests"] == 16
+    res = runner.invoke(app, ["repetition", "--tp", "8", "--set", "tp=4"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "given twice" in res.output
