@@ -50,7 +50,10 @@ def test_targets_take_each_peer_at_its_best_configuration_with_the_spread():
     assert "E=128,N=768" in moe["where"] and not moe["passed"] and moe["power_limited"] == 1
     assert moe["spread"].startswith(f"{95.0 / 103.0:.3f}-{95.0 / 101.0:.3f}") and "3 rounds" in moe["spread"]
     attn = t.loc["sparse attention vs vLLM decode (PDL), every B x ctx"]
-    assert attn["measured"] == pytest.approx(6.0 / 5.0) and attn["passed"]
+    assert attn["measured"] == pytest.approx(6.0 / 5.0) and attn["status"] == "incomplete" and attn["passed"] is None
+    assert "B=128,ctx=65536,q=1" in attn["missing"]                 # one point of six: over its threshold, not passed
+    assert t.loc["MoE bf16 vs vLLM fused_moe at its best config (every T)", "missing"] == \
+        "T = 1, 32, 128, 512, 8192 not measured"
     mx = t.filter(like="MXFP4", axis=0).iloc[0]
     assert "triton-mx-layout" in mx.name and mx["measured"] == pytest.approx(11.0 / 12.0) and not mx["passed"]
     dec = t.loc["bf16 decode vs cuBLAS, worst point"]
@@ -58,6 +61,24 @@ def test_targets_take_each_peer_at_its_best_configuration_with_the_spread():
     assert t.loc["bf16 prefill vs cuBLAS, worst point", "measured"] == pytest.approx(0.9)
     assert t.loc["fp8 (W8A16) prefill vs bf16 cuBLAS, worst point", "measured"] == pytest.approx(90 / 120)
     assert t.filter(like="_scaled_mm", axis=0)["passed"].iloc[0] is None
+    assert t.filter(like="_scaled_mm", axis=0)["status"].iloc[0] == "info"
+
+
+def test_a_peer_target_passes_or_fails_only_on_every_point_it_names():
+    rows = []
+    for b, ctx in peers.SPARSE_POINTS:
+        shape = f"B={b},ctx={ctx},q=1"
+        rows += [_row("sparse_attn", "ours", "pdl", shape, 5.0, 1), _row("sparse_attn", "vllm", "pdl", shape, 6.0, 1)]
+    t = analysis.peer_targets(rows_frame(rows)).set_index("target")
+    attn = t.loc["sparse attention vs vLLM decode (PDL), every B x ctx"]
+    assert attn["status"] == "pass" and attn["passed"] is True and attn["missing"] == ""
+    slow = [r for r in rows if not (r.provider == "vllm" and r.shape == "B=32,ctx=65536,q=1")]
+    slow.append(_row("sparse_attn", "vllm", "pdl", "B=32,ctx=65536,q=1", 4.0, 1))
+    assert analysis.peer_targets(rows_frame(slow)).set_index("target").loc[attn.name, "status"] == "fail"
+    gone = [r for r in rows if r.shape != "B=128,ctx=8192,q=1"]
+    cut = analysis.peer_targets(rows_frame(gone)).set_index("target").loc[attn.name]
+    assert cut["status"] == "incomplete" and cut["missing"] == "points = B=128,ctx=8192,q=1 not measured"
+    assert (t.drop(index=attn.name)["status"].isin(["incomplete", "info"])).all()   # nothing else was measured
 
 
 def test_targets_command_reads_the_peers_table_only(tmp_path, capsys):

@@ -67,6 +67,7 @@ LAYERS = {
     "m3lab.workload": 2, "m3lab.optable": 2, "m3lab.cache.pool": 2, "m3lab.cache.policies": 2,
     "m3lab.dispatch": 3,
     "m3lab.model": 4, "m3lab.weights": 4, "m3lab.cost": 4, "m3lab.analysis": 4,
+    "m3lab.analysis.kernel_runs": 6,   # runs the benchmark runners (layer 5) for the kernel notebooks' figures
     "m3lab.pd": 4, "m3lab.pd.speculation": 5, "m3lab.pd.plots": 6,
     "m3lab.dispatch.capture": 5, "m3lab.dispatch.gpu_capture": 5, "m3lab.dispatch.crosscheck": 5,
     "m3lab.serving": 5, "m3lab.bench": 5, "m3lab.gates": 5, "m3lab.tune": 5, "m3lab.vllm": 5, "m3lab.cache": 5,

@@ -6,6 +6,7 @@ M, N, K). Speed-ups are always against cuBLAS with bf16 weights measured in the 
 import numpy as np
 import pandas as pd
 
+from ..analysis.targets import add_verdicts, missing
 from ..kernels.gemm.tables import DECODE_MAX_M
 
 DECODE_MS = (1, 8, 32, 64, 128)      # the bf16 decode points of the targets
@@ -79,8 +80,9 @@ def newest_harness(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
-    """The GEMM kernels' H200 targets (kernels/gemm/README.md): measured figure, target, pass/fail (NaN
-    measured = not measured); rows with op "info" are reported figures without a target (peers, ratios)."""
+    """The GEMM kernels' H200 targets (kernels/gemm/README.md): measured figure, threshold, the named points
+    the table lacks (``missing``) and ``status``/``passed`` (m3lab.analysis.targets: a target with a missing
+    point is ``incomplete``, never passed); rows with op "info" are reported figures without a target."""
     df = newest_harness(df)
     sp = speedups(df)
     tri = sp[sp["provider"] == "triton"]
@@ -96,22 +98,27 @@ def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
     fs = pd.concat([stream_fraction(df, path8), stream_fraction(df, path4)])
     fs = fs[((fs["dtype"] == "mxfp8") & (fs["provider"] == path8) | (fs["dtype"] == "mxfp4") & (fs["provider"] == path4))
             & (fs["M"] <= MX_TARGET_MAX_M)]
+    mx_ms = [m for m in DECODE_MS if m <= MX_TARGET_MAX_M]                  # the points each title names
+    both_mx = set(fs.loc[fs["dtype"] == "mxfp8", "M"]) & set(fs.loc[fs["dtype"] == "mxfp4", "M"])
     rows = [
-        ("bf16 decode M in {1,8,32,64,128}: geomean vs cuBLAS", _geomean(dec["speedup"]), 1.05, ">="),
-        ("bf16 decode: worst point vs cuBLAS", dec["speedup"].min(), 0.9, ">="),
-        ("bf16 prefill M >= 2048: worst point vs cuBLAS", pre["speedup"].min(), 0.9, ">="),
-        (f"MXFP8 decode M <= 32 ({path8}): geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">="),
-        (f"MXFP4 decode M <= 32 ({path4}): geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">="),
-        ("MX decode M <= 32: worst fraction of the streaming ceiling", fs["frac_stream"].min(), 0.7, ">="),
+        ("bf16 decode M in {1,8,32,64,128}: geomean vs cuBLAS", _geomean(dec["speedup"]), 1.05, ">=",
+         missing(dec["M"], DECODE_MS)),
+        ("bf16 decode: worst point vs cuBLAS", dec["speedup"].min(), 0.9, ">=", missing(dec["M"], DECODE_MS)),
+        ("bf16 prefill M >= 2048: worst point vs cuBLAS", pre["speedup"].min(), 0.9, ">=",
+         "" if len(pre) else f"M >= {PREFILL_MIN_M} not measured"),
+        (f"MXFP8 decode M <= 32 ({path8}): geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">=",
+         missing(mx8["M"], mx_ms)),
+        (f"MXFP4 decode M <= 32 ({path4}): geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">=",
+         missing(mx4["M"], mx_ms)),
+        ("MX decode M <= 32: worst fraction of the streaming ceiling", fs["frac_stream"].min(), 0.7, ">=",
+         missing(both_mx, mx_ms)),
         (f"bf16 decode tiles vs prefill tiles, M <= {DECODE_MAX_M}: speed ratio (geomean)",
-         _geomean(gain["ratio"]), 1.0, ">"),
-        ("fp8 per-channel decode: geomean vs bf16 cuBLAS", _geomean(fp8["speedup"]), float("nan"), "info"),
-        ("vLLM MXFP8 (peer) decode M <= 32: geomean vs bf16 cuBLAS", _geomean(peer["speedup"]), float("nan"), "info"),
+         _geomean(gain["ratio"]), 1.0, ">", missing(gain["M"], [m for m in DECODE_MS if m <= DECODE_MAX_M])),
+        ("fp8 per-channel decode: geomean vs bf16 cuBLAS", _geomean(fp8["speedup"]), float("nan"), "info", ""),
+        ("vLLM MXFP8 (peer) decode M <= 32: geomean vs bf16 cuBLAS", _geomean(peer["speedup"]), float("nan"), "info",
+         ""),
     ]
-    out = pd.DataFrame(rows, columns=["target", "measured", "threshold", "op"])
-    out["passed"] = [None if op == "info" else ((m >= t if op == ">=" else m > t) if not np.isnan(m) else False)
-                     for m, t, op in zip(out["measured"], out["threshold"], out["op"])]
-    return out
+    return add_verdicts(pd.DataFrame(rows, columns=["target", "measured", "threshold", "op", "missing"]))
 
 
 def committed_targets(path=None) -> pd.DataFrame:
@@ -224,16 +231,16 @@ def peer_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _worst(rows: pd.DataFrame, label: str, threshold: float) -> dict:
+def _worst(rows: pd.DataFrame, label: str, threshold: float, gap: str = "") -> dict:
+    """One peer target: the worst ratio over ``rows``, where, its spread; ``gap``: the named points it lacks."""
     if not len(rows):
         return {"target": label, "measured": np.nan, "where": "not measured", "spread": "", "threshold": threshold,
-                "passed": False, "power_limited": 0}
+                "missing": gap, "power_limited": 0}
     w = rows.loc[rows["ratio"].idxmin()]
     return {"target": label, "measured": float(w["ratio"]),
             "where": f"{w['shape']} vs {w['peer_config'] or w['versus']}",
             "spread": f"{w['ratio_lo']:.3f}-{w['ratio_hi']:.3f} over {w['rounds']} rounds",
-            "threshold": threshold, "passed": bool((rows["ratio"] >= threshold).all()),
-            "power_limited": int(rows["power_limited"].sum())}
+            "threshold": threshold, "missing": gap, "power_limited": int(rows["power_limited"].sum())}
 
 
 def mx_layout_or_ocp(ratios: pd.DataFrame, dtype: str) -> str:
@@ -250,24 +257,47 @@ def mx_layout_or_ocp(ratios: pd.DataFrame, dtype: str) -> str:
 
 def peer_targets(df: pd.DataFrame) -> pd.DataFrame:
     """The kernels' targets against their peers (peers rows only): the worst ratio, where, its spread over
-    rounds, threshold, passed, and how many of the target's points ran power-limited."""
+    rounds, threshold, the points of the peers run (m3lab.bench.peers) the rows lack (``missing``),
+    ``status``/``passed`` (m3lab.analysis.targets: a missing point makes a target ``incomplete``, never
+    passed), and how many of the target's points ran power-limited."""
+    from .peers import GEMM_MS, MOE_TS, OGS_MS, SPARSE_POINTS   # heavy: m3lab.bench.peers imports torch
     r = peer_ratios(df)
     if not len(r):
-        return pd.DataFrame(columns=["target", "measured", "where", "spread", "threshold", "passed", "power_limited"])
+        return pd.DataFrame(columns=["target", "measured", "where", "spread", "threshold", "missing", "status",
+                                     "passed", "power_limited"])
+    r = r.reindex(columns=list(dict.fromkeys([*r.columns, "M", "provider"])))
     g = r[r["op"] == "gemm"]
     path4 = mx_layout_or_ocp(g, "mxfp4") if len(g) else "triton"
-    rows = [_worst(r[r["op"] == "moe"], "MoE bf16 vs vLLM fused_moe at its best config (every T)", 1.0),
-            _worst(r[r["op"] == "sparse_attn"], "sparse attention vs vLLM decode (PDL), every B x ctx", 1.0),
-            _worst(r[r["op"] == "sparse_indexer"], "indexer vs vLLM index decode, every B x ctx", 1.0),
-            _worst(g[(g["dtype"] == "mxfp4") & (g["provider"] == path4) & (g["versus"] == "ogs")],
-                   f"MXFP4 decode ({path4}) vs matmul_ogs best variant, M <= {MX_TARGET_MAX_M}", 1.0),
-            _worst(g[(g["dtype"] == "bf16") & g["M"].isin(DECODE_MS)], "bf16 decode vs cuBLAS, worst point", 0.85),
-            _worst(g[(g["dtype"] == "bf16") & (g["M"] >= PREFILL_MIN_M)], "bf16 prefill vs cuBLAS, worst point", 0.85),
-            _worst(g[(g["dtype"] == "fp8") & (g["versus"] == "cublas") & (g["M"] >= PREFILL_MIN_M)],
-                   "fp8 (W8A16) prefill vs bf16 cuBLAS, worst point", 0.85),
-            {**_worst(g[(g["dtype"] == "fp8") & (g["versus"] == "scaled-mm") & (g["M"] >= PREFILL_MIN_M)],
-                      "fp8 prefill vs torch._scaled_mm (W8A8, fp8 MMA; reported)", np.nan), "passed": None}]
-    return pd.DataFrame(rows)
+    sparse = [f"B={b},ctx={c},q=1" for b, c in SPARSE_POINTS]
+
+    def gemm(sel, label, threshold, named):
+        return _worst(sel, label, threshold, missing(sel["M"], named))
+
+    def op_rows(op, label, named, name):   # moe points by T, sparse ones by their whole shape
+        sel = r[r["op"] == op]
+        present = sel["shape"].str.extract(r"T=(\d+)", expand=False).dropna().astype(int) if name == "T" \
+            else sel["shape"]
+        return _worst(sel, label, 1.0, missing(present, named, name))
+    rows = [op_rows("moe", "MoE bf16 vs vLLM fused_moe at its best config (every T)", MOE_TS, "T"),
+            op_rows("sparse_attn", "sparse attention vs vLLM decode (PDL), every B x ctx", sparse, "points"),
+            op_rows("sparse_indexer", "indexer vs vLLM index decode, every B x ctx", sparse, "points"),
+            gemm(g[(g["dtype"] == "mxfp4") & (g["provider"] == path4) & (g["versus"] == "ogs")],
+                 f"MXFP4 decode ({path4}) vs matmul_ogs best variant, M <= {MX_TARGET_MAX_M}", 1.0,
+                 [m for m in OGS_MS if m <= MX_TARGET_MAX_M]),
+            gemm(g[(g["dtype"] == "bf16") & g["M"].isin(DECODE_MS)], "bf16 decode vs cuBLAS, worst point", 0.85,
+                 DECODE_MS),
+            gemm(g[(g["dtype"] == "bf16") & (g["M"] >= PREFILL_MIN_M)], "bf16 prefill vs cuBLAS, worst point", 0.85,
+                 [m for m in GEMM_MS["bf16"] if m >= PREFILL_MIN_M]),
+            gemm(g[(g["dtype"] == "fp8") & (g["versus"] == "cublas") & (g["M"] >= PREFILL_MIN_M)],
+                 "fp8 (W8A16) prefill vs bf16 cuBLAS, worst point", 0.85,
+                 [m for m in GEMM_MS["fp8"] if m >= PREFILL_MIN_M]),
+            _worst(g[(g["dtype"] == "fp8") & (g["versus"] == "scaled-mm") & (g["M"] >= PREFILL_MIN_M)],
+                   "fp8 prefill vs torch._scaled_mm (W8A8, fp8 MMA; reported)", np.nan)]
+    out = pd.DataFrame(rows)
+    out["op"] = np.where(out["threshold"].isna(), "info", ">=")
+    out = add_verdicts(out).drop(columns="op")
+    return out[["target", "measured", "where", "spread", "threshold", "missing", "status", "passed",
+                "power_limited"]]
 
 
 if __name__ == "__main__":

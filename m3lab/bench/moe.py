@@ -426,9 +426,12 @@ def copy_ceiling(df) -> float:
 
 def moe_targets(df):
     """The issue's H200 targets against a recorded table (moe_table()): one row per target and routing,
-    measured figure, threshold, passed (NaN = not measured)."""
+    measured figure over the T its title names (``TS``), the named T the table lacks (``missing``), threshold,
+    ``status``/``passed`` (m3lab.analysis.targets: a missing T is ``incomplete``, never passed)."""
     import numpy as np
     import pandas as pd
+
+    from ..analysis.targets import add_verdicts, missing
     ours = _p50(df, "m3lab")
     peer = pd.concat([_p50(df, "vllm-triton"), _p50(df, "torch-grouped-mm")], axis=1).min(axis=1)
     gmm = _p50(df, "torch-grouped-mm")
@@ -441,28 +444,27 @@ def moe_targets(df):
     ridge = h200["bf16_gemm_flops"] / h200["hbm_copy_bw"]   # ~162 FLOP/B: above it a problem is compute-bound
     rows = []
     for routing in sorted(df["routing"].dropna().unique()):
-        def worst(series, ts):
+        def worst(series, ts):   # -> (worst value over the named T, the named T the series lacks)
             vals = [series.get((routing, t), np.nan) for t in ts]
-            return float(np.nanmin(vals)) if not all(np.isnan(vals)) else np.nan
-        ts = sorted(df["T"].unique())
+            gap = missing([t for t, v in zip(ts, vals) if not np.isnan(v)], ts, "T")
+            return (float(np.nanmin(vals)) if not all(np.isnan(vals)) else np.nan), gap
         speed = (peer / ours)
+        memory_bound = [t for t in TS if t >= BW_MIN_T and intensity.get((routing, t), 0) < ridge]
         rows += [
             (routing, "T <= 128: m3lab vs the faster of vllm-triton and torch._grouped_mm (worst T)",
-             worst(speed, [t for t in ts if t <= TARGET_SMALL_T]), 1.2),
+             *worst(speed, [t for t in TS if t <= TARGET_SMALL_T]), 1.2),
             (routing, "T >= 32 and memory-bound (FLOP/byte under the measured H200 ridge): fraction of copy "
                       "bandwidth on touched weight bytes (worst T)",
-             worst(tb / copy, [t for t in ts if t >= BW_MIN_T and intensity.get((routing, t), 0) < ridge]), 0.75),
-            (routing, "T = 8192: m3lab vs torch._grouped_mm", (gmm / ours).get((routing, 8192), np.nan), 1.2),
+             *worst(tb / copy, memory_bound or [BW_MIN_T]), 0.75),
+            (routing, "T = 8192: m3lab vs torch._grouped_mm", *worst(gmm / ours, [8192]), 1.2),
             (routing, "MXFP8 weights, T <= 32: speed-up over our bf16 (worst T)",
-             worst(ours / _p50(df, "m3lab-mxfp8"), [t for t in ts if t <= 32]), 1.5),
+             *worst(ours / _p50(df, "m3lab-mxfp8"), [t for t in TS if t <= 32]), 1.5),
             (routing, "MXFP4 weights, T <= 32: speed-up over our bf16 (worst T)",
-             worst(ours / _p50(df, "m3lab-mxfp4"), [t for t in ts if t <= 32]), 2.2),
+             *worst(ours / _p50(df, "m3lab-mxfp4"), [t for t in TS if t <= 32]), 2.2),
             (routing, "T = 1: fused shared expert vs separate (speed-up; write-up +30.2% at concurrency 1)",
-             (_p50(df, "m3lab-separate-shared") / ours).get((routing, 1), np.nan), 1.0),
+             *worst(_p50(df, "m3lab-separate-shared") / ours, [1]), 1.0),
         ]
-    out = pd.DataFrame(rows, columns=["routing", "target", "measured", "threshold"])
-    out["passed"] = out["measured"] >= out["threshold"]
-    return out
+    return add_verdicts(pd.DataFrame(rows, columns=["routing", "target", "measured", "missing", "threshold"]))
 
 
 def decode_share(df, batch: int = 32, context: int = 8192, hardware: str = "h200", routing: str = "balanced",

@@ -16,12 +16,14 @@ The result is a list of lines, each at most ``width`` characters.
 from __future__ import annotations
 
 import math
+import shutil
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 GAP = 2          # spaces between columns
 NAME_MIN = 12    # the name column never gets narrower than this
+NBSP = "\u00a0"   # textwrap does not break at it
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,18 @@ def wrap(text: str, width: int, indent: str = "", subsequent: str | None = None)
                           subsequent_indent=indent if subsequent is None else subsequent,
                           break_long_words=False, break_on_hyphens=False)
     return [cut(line, width) for line in lines] or [indent.rstrip()]
+
+
+def terminal_width(default: int = 80) -> int:
+    """The terminal's width: ``COLUMNS`` when set, else the terminal's, else ``default``."""
+    return shutil.get_terminal_size((default, 24)).columns
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool], width: int,
+               title: str | None = None) -> list[str]:
+    """:func:`render` for rows of ready-made text cells: ``right[i]`` right-aligns column ``i``."""
+    cols = [Column(f"c{i}", h, "" if r else None) for i, (h, r) in enumerate(zip(headers, right))]
+    return render([{c.key: v for c, v in zip(cols, row)} for row in rows], cols, width, title=title)
 
 
 def _line(cells: Sequence[str], widths: Sequence[int], right: Sequence[bool]) -> str:
@@ -114,7 +128,8 @@ def _blocks(rows: list[dict], text: list[dict], columns: Sequence[Column], width
             current = r.get(group)
             lines.append(cut(cell(current), width))
         lines.append(cut(t[columns[0].key], width))
-        pairs = ", ".join(f"{c.title} {t[c.key]}" for c in columns[1:] if t[c.key])
+        # a pair ("read 312 MB") never breaks: its spaces are non-breaking while the line is wrapped
+        pairs = ", ".join(f"{c.title} {t[c.key]}".replace(" ", NBSP) for c in columns[1:] if t[c.key])
         if pairs:
-            lines.extend(wrap(pairs, width, "    ", "      "))
+            lines.extend(x.replace(NBSP, " ") for x in wrap(pairs, width, "    ", "      "))
     return lines

@@ -29,6 +29,7 @@ from m3lab import artifacts
 from m3lab.atomic import atomic_path, write_json
 from m3lab.errors import M3LabError
 from m3lab.pipeline import environment
+from m3lab.pipeline.notebook_stack import require_notebook_stack
 from m3lab.pipeline.params import parameter_values, resolve_parameters
 from m3lab.pipeline.report import build_report
 from m3lab.pipeline.run_folder import SUMMARY, RunLock, load_summary, new_run_dir, relative
@@ -81,6 +82,7 @@ def run_pipeline(pipeline: str | os.PathLike | Pipeline = DEFAULT_PIPELINE, over
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     overrides = list(overrides)
     params = resolve_parameters(pipe, overrides)
+    require_notebook_stack()
     run_dir = new_run_dir(Path(out_dir), folder_name or pipe.name, stamp=folder_name is None)
     summary = _new_summary(pipe, run_dir, overrides, params)
     lock = RunLock(run_dir)
@@ -124,6 +126,7 @@ def resume_run(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, pip
     """
     run_dir = Path(run_dir)
     load_summary(run_dir)  # a clear error for a folder that is not a run folder, before taking the lock
+    require_notebook_stack()
     with RunLock(run_dir):
         summary = load_summary(run_dir)
         if pipeline is not None and pipeline not in (summary["pipeline"], summary.get("pipeline_file")):

@@ -71,10 +71,10 @@ def _check_spec(p, d):
 
 
 def _check_device(p, d):
-    if p["device"] == "cpu":  # always valid; skips importing torch and the gates
+    if p["device"] == "cpu":  # always valid; skips importing torch
         return
-    from m3lab.gates.runner import check_device
-    check_device(p["device"])
+    from m3lab.analysis.kernel_runs import resolve_device
+    resolve_device(p["device"])   # auto, cpu, or cuda with a GPU visible
 
 
 def _check_threshold(name):
