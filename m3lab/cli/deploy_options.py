@@ -1,4 +1,5 @@
-"""The deployment options every command shares (``estimate``, ``shapes``, ``model``, ``fastpaths``, ``vllm plan``).
+"""The deployment options every command shares (``estimate``, ``shapes``, ``model``, ``fastpaths``, ``vllm plan``,
+``planes``, ``repetition``).
 
 ``--preset NAME`` starts from a named deployment (default: the checklist's, ``m3lab.spec.presets.DEFAULT_PRESET``);
 the flags below override its fields; ``--set KEY=VALUE`` (repeatable) sets any other field of the record in any

@@ -117,7 +117,7 @@ def _sensitivity(est, summary: dict):
 
     if est.kind != "calibrated":
         return None
-    table = sensitivity(est.coster, est.results["calibrated"])
+    table = sensitivity(est)
     summary["sensitivity"] = table.replace({float("nan"): None}).to_dict(orient="records")
     return table
 

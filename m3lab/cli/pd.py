@@ -59,6 +59,8 @@ def pd_plan_cmd(
     console.print(f"busiest prefill rank sends {summary['max_bytes_sent_per_prefill_rank']:,} B, busiest decode rank "
                   f"receives {summary['max_bytes_received_per_decode_rank']:,} B: transfer "
                   f"{summary['transfer_s'] * 1e3:.2f} ms at {bandwidth:g} GB/s per GPU ({summary['label']})")
+    if summary["warning"]:
+        typer.secho(f"warning: {summary['warning']}", err=True, fg="yellow")
 
 
 def print_pd_estimate(s: dict, as_json: bool) -> None:

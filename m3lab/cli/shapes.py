@@ -58,28 +58,40 @@ def shapes(
     _print_shapes(result)
 
 
-def _print_shapes(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _plan_text(plan: dict) -> str:
+    """``{'tp': 4, 'ep': 1, 'dp': 1, 'role': 'both', ...}`` -> ``TP4 EP1`` (+ DP, role and switches that are on)."""
+    text = f"TP{plan.get('tp')} EP{plan.get('ep')}" + (f" DP{plan['dp']}" if plan.get("dp", 1) != 1 else "")
+    if plan.get("role", "both") != "both":
+        text += f" ({plan['role']})"
+    return text + "".join(f", {k}" for k, v in plan.items() if v is True)
 
-    con = Console()
-    con.print(f"[bold]{result['model']}[/] plan {result['plan']} quant {result['quant']}: "
-              f"{result['num_steps']} engine steps ({result['kind']})")
+
+def _print_shapes(result: dict) -> None:
+    """The shapes at the terminal's width: no op name cut, no line folded inside a word."""
+    import shutil
+
+    from m3lab.cli.columns import Column, render, wrap
+
+    width = shutil.get_terminal_size((100, 24)).columns
+    wl = result.get("workload", {})
+    name = result["model"] + (f" ({result['deployment']})" if result.get("deployment") else "")
+    head = (f"{name}, {_plan_text(result['plan'])}, {result['quant']} weights; {wl.get('isl')} in / {wl.get('osl')} "
+            f"out tokens, concurrency {wl.get('concurrency')}: {result['num_steps']:,} engine steps, {result['kind']}")
     fusion = result["shared_expert_fusion"]
-    con.print("shared expert: " + ("fused into the routed grouped GEMM" if fusion["fused"]
-                                   else f"separate MLP ({fusion['reason']})"))
-    t = Table("op", "kind", "N", "K", "dtype", "layers", "distinct M", "M range", title="Dense GEMMs (local shapes)")
-    for g in result["distinct_gemms"]:
-        ms = g["m_values"]
-        t.add_row(g["op"], g["kind"], str(g["n"]), str(g["k"]), g["dtype"], str(g["layers"]), str(len(ms)),
-                  f"{ms[0]}..{ms[-1]}")
-    con.print(t)
+    lines = wrap(head, width) + wrap("shared expert: " + ("fused into the routed grouped GEMM" if fusion["fused"]
+                                                          else f"separate MLP ({fusion['reason']})"), width)
+    dense = [{**g, "distinct_m": len(g["m_values"]), "m_range": f"{g['m_values'][0]}..{g['m_values'][-1]}"}
+             for g in result["distinct_gemms"]]
+    lines += [""] + render(dense, [Column("op"), Column("kind"), Column("n", "N", "d"), Column("k", "K", "d"),
+                                   Column("dtype"), Column("layers", fmt="d"), Column("distinct_m", "distinct M", "d"),
+                                   Column("m_range", "M range", "")], width, title="Dense GEMMs (local shapes)")
     if result["grouped_gemms"]:
-        t = Table("op", "experts", "top-k", "hidden", "inter", "dtype", "distinct T", title="Grouped GEMMs (MoE)")
-        for g in result["grouped_gemms"]:
-            t.add_row(g["op"], str(int(g["experts"])), str(int(g["topk"])), str(int(g["hidden"])),
-                      str(int(g["inter"])), g["dtype"], str(g["num_tokens"]))
-        con.print(t)
+        grouped = [{**g, **{k: int(g[k]) for k in ("experts", "topk", "hidden", "inter")}}
+                   for g in result["grouped_gemms"]]
+        lines += [""] + render(grouped, [Column("op"), Column("experts", fmt="d"), Column("topk", "top-k", "d"),
+                                         Column("hidden", fmt="d"), Column("inter", fmt="d"), Column("dtype"),
+                                         Column("num_tokens", "distinct T", "d")], width, title="Grouped GEMMs (MoE)")
+    typer.echo("\n".join(lines))
 
 
 def model_facts(

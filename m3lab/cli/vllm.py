@@ -85,9 +85,9 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
 
 @vllm_app.command("collect")
 def collect(run_dir: Path = typer.Argument(..., help="run folder to add the measurements to (created if absent)"),
-            bench: List[Path] = typer.Option([], "--bench", help="a vllm bench serve --save-result JSON, or its "
+            bench: List[Path] = typer.Option([], "--bench", metavar="FILE_OR_DIR", help="a vllm bench serve --save-result JSON, or its "
                                                                    "--result-dir; repeatable"),
-            profile: List[Path] = typer.Option([], "--profile", help="a profiler folder or trace file; repeatable"),
+            profile: List[Path] = typer.Option([], "--profile", metavar="DIR_OR_FILE", help="a profiler folder or trace file; repeatable"),
             preset: Optional[str] = typer.Option(None, "--preset", help="the deployment that ran: enables the "
                                                                          "fast-path verification"),
             set_: opt.Settings = [],
@@ -117,7 +117,7 @@ def collect(run_dir: Path = typer.Argument(..., help="run folder to add the meas
 
 @vllm_app.command("moe-tables")
 def moe_tables(ours: Optional[Path] = typer.Argument(None, help="a folder of vLLM-format fused-MoE tables "
-                                                                 "(default: vLLM's shipped ones)"),
+                                                                 "(default: m3lab's own, kernels/moe/configs)"),
                against: Optional[Path] = typer.Option(None, "--against", help="folder to compare with (default: "
                                                                               "the installed vLLM's shipped tables)"),
                every_table: bool = typer.Option(False, "--all", help="also list tables only the other side has"),
@@ -131,16 +131,29 @@ def moe_tables(ours: Optional[Path] = typer.Argument(None, help="a folder of vLL
     if as_json:
         echo_json({"ours": str(ours), "against": str(against), "rows": table.to_dict("records")})
         return
-    import pandas as pd
-    with pd.option_context("display.max_rows", 200, "display.width", 200, "display.max_columns", 20):
-        shown = table.drop(columns=["differs"]).copy()
-        for col in ("m_ours", "m_theirs"):
-            shown[col] = [f"{len(m)} M, {m[0]}-{m[-1]}" if m else "-" for m in shown[col]]
-        shown["theirs_other_devices"] = [", ".join(d) or "-" for d in shown["theirs_other_devices"]]
-        typer.echo(shown.to_string(index=False) if len(shown) else "no tables")
-        for row in table.itertuples():
-            if row.differs:
-                typer.echo(f"E={row.E},N={row.N} {row.device}: {row.differs}")
+    _print_moe_tables(table)
+
+
+def _print_moe_tables(table) -> None:
+    """One row per table (shape, device, the M values each side covers, same tiles), the first differing tile
+    under its row, then the finding in one sentence."""
+    import shutil
+
+    from m3lab.cli.columns import Column, render, wrap
+    from m3lab.vllm.moe_tables import finding
+
+    def span(ms):
+        return f"{len(ms)} M, {ms[0]}-{ms[-1]}" if ms else "none"
+    rows = [{"table": f"E={r['E']},N={r['N']}" + (f",{r['dtype']}" if r["dtype"] else "") + f" {r['device']}",
+             "ours": span(r["m_ours"]), "theirs": span(r["m_theirs"]), "same": f"{r['same_tile']}/{r['compared']}",
+             "other": ", ".join(r["theirs_other_devices"]), "differs": r["differs"]} for r in table.to_dict("records")]
+    columns = [Column("table"), Column("ours", "ours (M)"), Column("theirs", "theirs (M)"),
+               Column("same", "same tile", fmt=""), Column("other", "theirs on other devices", detail=True),
+               Column("differs", "first difference", detail=True)]
+    width = shutil.get_terminal_size((100, 24)).columns
+    for line in render(rows, columns, width, title="fused-MoE tables: ours against theirs, by shape and device"):
+        typer.echo(line)
+    typer.echo("\n".join(wrap(finding(table), width)))
 
 
 def register(app: typer.Typer) -> None:

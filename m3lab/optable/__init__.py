@@ -35,6 +35,8 @@ Columns (units: elements, FLOPs, bytes; NaN where not applicable):
   request per step),
   ``bytes_comm`` (on-the-wire bytes per GPU = ``comm_payload`` x ``comm_factor``; ``comm_algo`` ring:
   factor 2(p-1)/p for all-reduce, gather/all2all: (p-1)/p; ``comm_group`` = p).
+- ``bytes_compute_written``, ``bytes_kv_written``: the part of ``bytes_compute`` and of ``bytes_kv`` the op
+  writes (outputs; cache and state writes); the rest of each is read. Weights are only read.
 - ``fused_into``: the op whose kernel this op runs inside, where vLLM's AMD model fuses it (``post_attn_norm``
   -> ``allreduce_attn`` at TP > 1); empty otherwise.
 - ``requests``: requests whose queries an attention, indexer or page-table row serves.

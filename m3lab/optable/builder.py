@@ -63,7 +63,8 @@ def _attention_rows(c: StepContext, sparse: bool, computes_topk: bool) -> list[d
     idx_write = m.sparse.index_dim if own_index else 0   # the index cache exists on every sparse layer (memory)
     rows.append(ops.row("cache_write", "cache_write", m=T, act_dtype="bf16", w_dtype=q.kv_dtype, flops=0.0,
                         bytes_compute=T * (2 * hkv * hd + idx_write) * 2.0, bytes_weight=0.0,
-                        bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0))
+                        bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0,
+                        bytes_compute_written=0.0, bytes_kv_written=T * (kv_tok + (idx_tok if own_index else 0))))
     kind = layer_kind(ATTN_SPARSE if sparse else "dense", ATTN_SPARSE, computes_topk)
     for phase, cnt, t, r in c.parts():
         attend = _attend_rows(c, cnt, t, r, sparse, computes_topk, kind, phase)
@@ -90,11 +91,13 @@ def _attend_rows(c: StepContext, cnt: AttentionCounts, T: int, R: int, sparse: b
                             keys_attended=cnt.dense_keys, heads_q=ih, heads_kv=1, head_dim=sp.index_dim,
                             act_dtype=q.index_dtype, flops=2.0 * ih * sp.index_dim * cnt.dense_keys,
                             bytes_compute=T * ih * sp.index_dim * ib + cnt.scored_blocks * ih * 4.0,
-                            bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0))
+                            bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0,
+                            bytes_compute_written=cnt.scored_blocks * ih * 4.0, bytes_kv_written=0.0))
         rows.append(ops.row("topk", "topk", m=T, q_tokens=T, selected_blocks=cnt.selected_blocks * hkv,
                             heads_kv=hkv, act_dtype="fp32", flops=float(cnt.scored_blocks * ih),
                             bytes_compute=cnt.scored_blocks * ih * 4.0 + T * ih * sp.topk_blocks * 4.0,
-                            bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0))
+                            bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0,
+                            bytes_compute_written=T * ih * sp.topk_blocks * 4.0, bytes_kv_written=0.0))
     keys = cnt.sparse_keys if sparse else cnt.dense_keys
     read_tok = cnt.sparse_read_tokens if sparse else cnt.ctx_tokens
     rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens, keys_attended=keys,
@@ -102,7 +105,8 @@ def _attend_rows(c: StepContext, cnt: AttentionCounts, T: int, R: int, sparse: b
                         heads_q=hq, heads_kv=hkv, head_dim=hd, act_dtype="bf16", w_dtype=q.kv_dtype,
                         flops=4.0 * hq * hd * keys,
                         bytes_compute=2.0 * T * hq * hd * 2 + (T * hkv * m.sparse.topk_blocks * 4.0 if sparse else 0),
-                        bytes_weight=0.0, bytes_kv=read_tok * kv_tok, bytes_comm=0.0))
+                        bytes_weight=0.0, bytes_kv=read_tok * kv_tok, bytes_comm=0.0,
+                        bytes_compute_written=T * hq * hd * 2.0, bytes_kv_written=0.0))
     if sparse and c.runs("page_table", kind, phase):
         rows.insert(len(rows) - 1, _page_table_row(m, cnt, T, R, hkv))
     return rows
@@ -112,9 +116,10 @@ def _page_table_row(m: ModelSpec, cnt: AttentionCounts, T: int, R: int, hkv: int
     """The sparse page adapter's table builder: 128-token blocks -> page-16 ids (8 pages a block). Reads the
     top-k ids [T, hkv, K] int32, the requests' block tables and lengths; writes [T x hkv, 8K] int32."""
     i32, k = dtype_bytes("int32"), m.sparse.topk_blocks
-    reads = T * hkv * k * i32 + cnt.ctx_tokens / m.sparse.block_size * i32 + R * i32
+    reads, writes = T * hkv * k * i32 + cnt.ctx_tokens / m.sparse.block_size * i32 + R * i32, T * hkv * k * 8 * i32
     return ops.row("page_table", "page_table", m=T, q_tokens=T, heads_kv=hkv, act_dtype="int32", flops=0.0,
-                   bytes_compute=reads + T * hkv * k * 8 * i32, bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0)
+                   bytes_compute=reads + writes, bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0,
+                   bytes_compute_written=writes, bytes_kv_written=0.0)
 
 
 def _ffn_rows(c: StepContext, moe: bool) -> list[dict]:
@@ -141,7 +146,8 @@ def _ffn_rows(c: StepContext, moe: bool) -> list[dict]:
     if c.dispatch is not None:  # the routing top-k kernel: reads the fp32 logits, writes ids and weights
         rows.append(ops.row("routing", "topk", m=T, topk=m.topk, act_dtype="fp32", flops=4.0 * T * m.experts,
                             bytes_compute=T * m.experts * 4.0 + T * (m.topk + 1) * 8.0, bytes_weight=0.0,
-                            bytes_kv=0.0, bytes_comm=0.0))
+                            bytes_kv=0.0, bytes_comm=0.0, bytes_compute_written=T * (m.topk + 1) * 8.0,
+                            bytes_kv_written=0.0))
     inter = p.expert_inter_local(m)
     routed = float(r.routed_tokens(T, p.ep)[0])
     active = float(r.active_experts(T, p.ep)[0])
@@ -245,7 +251,7 @@ def _edge_rows(c: StepContext) -> tuple[list[dict], list[dict]]:
     # result, zeros elsewhere, that the all-reduce sums).
     head = [ops.row("embedding", "embedding", m=T, n=H, act_dtype="bf16", w_dtype=w_emb, flops=0.0,
                     bytes_compute=T * H * 2.0 + T * 8.0, bytes_weight=T / p.tp * H * dtype_bytes(w_emb),
-                    bytes_kv=0.0, bytes_comm=0.0)]
+                    bytes_kv=0.0, bytes_comm=0.0, bytes_compute_written=T * H * 2.0, bytes_kv_written=0.0)]
     if p.tp > 1:
         head.append(ops.allreduce("allreduce_embed", T, H, p.tp))
     tail = [ops.elementwise("final_norm", "norm", T * H, reads=2, writes=1, flops_per=4, m=T, hidden=H,

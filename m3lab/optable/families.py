@@ -41,20 +41,23 @@ def mla_rows(c: StepContext, sparse: bool = False, computes_topk: bool = False) 
     rows += [ops.elementwise("rope", "rope", T * rot, reads=1, writes=1, flops_per=3, m=T),
              ops.row("cache_write", "cache_write", m=T, act_dtype="bf16", w_dtype=q.kv_dtype, flops=0.0,
                      bytes_compute=T * (lat + (sp.index_dim if own_idx else 0)) * 2.0, bytes_weight=0.0,
-                     bytes_kv=T * (lat * kvb + idx_tok), bytes_comm=0.0)]
+                     bytes_kv=T * (lat * kvb + idx_tok), bytes_comm=0.0, bytes_compute_written=0.0,
+                     bytes_kv_written=T * (lat * kvb + idx_tok))]
     if sp is None:
         rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens,
                             keys_attended=cnt.dense_keys, heads_q=hq, heads_kv=1, head_dim=qk, act_dtype="bf16",
                             w_dtype=q.kv_dtype, flops=2.0 * hq * (qk + a.v_head_dim) * cnt.dense_keys,
                             bytes_compute=T * hq * (qk + a.v_head_dim) * 2.0, bytes_weight=0.0,
-                            bytes_kv=cnt.ctx_tokens * lat * kvb, bytes_comm=0.0))
+                            bytes_kv=cnt.ctx_tokens * lat * kvb, bytes_comm=0.0,
+                            bytes_compute_written=T * hq * a.v_head_dim * 2.0, bytes_kv_written=0.0))
     else:
         keys = cnt.sparse_keys
         rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens, keys_attended=keys,
                             selected_blocks=cnt.selected_blocks, heads_q=hq, heads_kv=1, head_dim=lat,
                             act_dtype="bf16", w_dtype=q.kv_dtype, flops=2.0 * hq * (lat + a.kv_lora_rank) * keys,
                             bytes_compute=T * hq * (lat + a.kv_lora_rank) * 2.0 + T * sp.topk_blocks * 4.0,
-                            bytes_weight=0.0, bytes_kv=cnt.sparse_read_tokens * lat * kvb, bytes_comm=0.0))
+                            bytes_weight=0.0, bytes_kv=cnt.sparse_read_tokens * lat * kvb, bytes_comm=0.0,
+                            bytes_compute_written=T * hq * a.kv_lora_rank * 2.0, bytes_kv_written=0.0))
     rows += gemm_rows("o_proj", T, H, hq * a.v_head_dim, q.weight_dtype("attn_o"))
     return rows
 
@@ -75,11 +78,13 @@ def _dsa_indexer_rows(c: StepContext, idx_tok: float) -> list[dict]:
                     heads_q=ih, heads_kv=1, head_dim=d, act_dtype=q.index_dtype,
                     flops=2.0 * ih * d * cnt.dense_keys + 2.0 * ih * cnt.dense_keys,
                     bytes_compute=T * ih * (d * dtype_bytes(q.index_dtype) + 4.0) + cnt.scored_blocks * 4.0,
-                    bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0),
+                    bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0,
+                    bytes_compute_written=cnt.scored_blocks * 4.0, bytes_kv_written=0.0),
             ops.row("topk", "topk", m=T, q_tokens=T, selected_blocks=cnt.selected_blocks, act_dtype="fp32",
                     flops=float(cnt.scored_blocks),
                     bytes_compute=cnt.scored_blocks * 4.0 + T * sp.topk_blocks * 4.0, bytes_weight=0.0,
-                    bytes_kv=0.0, bytes_comm=0.0)]
+                    bytes_kv=0.0, bytes_comm=0.0, bytes_compute_written=T * sp.topk_blocks * 4.0,
+                    bytes_kv_written=0.0)]
 
 
 def linear_attention_rows(c: StepContext) -> list[dict]:
@@ -103,11 +108,13 @@ def linear_attention_rows(c: StepContext) -> list[dict]:
             *gemm_rows("in_proj_ba", T, 2 * vh, H, w),
             ops.row("conv1d", "conv", m=T, act_dtype="bf16", w_dtype="bf16", flops=2.0 * T * conv_dim * a.conv_kernel,
                     bytes_compute=2.0 * T * conv_dim * 2.0, bytes_weight=conv_dim * a.conv_kernel * 2.0,
-                    bytes_kv=2.0 * R * conv_state, bytes_comm=0.0),
+                    bytes_kv=2.0 * R * conv_state, bytes_comm=0.0, bytes_compute_written=T * conv_dim * 2.0,
+                    bytes_kv_written=R * conv_state),
             ops.elementwise("gdn_gating", "activation", T * vh, reads=2, writes=2, flops_per=10, m=T),
             ops.row("gated_delta_rule", "linear_attention", m=T, q_tokens=T, heads_q=vh, heads_kv=kh, head_dim=kd,
                     act_dtype="bf16", w_dtype=a.state_dtype, flops=8.0 * T * vh * kd * vd,
                     bytes_compute=T * (2 * kh * kd + 2 * vh * vd + 2 * vh) * 2.0,
-                    bytes_weight=2 * vh * 4.0, bytes_kv=2.0 * R * state, bytes_comm=0.0),
+                    bytes_weight=2 * vh * 4.0, bytes_kv=2.0 * R * state, bytes_comm=0.0,
+                    bytes_compute_written=T * vh * vd * 2.0, bytes_kv_written=R * state),
             ops.elementwise("gated_norm", "norm", T * vh * vd, reads=2, writes=1, flops_per=8, m=T, weight_elems=vd),
             *gemm_rows("out_proj", T, H, vh * vd, q.weight_dtype("attn_o"))]

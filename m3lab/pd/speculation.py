@@ -97,7 +97,7 @@ def bench_acceptance(path) -> dict | None:
     import json
     from pathlib import Path
 
-    from m3lab.serving.vllm_bench import read_bench_result
+    from m3lab.serving.vllm_bench import cited, read_bench_result
 
     res = read_bench_result(path)
     raw = json.loads(Path(path).read_text())
@@ -108,11 +108,11 @@ def bench_acceptance(path) -> dict | None:
         return {**row, "method": "speculative", "k": round(k) if k else None,
                 "accept_len": float(raw["spec_decode_acceptance_length"]),
                 "acceptance_rate": raw.get("spec_decode_acceptance_rate"),
-                "kind": "measured (spec_decode_acceptance_length)", "source": str(path)}
+                "kind": "measured (spec_decode_acceptance_length)", "source": cited(path)}
     itl, tpot = res.stat("itl", "mean"), res.stat("tpot", "mean")
     if math.isfinite(itl) and math.isfinite(tpot) and tpot > 0 and itl / tpot > 1.05:
         return {**row, "method": "speculative", "k": None, "accept_len": itl / tpot, "acceptance_rate": None,
-                "kind": "inferred (mean ITL / mean TPOT)", "source": str(path)}
+                "kind": "inferred (mean ITL / mean TPOT)", "source": cited(path)}
     return None
 
 

@@ -70,10 +70,10 @@ def _check_spec(p, d):
 
 
 def _check_device(p, d):
-    if p["device"] == "cpu":  # always valid; skips importing torch and the gates
+    if p["device"] == "cpu":  # always valid; skips importing torch
         return
-    from m3lab.gates.runner import check_device
-    check_device(p["device"])
+    from m3lab.analysis.kernel_runs import resolve_device
+    resolve_device(p["device"])   # auto, cpu, or cuda with a GPU visible
 
 
 def _check_threshold(name):
@@ -86,8 +86,19 @@ def _check_threshold(name):
 
 # (parameter names a check reads, the check(values, deployment or None)). A check runs when a step declares all
 # of its names; the first name is the one the error is reported against.
+def _check_fixes(p, d):
+    from m3lab.ladder.fixes import get_fix
+    if not is_null(p["fixes"]):
+        if isinstance(p["fixes"], str) or not hasattr(p["fixes"], "__iter__"):
+            raise M3LabError(f"fixes={p['fixes']!r} must be a list of fix names", field="fixes",
+                             hint="e.g. -p fixes='[shared_expert_fusion, index_sharing]' (m3lab ladder --fixes)")
+        for name in p["fixes"]:
+            get_fix(name)
+
+
 CHECKS: tuple[tuple[tuple[str, ...], Callable[[dict, Any], None]], ...] = (
     (("calibration",), _check_calibration),
+    (("fixes",), _check_fixes),
     (("routing",), _check_routing),
     (("spec_tokens",), _check_spec),
     (("device",), _check_device),
