@@ -39,4 +39,4 @@ def test_run_repetition_from_an_estimate():
     totals = est.op_totals()
     steps = est.steps["repeat"].sum()
     rep = repetition(totals, output_tokens=2 * 17, active_requests=2, steps=steps)
-    assert rep["us_per_step"].sum() * steps / 1e6 == pytest.approx(est.results["calibrated"]["makespan_s"], rel=1e-6)
+    assert rep["us_per_step"].sum() * steps / 1e6 == pytest.approx(est.results["calibrated"]["device_s"], rel=1e-6)

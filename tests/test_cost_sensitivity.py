@@ -15,7 +15,7 @@ D = make_deployment("mxfp8-tp4-baseline", {"concurrency": 8, "num_prompts": 16, 
 @pytest.fixture(scope="module")
 def base():
     est = estimate(D)
-    return est, sensitivity(est.coster, est.results["calibrated"])
+    return est, sensitivity(est)
 
 
 @pytest.mark.parametrize("name, end", [("mxfp8_moe_vs_bf16_fused_moe", "low"), ("rccl_allreduce_us", "high"),

@@ -54,9 +54,23 @@ def test_async_scheduling_hides_host_time_that_sync_pays():
             tpot[asy, with_host] = run.summary()["tpot_ms"]
     steady = next(st for st in (r.engine_step(lengths.prompt) for r in run.records)
                   if st.num_reqs == 8 and st.is_decode.all())                 # a step of 8 decodes
-    before, after = host(steady)
-    assert tpot[False, True] == pytest.approx(tpot[False, False] + (before + after) / 1e3, rel=0.02)
+    ready, issue, after = host(steady)
+    assert issue > 0                                             # the graph launch: it overlaps the device work
+    assert tpot[False, True] == pytest.approx(tpot[False, False] + (ready + after) / 1e3, rel=0.02)
     assert tpot[True, True] == pytest.approx(tpot[True, False], rel=0.01)    # 20 ms device > host per step
+
+
+def test_a_step_ends_no_earlier_than_its_last_launch():
+    """Piecewise launches of a mixed step (60 layers: tens of ms of CPU) overlap the device; they delay the step
+    only when they outlast its device work (and the timeline counts them once)."""
+    from m3lab.serving.timeline import Timeline
+
+    h = ht.host_time(40, 8192, layers=60, num_new=1, full_graph=False)
+    assert h.issue_us > 10_000 and h.ready_us < h.issue_us
+    for device_us, end_us in ((200_000.0, h.ready_us + 200_000.0), (5_000.0, h.ready_us + h.issue_us)):
+        tl = Timeline()
+        start, end = tl.step(device_us, h.ready_us, h.issue_us)
+        assert start == pytest.approx(h.ready_us * 1e-6) and end == pytest.approx(end_us * 1e-6)
 
 
 def test_the_scheduler_timing_measures_vllm():

@@ -55,4 +55,4 @@ def test_pd_ttft_includes_the_handoff_and_tpot_is_a_decode_step():
     assert slow["ttft_s"] - fast["ttft_s"] == pytest.approx(
         (slow["kv_handoff_ms"] - fast["kv_handoff_ms"]) / 1e3, rel=1e-6)
     assert slow["tpot_ms"] == pytest.approx(fast["tpot_ms"], rel=1e-9)
-    assert fast["ttft_s"] > fast["prefill_s_per_request"]
+    assert fast["ttft_s"] > fast["prefill_s"] > 0

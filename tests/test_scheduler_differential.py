@@ -244,3 +244,76 @@ def test_a_planted_change_is_caught(plant, random_cases, monkeypatch):
         if first_divergence(ours, theirs) is not None:
             return
     pytest.fail(f"{plant.__name__} went unnoticed by {len(random_cases)} workloads")
+
+
+# ---- the decode-stretch shortcut of records() is exact ------------------------------------------------------
+def _stretch_cases():
+    """The random workloads, and each again without spec decoding (where stretches can happen), with a pool of
+    no pressure too."""
+    for seed in range(RANDOM_WORKLOADS):
+        cfg, contents, make, outputs = random_workload(seed)
+        plain = cfg.replace(spec_method=None, spec_tokens=0)
+        for c in (cfg, plain, plain.replace(num_kv_blocks=None if not cfg.prefix_caching else 10_000)):
+            yield seed, c, contents, make, outputs
+
+
+def _stretch_mismatch(count: dict | None = None) -> str | None:
+    for seed, cfg, contents, make, outputs in _stretch_cases():
+        exact = Scheduler(cfg, outputs=outputs, collapse=False).records(contents, make())
+        fast = Scheduler(cfg, outputs=outputs).records(contents, make())
+        diff = first_divergence(fast, exact)
+        if diff is not None:
+            return f"seed {seed}: {cfg}\n{diff}"
+        if count is not None and any(a.scheduled is b.scheduled for a, b in zip(fast, fast[1:])):
+            count["stretched"] += 1                    # stretch records share one dict of ones
+            count["caching"] += cfg.prefix_caching
+            count["finite"] += cfg.num_kv_blocks is not None
+            count["async_"] += cfg.async_scheduling
+            count["resumed_hits"] += any(h for r in exact for _, h, res in r.admitted if res)
+    return None
+
+
+def test_decode_stretches_write_the_exact_records():
+    """records() advances pure-decode stretches at once (collapse, the default, as in the comparison with vLLM
+    above); on every differential workload it writes the records of the call-by-call path."""
+    count = dict(stretched=0, caching=0, finite=0, async_=0, resumed_hits=0)
+    assert _stretch_mismatch(count) is None
+    assert min(count.values()) >= 20, count
+
+
+def _plant_stretch_forgets_cached_blocks(mp):
+    orig = EngineCore.decode_stretch
+
+    def stretch(self, budget_steps=1 << 62, records=None):
+        saved = self.pool.cache_blocks if self.pool is not None else None
+        if saved is not None:
+            self.pool.cache_blocks = lambda *a, **k: None
+        try:
+            return orig(self, budget_steps, records)
+        finally:
+            if saved is not None:
+                del self.pool.cache_blocks
+    mp.setattr(EngineCore, "decode_stretch", stretch)
+
+
+def _plant_stretch_frees_no_block(mp):
+    mp.setattr(EngineCore, "_stretch_free", lambda self, c0, have, R, free: np.full(R, free))
+
+
+def _plant_stretch_applies_async_at_once(mp):
+    orig = EngineCore._stretch_records
+
+    def recs(self, R, prev, free):
+        out = orig(self, R, prev, free)
+        for r in out[:-1]:
+            if r.applied is not None:
+                r.applied = r.call + 1
+        return out
+    mp.setattr(EngineCore, "_stretch_records", recs)
+
+
+@pytest.mark.parametrize("plant", [_plant_stretch_forgets_cached_blocks, _plant_stretch_frees_no_block,
+                                   _plant_stretch_applies_async_at_once])
+def test_a_planted_stretch_change_is_caught(plant, monkeypatch):
+    plant(monkeypatch)
+    assert _stretch_mismatch() is not None, f"{plant.__name__} went unnoticed"

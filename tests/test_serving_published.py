@@ -2,7 +2,6 @@
 the same deployment, and every parameter (concurrency above all) changes what it claims to."""
 import re
 import subprocess
-import warnings
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ from m3lab.plots import serving as ps
 from m3lab.serving import estimate as se
 from m3lab.spec.serving import make_deployment
 from m3lab.spec.traffic import VLLM_BENCH_NUM_PROMPTS
-from m3lab.workload.scheduler import MIN_REQUESTS_PER_SLOT
 
 CLAIM = re.compile(r"\bmeasured\b|\bpublished\b", re.I)
 PUBLISHED_CASE = dict(model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp8", isl=8192, osl=1024, concurrency=32)
@@ -36,6 +34,7 @@ def _labels(fig) -> list[str]:
                                     dict(quant="mxfp4"), dict(isl=1024), dict(kv_dtype="fp8"),
                                     dict(spec_tokens=3, accept_len=2.7)])
 def test_notebook10_functions_show_no_measurement_for_another_deployment(change):
+    change = {"num_prompts": 64, **change}                 # short runs: what is checked here is the labels
     est = se.estimate(_dep(**{**PUBLISHED_CASE, **change}))
     table = se.compare_with_published(est)
     assert "measured" not in table.columns and "measured_over_ceiling" not in table.columns
@@ -70,20 +69,17 @@ def test_num_requests_is_vllm_bench_default_and_raising_concurrency_changes_the_
     assert at[128]["output_tokens_per_s_per_gpu"] > at[64]["output_tokens_per_s_per_gpu"]
 
 
-def test_a_run_too_short_for_steady_state_warns():
-    with pytest.warns(se.ShortRunWarning, match="steady state"):
-        est = se.estimate(_dep(**{**PUBLISHED_CASE, "concurrency": 64, "num_prompts": 64}))
-    assert est.config["steady_state"] is False
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", se.ShortRunWarning)
-        se.estimate(_dep(**{**PUBLISHED_CASE, "num_prompts": MIN_REQUESTS_PER_SLOT * 32}))
+def test_a_run_too_short_for_steady_state_says_so():
+    est = se.estimate(_dep(**{**PUBLISHED_CASE, "concurrency": 64, "num_prompts": 64}))
+    assert est.config["steady_state"] is False and any("steady state" in n for n in est.summary()["notes"])
+    ok = se.estimate(_dep(**{**PUBLISHED_CASE, "num_prompts": 2 * 32 + 1}))
+    assert ok.config["steady_state"] and not any("steady state" in n for n in ok.notes)
 
 
-def test_requests_per_slot_is_defined_once(repo_dir):
-    out = subprocess.run(["grep", "-rnE", r"^\s*(REQUESTS_PER_SLOT|requests_per_slot)\s*[:=]|requests_per_slot:",
+def test_no_requests_per_slot_run_length_remains(repo_dir):
+    out = subprocess.run(["grep", "-rnE", r"REQUESTS_PER_SLOT|requests_per_slot|default_num_requests",
                           "m3lab", "notebooks"], cwd=repo_dir, capture_output=True, text=True).stdout
-    defs = [line for line in out.splitlines() if "m3lab/workload/scheduler.py" not in line]
-    assert not defs, defs
+    assert not out, out
     assert "num_requests = 64" not in "".join(p.read_text() for p in Path(repo_dir, "notebooks").glob("*.ipynb"))
 
 

@@ -83,15 +83,6 @@ def test_hook_subclass_changes_admission():
     assert max(s.num_reqs for s in steps) == 1
 
 
-def test_open_loop_with_step_time():
-    wl = Workload(64, 4, 100, num_requests=20, request_rate=50.0, seed=1)
-    steps = list(Scheduler(step_time=lambda s: 0.001 * s.num_reqs + 0.002).steps(wl))
-    times = [s.time_s for s in steps]
-    assert times == sorted(times) and sum(len(s.finished) for s in steps) == 20
-    with pytest.raises(M3LabError, match="request_rate"):
-        list(Scheduler().steps(wl))
-
-
 def test_bad_inputs():
     with pytest.raises(M3LabError, match="isl"):
         Workload(0, 10, 1)

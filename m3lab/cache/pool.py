@@ -262,6 +262,13 @@ class PrefixCache:
         blocks do not suffice. ``num_tokens``: the tokens the request has (prompt + outputs so far);
         ``num_hashed``: how many of ``hashes`` exist yet (default all)."""
         bs = self.block_size
+        if not hit and not full_sequence_must_fit and not apply_watermark:   # a running request whose blocks
+            blocks = self.req_blocks.get(rid)                                  # already hold the new slots
+            if blocks is not None and len(blocks) * bs >= min(num_computed + num_new_tokens + lookahead,
+                                                              self.max_model_len):
+                self.cache_blocks(rid, hashes, min(min(num_computed, self.max_model_len) + num_new_tokens,
+                                                   num_tokens), num_hashed)
+                return True
         total_computed = min(num_computed + len(hit) * bs, self.max_model_len)
         free = self.num_free
         reserve = self.watermark_blocks if apply_watermark else 0

@@ -105,6 +105,10 @@ def print_estimate(summary: dict, as_json: bool) -> None:
                 "prefix_cache_hit_rate", "kv_cache_usage", "kv_cache_usage_peak", "preemptions", "evicted_blocks"):
         v = s[key]
         lines.append(f"  {key:30s} {v:.4g}" if isinstance(v, float) else f"  {key:30s} {v}")
+    if s.get("spec_tokens"):
+        lines.append(f"  accept_len {s['accept_len']:g} ({s['accept_len_source']}); " + "; ".join(
+            f"at {r['accept_len']:g}: TPOT p50 {r['tpot_p50_ms']:.1f} ms" for r in s.get("accept_len_sensitivity", ())))
+    lines.extend(f"note: {n}" for n in s.get("notes", ()))
     lines.append(s["label"])
     typer.echo("\n".join(lines))
 

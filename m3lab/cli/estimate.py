@@ -35,7 +35,7 @@ def _deployment(preset, set_, workload, pd, kv_link_gbps, spec_tokens, **flags):
                      **flags)
 
 
-def estimate_cmd(
+def estimate_cmd(  # long: typer declares every option in the signature
         preset: opt.Preset = None, model: opt.Model = None, hardware: opt.HardwareName = None, tp: opt.Tp = None,
         ep: opt.Ep = None, quant: opt.Quant = None, kv_dtype: opt.KvDtype = None,
         index_dtype: opt.IndexDtype = None, isl: opt.Isl = None, osl: opt.Osl = None,
@@ -62,36 +62,38 @@ def estimate_cmd(
         breakdown: bool = typer.Option(False, "--breakdown",
                                        help="add the decode step's per-op kernels, bytes, FLOPs, µs and shares "
                                             "(JSON: decode_step_ops) at the run's mean batch and context"),
+        engine: str = typer.Option("m3lab", "--engine", metavar="m3lab|vllm",
+                                   help="who schedules the steps: m3lab's generator, or vLLM's own Scheduler (the "
+                                        "reference: slower; says how much and whether both agree)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
-    """Serving estimate: TTFT, TPOT, tokens/s/GPU (calibrated where a calibration exists, else the ceiling)."""
-    import warnings
+    """Serving estimate as vllm bench measures it: TTFT (with queueing), TPOT, ITL, tokens/s/GPU (calibrated where
+    a calibration exists, else the ceiling)."""
+    from m3lab.serving.estimate import estimate
 
-    from m3lab.serving.estimate import ShortRunWarning, estimate
-
+    if engine not in ("m3lab", "vllm"):
+        raise M3LabError(f"--engine {engine!r} is unknown", field="engine", hint="use m3lab or vllm")
     cal = "default" if calibration is None else (None if is_null(calibration) else calibration)
     d = _deployment(preset, set_, workload, pd, kv_link_gbps, spec_tokens, model=model, hardware=hardware, tp=tp,
                     ep=ep, quant=quant, kv_dtype=kv_dtype, index_dtype=index_dtype, isl=isl, osl=osl,
                     concurrency=concurrency, num_prompts=num_prompts, accept_len=accept_len,
                     gpu_memory_utilization=gpu_memory_utilization)
+    if engine != "m3lab" and (d.workload.kind != "fixed" or d.pd.enabled):
+        raise M3LabError("--engine vllm runs the fixed-length colocated estimate's schedule", field="engine",
+                         hint="drop --engine for --pd and --workload agentx (their engines run on a clock: m3lab's)")
     if breakdown and (d.workload.kind != "fixed" or d.pd.enabled):
         raise M3LabError("--breakdown applies to the colocated fixed-length estimate", field="breakdown",
                          hint="drop --pd / --workload, or --breakdown")
     if d.workload.kind != "fixed":
         from m3lab.cache.serving import estimate_workload
         from m3lab.cli.cache import print_estimate
-        print_estimate(estimate_workload(d, calibration=cal), as_json)
+        print_estimate(estimate_workload(d, calibration=cal, progress=True), as_json)
         return
     if d.pd.enabled:
         from m3lab.cli.pd import print_pd_estimate
         from m3lab.serving.disagg import pd_estimate
-        print_pd_estimate(pd_estimate(d, calibration=cal), as_json)
+        print_pd_estimate(pd_estimate(d, calibration=cal, progress=True), as_json)
         return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ShortRunWarning)
-        est = estimate(d, calibration=cal)
-    for w in caught:
-        if issubclass(w.category, ShortRunWarning):
-            typer.secho(f"warning: {w.message}", err=True, fg="yellow")
+    est = estimate(d, calibration=cal, engine=engine, progress=True)
     s = est.summary()
     table = _breakdown(d, est, cal, s) if breakdown else None
     sens = _sensitivity(est, s)
@@ -115,7 +117,7 @@ def _sensitivity(est, summary: dict):
 
     if est.kind != "calibrated":
         return None
-    table = sensitivity(est.coster, est.results["calibrated"])
+    table = sensitivity(est)
     summary["sensitivity"] = table.replace({float("nan"): None}).to_dict(orient="records")
     return table
 
@@ -143,10 +145,22 @@ def _print_summary(s: dict) -> None:
     for col in ([s["kind"], "ceiling"] if calibrated else ["ceiling"]):
         table.add_column(col, justify="right")
     for key, fmt in (("output_tokens_per_s_per_gpu", ".1f"), ("total_tokens_per_s_per_gpu", ".1f"),
-                     ("ttft_s", ".3f"), ("tpot_ms", ".2f")):
+                     ("ttft_s", ".3f"), ("ttft_p90_s", ".3f"), ("ttft_p99_s", ".3f"), ("queueing_s", ".3f"),
+                     ("prefill_s", ".3f"), ("tpot_ms", ".2f"), ("itl_ms", ".2f")):
         table.add_row(key, format(s[key], fmt), *([format(s["ceiling"][key], fmt)] if calibrated else []))
     console = Console()
     console.print(table)
+    for note in s.get("notes", ()):
+        console.print(f"note: {note}", style="yellow")
+    if s.get("host_time_sensitivity"):
+        console.print("host time (upper bounds, m3lab.cost.host_time) scaled: " + "; ".join(
+            f"x{r['host_scale']:g}: TTFT {r['ttft_s']:.3f} s, TPOT {r['tpot_ms']:.2f} ms"
+            for r in s["host_time_sensitivity"]))
+    chk = s.get("engine_check")
+    if chk:
+        console.print(f"vLLM's own Scheduler ran the schedule in {chk['vllm_s']:.1f} s against m3lab's "
+                      f"{chk['m3lab_s']:.2f} s ({chk['vllm_over_m3lab']:.0f}x slower, after {chk['vllm_import_s']:.1f} s "
+                      f"to import and build vLLM; wall time on this machine); same schedule: {chk['same_schedule']}")
     console.print(f"weights {s['weight_gb_per_gpu']:.1f} GB/GPU; KV capacity {s['kv_capacity_tokens']:,} tokens/GPU "
                   f"at gpu_memory_utilization {s['gpu_memory_utilization']}; largest concurrency that fits "
                   f"{s['max_concurrency']}")

@@ -6,7 +6,8 @@
 each op's time, FLOPs and bytes over its calls (layers x engine steps; the requests share a step's calls) and
 ranks the ops (:func:`m3lab.analysis.repetition.of_run`): ``ops: [{rank, op, kind, calls, calls_per_step,
 us_per_call, us_per_step, ms_per_request, ms_per_1k_output_tokens, share, cumulative_share, bound,
-gflop_per_request, mb_per_request}]``, ``by_kind`` and ``totals``. Times are projected for the hardware profile.
+gflop_per_request, mb_per_request}]``, ``by_kind``, ``totals`` and ``notes`` (the run's caveats, also printed
+to stderr). Times are projected for the hardware profile.
 """
 from __future__ import annotations
 
@@ -31,11 +32,9 @@ def repetition(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Each op's cost over a whole serving run: per call, per engine step, per request, per 1,000 output tokens."""
-    import warnings
-
     from m3lab.analysis import repetition as rp
     from m3lab.cli.output import echo_json
-    from m3lab.serving.estimate import ShortRunWarning, estimate
+    from m3lab.serving.estimate import estimate
 
     if top < 1:
         raise M3LabError(f"--top {top} must be a positive number of ops", field="top")
@@ -45,12 +44,9 @@ def repetition(
     if limit and wl.isl + wl.osl > limit:
         raise M3LabError(f"--isl {wl.isl:,} + --osl {wl.osl:,} is over {d.model.name}'s context length "
                          f"({limit:,} tokens)", field="isl")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ShortRunWarning)
-        est = estimate(d, calibration=calibration_option(calibration))
-    for w in caught:
-        if issubclass(w.category, ShortRunWarning):
-            typer.secho(f"warning: {w.message}", err=True, fg="yellow")
+    est = estimate(d, calibration=calibration_option(calibration))
+    for note in est.notes:       # the run's caveats (too short for steady state, C requests not all at once)
+        typer.secho(f"note: {note}", err=True, fg="yellow")
     rep = rp.of_run(est)
     summary = est.summary()
     result = {"workload": {"deployment": d.name, "model": d.model.name, "hardware": d.hardware.name,
@@ -62,7 +58,7 @@ def repetition(
                          "output_tokens": int(rep.attrs["output_tokens"]),
                          "output_tokens_per_s_per_gpu": summary["output_tokens_per_s_per_gpu"]},
               "ops": rep.head(top).to_dict(orient="records"),
-              "by_kind": rp.by_kind(rep).to_dict(orient="records")}
+              "by_kind": rp.by_kind(rep).to_dict(orient="records"), "notes": list(est.notes)}
     if as_json:
         echo_json(result)
         return

@@ -1,12 +1,13 @@
 """How much an estimate moves when each assumed number moves over its stated range: the sensitivity table.
 
-``sensitivity(coster, figures)`` re-times every step a serving run costed (a
-:class:`~m3lab.serving.step_cost.StepCoster` after :func:`m3lab.serving.estimate.estimate`) with one assumption
-of :mod:`m3lab.cost.assumptions` at its ``low`` and at its ``high`` value, all others at their values. The
-scheduler's steps do not depend on their times (closed-loop, fixed lengths), so the run's makespan is the
-weighted sum of its step times and the throughput scales with its inverse: the table is exact for throughput.
-Each costed row kept its bound, efficiency, floor and the names its efficiency and floor depend on, so a
-re-timing is a vectorised recomputation (milliseconds), not a new run.
+``sensitivity(est)`` re-times a serving run (a :class:`~m3lab.serving.estimate.ServingEstimate`) with one
+assumption of :mod:`m3lab.cost.assumptions` at its ``low`` and at its ``high`` value, all others at their values.
+The scheduler's steps do not depend on their times (closed loop, fixed lengths), so the run under another value
+is the same schedule with other device µs per step: each distinct step the coster costed
+(:meth:`~m3lab.serving.step_cost.StepCoster.costed_rows`) kept its rows' bound, efficiency, floor and the names
+its efficiency and floor depend on, so its µs under the moved value is a vectorised recomputation, and
+:meth:`~m3lab.serving.estimate.ServingEstimate.retimed` runs those µs through the same timeline (host time,
+async overlap) and vllm bench's metrics. The table is therefore exactly what a re-run would report.
 
 Columns: ``assumption, value, low, high, unit, tok_s_at_low, tok_s_at_high, change_low_pct, change_high_pct,
 swing_pct, source``; sorted by ``swing_pct`` (the larger |change|), assumptions that touch no costed row last.
@@ -19,53 +20,57 @@ import pandas as pd
 from m3lab.cost.assumptions import ASSUMPTIONS
 
 FIGURE = "output_tokens_per_s_per_gpu"
+COLUMNS = ["assumption", "value", "low", "high", "unit", "tok_s_at_low", "tok_s_at_high", "change_low_pct",
+           "change_high_pct", "swing_pct", "source"]
 
 
-def _flat(coster, mode: str) -> dict:
-    """Every costed row of the run as flat arrays, with its step's weight; draft rows scaled by their factor."""
-    parts = []
-    for weight, rows in coster.uses(mode):
+def _flat(coster, mode: str) -> tuple[list, dict]:
+    """(the costed step keys, every costed row of them as flat arrays with ``key`` (its step's index in the
+    keys) and ``weight`` (calls, draft rows scaled by their factor))."""
+    keys, parts = [], []
+    for i, (key, rows) in enumerate(coster.costed_rows(mode).items()):
+        keys.append(key)
         for name, terms in rows.items():
             scale = coster.spec_tokens * coster.draft_cost if name == "draft" else 1.0
-            parts.append((weight * scale, terms))
+            parts.append((i, scale, terms))
     if not parts:
-        return {}
-    cat = {c: np.concatenate([np.asarray(t[c]) for _, t in parts]) for c in parts[0][1]}
-    cat["weight"] = np.concatenate([np.full(len(t["calls"]), w) for w, t in parts]) * cat["calls"]
-    return cat
+        return keys, {}
+    cat = {c: np.concatenate([np.asarray(t[c]) for _, _, t in parts]) for c in parts[0][2]}
+    cat["key"] = np.concatenate([np.full(len(t["calls"]), i) for i, _, t in parts])
+    cat["weight"] = np.concatenate([np.full(len(t["calls"]), w) for _, w, t in parts]) * cat["calls"]
+    return keys, cat
 
 
-def _total(rows: dict, eff: np.ndarray, floor: np.ndarray) -> float:
+def _per_key(rows: dict, eff: np.ndarray, floor: np.ndarray, n: int) -> np.ndarray:
+    """Device µs of each costed step key [n] with these efficiencies and floors."""
     t = np.where(rows["inside"], 0.0, np.maximum(rows["t_bound_us"] / eff, floor))
-    return float((t * rows["weight"]).sum())
+    return np.bincount(rows["key"], weights=t * rows["weight"], minlength=n)
 
 
-def sensitivity(coster, figures: dict | None = None, mode: str = "calibrated") -> pd.DataFrame:
-    """The sensitivity table of a costed run (see the module docstring). ``figures``: the run's results under
-    ``mode`` (for the absolute throughput columns; without them only the changes)."""
-    rows = _flat(coster, mode)
-    host = coster.host_total_us(mode)
-    out = []
+def sensitivity(est, mode: str = "calibrated") -> pd.DataFrame:
+    """The sensitivity table of a serving estimate ``est`` under ``mode`` (see the module docstring)."""
+    keys, rows = _flat(est.coster, mode)
     if not rows:
-        return pd.DataFrame(columns=["assumption", "value", "low", "high", "unit", "tok_s_at_low", "tok_s_at_high",
-                                     "change_low_pct", "change_high_pct", "swing_pct", "source"])
+        return pd.DataFrame(columns=COLUMNS)
+    tok = est.results[mode][FIGURE]
+    index = {k: i for i, k in enumerate(keys)}
     eff, floor = rows["efficiency"].astype(float), rows["floor_us"].astype(float)
-    base = _total(rows, eff, floor) + host
+    base = _per_key(rows, eff, floor, len(keys))
     terms = [set(t.split("+")) for t in rows["eff_terms"]]
+    out = []
     for a in ASSUMPTIONS.values():
-        changes = []
+        at = []
         for v in (a.low, a.high):
             if a.kind == "floor":
-                f = np.where(rows["floor_term"] == a.name, v, floor)
-                total = _total(rows, eff, f)
+                us = _per_key(rows, eff, np.where(rows["floor_term"] == a.name, v, floor), len(keys))
             else:
                 hit = np.array([a.name in t for t in terms])
-                total = _total(rows, np.where(hit, eff * v / a.value, eff), floor)
-            changes.append(base / (total + host) - 1.0)
-        tok = figures.get(FIGURE) if figures else None
+                us = _per_key(rows, np.where(hit, eff * v / a.value, eff), floor, len(keys))
+            same = np.array_equal(us, base)   # the assumption touches no costed row: the estimate itself
+            at.append(tok if same else est.retimed(lambda k, us=us: us[index[k]], mode).summary()[FIGURE])
+        changes = [x / tok - 1.0 for x in at]
         out.append({"assumption": a.name, "value": a.value, "low": a.low, "high": a.high, "unit": a.unit,
-                    "tok_s_at_low": None if tok is None else tok * (1 + changes[0]),
-                    "tok_s_at_high": None if tok is None else tok * (1 + changes[1]),
+                    "tok_s_at_low": at[0], "tok_s_at_high": at[1],
                     "change_low_pct": 100 * changes[0], "change_high_pct": 100 * changes[1],
                     "swing_pct": 100 * max(abs(changes[0]), abs(changes[1])), "source": a.source})
     return pd.DataFrame(out).sort_values("swing_pct", ascending=False, kind="stable").reset_index(drop=True)

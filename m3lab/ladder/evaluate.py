@@ -19,8 +19,8 @@ from m3lab.cost.sensitivity import sensitivity
 from m3lab.ladder.before import SCALE, BeforeCalibration
 from m3lab.serving.breakdown import decode_step_breakdown, run_decode_point
 from m3lab.serving.capacity import capacity
-from m3lab.serving.estimate import estimate, spec_decode_steps
-from m3lab.workload.deployed import fixed_workload
+from m3lab.serving.estimate import estimate
+from m3lab.workload.deployed import acceptance, fixed_contents
 
 FIGURES = ("output_tokens_per_s_per_gpu", "ttft_s", "tpot_ms")
 
@@ -56,7 +56,8 @@ def check(deployment) -> None:
     The ladder and the advisor call it on every deployment before estimating any."""
     d = deployment.validate()
     wl, limits = d.workload, d.scheduler_limits()
-    fixed_workload(d, osl=spec_decode_steps(wl.osl, d.serving.spec_tokens, d.acceptance.accept_len))
+    fixed_contents(d, what="the serving estimate")
+    acceptance(d)
     capacity(d.model, d.plan, d.quant, d.hardware, isl=wl.isl, osl=wl.osl,
              gpu_memory_utilization=limits.gpu_memory_utilization,
              spec_tokens=d.serving.spec_tokens).check(wl.concurrency)
@@ -72,7 +73,7 @@ def evaluate(deployment, undone: tuple[str, ...] = (), *, calibration="default",
     figures.update(kind=est.kind, label=top["label"], calibration=est.config["calibration"])
     batch, context = run_decode_point(est)
     ops = decode_step_breakdown(deployment, batch=batch, context=context, calibration=cal)
-    sens = sensitivity(est.coster, top) if est.kind == "calibrated" else None
+    sens = sensitivity(est) if est.kind == "calibrated" else None
     return Rung(deployment, tuple(undone), figures, ops, {"batch": batch, "context": context,
                                                           "query_len": 1 + deployment.serving.spec_tokens}, sens)
 

@@ -25,6 +25,7 @@ import math
 import torch
 
 from m3lab.errors import M3LabError
+from m3lab.workload.deployed import chain_acceptance
 
 EAGLE3_SOURCE = ("Inferact/MiniMax-M3-EAGLE3 model card (EAGLE3 draft of MiniMax M3, TP4, 3 speculative tokens), "
                  "as cited in reference minimax_m3.md §6 [S19]")
@@ -75,14 +76,9 @@ def geometric_accept_len(a: float, k: int) -> float:
 
 
 def fit_acceptance_rate(accept_len: float, k: int) -> float:
-    """The per-position acceptance probability a with geometric_accept_len(a, k) == accept_len (bisection)."""
-    if not 1 <= accept_len <= k + 1:
-        raise M3LabError(f"accept_len {accept_len} must lie in [1, k + 1 = {k + 1}]", field="accept_len")
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if geometric_accept_len(mid, k) < accept_len else (lo, mid)
-    return (lo + hi) / 2
+    """The per-position acceptance probability a with geometric_accept_len(a, k) == accept_len (the step
+    generator's fake model uses the same chain: :func:`m3lab.workload.deployed.chain_acceptance`)."""
+    return chain_acceptance(accept_len, k)
 
 
 def projected_accept_len(k: int, dataset: str = "MT-Bench") -> float:

@@ -65,9 +65,8 @@ def _check_routing(p, d):
 
 
 def _check_spec(p, d):
-    from m3lab.serving.estimate import spec_decode_steps
-    osl = d.workload.osl if d is not None else p.get("osl") or 2
-    spec_decode_steps(osl, p["spec_tokens"], p.get("accept_len"))
+    from m3lab.workload.deployed import check_spec
+    check_spec(p["spec_tokens"], p.get("accept_len"))
 
 
 def _check_device(p, d):

@@ -1,17 +1,15 @@
 """``vllm bench serve --max-concurrency C --num-prompts N --request-rate inf`` on the step sequence: load, time, metrics.
 
 The load (``vllm/benchmarks/serve.py``, ``benchmark``): all N requests are created at once and pass a semaphore of
-C, so C are sent at the start and each completion sends the next, N in all (default ``DEFAULT_NUM_PROMPTS``, as
+C, so C are sent at the start and each completion sends the next, N in all (default ``VLLM_BENCH_NUM_PROMPTS``, as
 vllm bench's). The step sequence is vLLM's (:meth:`m3lab.workload.scheduler.Scheduler.records`, or vLLM's own
 scheduler with ``engine="vllm"``: the same records, slower), requests added before the ``schedule()`` call that
 follows the completion they wait for (a client with no round trip).
 
-Time (:func:`step_timeline`): each executed step costs ``step_us(step)`` µs of device time and
-``host_us(step) = (before, after)`` µs of CPU time: scheduling + input preparation + launch before the device
-runs it, output processing after. Sync scheduling runs them in series (``EngineCore.step``); async scheduling
-(vLLM 0.33.0's default, ``EngineCore.step_with_batch_queue``) schedules and launches step n+1 while step n runs
-and processes step n's outputs after launching step n+1, as the batch queue orders those calls. A step's tokens
-reach the client when its outputs are processed.
+Time (:func:`m3lab.serving.timeline.step_timeline`): each executed step costs ``step_us(step)`` µs of device time
+and ``host_us(step)`` µs of CPU time (ready, issue, after: schedule + input preparation before the device starts it,
+launches while it runs, output processing after it), ordered as sync or async scheduling runs the calls. A step's
+tokens reach the client when its outputs are processed.
 
 Metrics (:func:`bench_metrics`) exactly as ``calculate_metrics`` in ``vllm/benchmarks/serve.py`` computes them
 from per-request send / first-token / token / finish times: TTFT from send to the first token (server-side
@@ -32,49 +30,20 @@ import pandas as pd
 
 from m3lab.errors import M3LabError
 from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
-from m3lab.workload.scheduler import MIN_REQUESTS_PER_SLOT, Scheduler, SchedulerConfig
+from m3lab.serving.progress import late_progress
+from m3lab.serving.timeline import host_columns, step_timeline
+from m3lab.spec.traffic import VLLM_BENCH_NUM_PROMPTS
+from m3lab.workload.scheduler import Scheduler, SchedulerConfig
 from m3lab.workload.step import EngineStep
 
-#: ``--num-prompts`` default of vllm bench (``DEFAULT_NUM_PROMPTS``, vllm/benchmarks/datasets/datasets.py).
-DEFAULT_NUM_PROMPTS = 1000
 #: Percentiles reported beside mean and median (vllm bench's ``--metric-percentiles 90,99``).
 PERCENTILES = (90, 99)
 ENGINES = ("m3lab", "vllm")
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
 StepUs = Callable[[EngineStep], float]
-HostUs = Callable[[EngineStep], "tuple[float, float]"]
-
-
-def step_timeline(records: list[StepRecord], device_us: np.ndarray, host_us: np.ndarray) -> pd.DataFrame:
-    """Start, end and output time (s) of each record from its device time [R] and host (before, after) [R, 2] in µs.
-
-    Walks the ``schedule()`` calls in order: a call that scheduled a step spends its host-before time, then the
-    device starts it when free; outputs applied after call c (``record.applied == c + 1``) wait for their step
-    to end, then spend its host-after time. Sync and async differ only in where the records say outputs were
-    applied (the same call in sync, one call later in async), and in sync the device waits for the CPU. A step
-    whose outputs were never applied (in flight when the last request finished) has ``output_s`` NaN."""
-    n = len(records)
-    start, end, out = np.zeros(n), np.zeros(n), np.full(n, np.nan)
-    by_call = sorted(range(n), key=lambda i: records[i].call)
-    applied = [i for i in range(n) if records[i].applied is not None]   # the last may still be in flight at the end
-    by_applied = sorted(applied, key=lambda i: (records[i].applied, records[i].call))
-    cpu = gpu = 0.0
-    j, m = 0, len(by_applied)
-    for i in by_call + [None]:
-        c = records[i].call if i is not None else None
-        while j < m and (c is None or records[by_applied[j]].applied <= c):
-            k = by_applied[j]
-            cpu = max(cpu, end[k]) + host_us[k, 1] * 1e-6
-            out[k] = cpu
-            j += 1
-        if i is None:
-            break
-        cpu += host_us[i, 0] * 1e-6
-        start[i] = max(gpu, cpu)
-        end[i] = gpu = start[i] + device_us[i] * 1e-6
-    return pd.DataFrame({"call": [r.call for r in records], "start_s": start, "end_s": end, "output_s": out,
-                         "device_us": device_us, "host_before_us": host_us[:, 0], "host_after_us": host_us[:, 1]})
+#: host µs of a step: (ready, issue, after) or (before, after) (:mod:`m3lab.serving.timeline`)
+HostUs = Callable[[EngineStep], tuple]
 
 
 def _stats(values: list | np.ndarray, name: str, scale: float, percentiles) -> dict:
@@ -117,28 +86,49 @@ class BenchRun:
     """A simulated ``vllm bench serve`` run: ``raw`` (its --save-result keys), per request and per step tables."""
 
     raw: dict
-    requests: pd.DataFrame = field(repr=False)   # send_s, first_token_s, finish_s, ttft_s, e2el_s, tpot_ms, ...
+    requests: pd.DataFrame = field(repr=False)   # send_s, first_scheduled_s, first_token_s, finish_s, ttft_s, ...
     steps: pd.DataFrame = field(repr=False)      # per step: call, start_s, end_s, output_s, times, tokens, counts
     notes: list
     config: dict
     seconds: float = 0.0                         # wall time the simulation took
     records: list = field(default_factory=list, repr=False)   # the StepRecords, one per row of ``steps``
+    contents: RequestContents | None = field(default=None, repr=False)
+    columns: dict = field(default_factory=dict, repr=False)   # per-step columns that do not depend on time
+    index: dict = field(default_factory=dict, repr=False)     # chunk_index(records)
 
     def summary(self) -> dict:
-        """The headline figures (s and ms as named), per GPU throughputs, ``queueing_s`` and the notes."""
+        """The headline figures (s and ms as named), per GPU throughputs, ``queueing_s`` (median wait before the
+        first scheduled chunk), ``prefill_s`` (median first chunk to first token) and the notes."""
         r, gpus = self.raw, self.config["gpus"]
+        req = self.requests
         out = {"ttft_s": r["median_ttft_ms"] / 1e3, "ttft_mean_s": r["mean_ttft_ms"] / 1e3,
-               **{f"ttft_p{p}_s": r[f"p{p}_ttft_ms"] / 1e3 for p in PERCENTILES},
+               **{f"ttft_p{p}_s": r[f"p{p}_ttft_ms"] / 1e3 for p in self.config["percentiles"]},
                "tpot_ms": r["mean_tpot_ms"], "tpot_median_ms": r["median_tpot_ms"],
-               **{f"tpot_p{p}_ms": r[f"p{p}_tpot_ms"] for p in PERCENTILES},
+               **{f"tpot_p{p}_ms": r[f"p{p}_tpot_ms"] for p in self.config["percentiles"]},
                "itl_ms": r["mean_itl_ms"], "itl_median_ms": r["median_itl_ms"],
                "e2el_s": r["median_e2el_ms"] / 1e3, "e2el_mean_s": r["mean_e2el_ms"] / 1e3,
-               "queueing_s": float(self.requests["queueing_s"].median()),
+               "queueing_s": float(req["queueing_s"].median()),
+               "prefill_s": float((req["first_token_s"] - req["first_scheduled_s"]).median()),
                "output_tokens_per_s": r["output_throughput"], "total_tokens_per_s": r["total_token_throughput"],
                "output_tokens_per_s_per_gpu": r["output_throughput"] / gpus,
                "total_tokens_per_s_per_gpu": r["total_token_throughput"] / gpus,
                "request_throughput": r["request_throughput"], "duration_s": r["duration"], "notes": list(self.notes)}
         return {**out, **self.config}
+
+    def retime(self, host_scale: float = 1.0, device_us: np.ndarray | None = None) -> BenchRun:
+        """The same schedule with every host time multiplied by ``host_scale`` and, when given, other device µs
+        per step (e.g. the cost model under another value of an assumption)."""
+        st = self.steps
+        host = np.column_stack([st["host_ready_us"], st["host_issue_us"], st["host_after_us"]]) * host_scale
+        notes = [n for n in self.notes if not n.startswith("TTFT p")]
+        device = st["device_us"].to_numpy() if device_us is None else np.asarray(device_us, float)
+        return _assemble(self.records, device, host, self.contents, self.config, notes, self.seconds,
+                         self.columns, self.index)
+
+
+#: A run whose start-up burst (the C requests sent at once) is more than this share of its N requests never
+#: reaches steady state: its median request is one of the burst.
+BURST_SHARE_LIMIT = 0.5
 
 
 def _notes(cfg: SchedulerConfig, contents: RequestContents, concurrency: int, records: list) -> list[str]:
@@ -156,30 +146,50 @@ def _notes(cfg: SchedulerConfig, contents: RequestContents, concurrency: int, re
     pre = sum(len(r.preempted) for r in records)
     if pre:
         notes.append(f"{pre} preemptions: victims recompute their prompt and outputs")
-    if len(contents) < MIN_REQUESTS_PER_SLOT * concurrency:
-        notes.append(f"num_prompts {len(contents)} < {MIN_REQUESTS_PER_SLOT} x concurrency {concurrency}: the run is "
-                     "mostly its start-up burst, not steady state (TTFT and throughput are start-up figures)")
+    if concurrency > BURST_SHARE_LIMIT * len(contents):
+        notes.append(f"num_prompts {len(contents)} < {1 / BURST_SHARE_LIMIT:g} x concurrency {concurrency}: the run "
+                     "is mostly its start-up burst, not steady state (TTFT and throughput are start-up figures)")
     return notes
 
 
-def _per_request(records: list, tl: pd.DataFrame, contents: RequestContents, concurrency: int) -> dict:
-    """Send, first-token, finish and first-scheduled times per request, and every streamed chunk as flat arrays
-    (``chunk_rid``, ``chunk_s``) sorted by request then time."""
-    n = len(contents)
-    out_s, start_s = tl["output_s"].to_numpy(), tl["start_s"].to_numpy()
+def _burst_note(req: pd.DataFrame, concurrency: int, percentiles) -> list[str]:
+    """A note for each TTFT percentile that the start-up burst (requests sent at 0) sets: most requests at or
+    above it were sent at once."""
+    notes = []
+    ttft, burst = req["ttft_s"].to_numpy(), (req["send_s"] == 0).to_numpy()
+    for p in percentiles:
+        top = ttft >= np.percentile(ttft, p)
+        if burst[top].mean() >= 0.5 and not burst.all():
+            notes.append(f"TTFT p{p} is the start-up burst's: {int(burst[top].sum())} of the {int(top.sum())} "
+                         f"requests at or above it are among the first {concurrency}, sent at once")
+    return notes
+
+
+def chunk_index(records: list) -> dict:
+    """Which request each streamed chunk and each scheduled entry belongs to, in record order, and the order
+    that sorts the chunks by request then time (outputs reach the client in record order), computed once per
+    schedule."""
     counts = np.fromiter((len(r.emitted) for r in records), np.int64, len(records))
     chunk_rid = np.fromiter(chain.from_iterable(r.emitted for r in records), np.int64, int(counts.sum()))
-    chunk_s = np.repeat(out_s, counts)
-    order = np.lexsort((chunk_s, chunk_rid))
-    chunk_rid, chunk_s = chunk_rid[order], chunk_s[order]
+    order = np.argsort(chunk_rid, kind="stable")
+    scount = np.fromiter((len(r.scheduled) for r in records), np.int64, len(records))
+    sched_rid = np.fromiter(chain.from_iterable(r.scheduled for r in records), np.int64, int(scount.sum()))
+    return {"counts": counts, "order": order, "chunk_rid": chunk_rid[order], "scount": scount,
+            "sched_rid": sched_rid}
+
+
+def _per_request(index: dict, tl: pd.DataFrame, n: int, concurrency: int) -> dict:
+    """Send, first-token, finish and first-scheduled times of the ``n`` requests, and every streamed chunk as flat
+    arrays (``chunk_rid``, ``chunk_s``) sorted by request then time."""
+    out_s, start_s = tl["output_s"].to_numpy(), tl["start_s"].to_numpy()
+    chunk_rid = index["chunk_rid"]
+    chunk_s = np.repeat(out_s, index["counts"])[index["order"]]
     first_at = np.searchsorted(chunk_rid, np.arange(n))
     last_at = np.searchsorted(chunk_rid, np.arange(n), side="right") - 1
     if (last_at < first_at).any():
         raise M3LabError("a request never streamed a token in the step sequence", field="records")
-    scount = np.fromiter((len(r.scheduled) for r in records), np.int64, len(records))
-    sched_rid = np.fromiter(chain.from_iterable(r.scheduled for r in records), np.int64, int(scount.sum()))
     first_sched = np.full(n, np.inf)
-    np.minimum.at(first_sched, sched_rid, np.repeat(start_s, scount))
+    np.minimum.at(first_sched, index["sched_rid"], np.repeat(start_s, index["scount"]))
     finish = chunk_s[last_at]
     # the semaphore of vllm bench: C sent at 0, then request C + k when the k-th completion arrives
     send = np.zeros(n)
@@ -190,13 +200,14 @@ def _per_request(records: list, tl: pd.DataFrame, contents: RequestContents, con
 
 def simulate_records(cfg: SchedulerConfig, contents: RequestContents, concurrency: int, *, engine: str = "m3lab",
                      outputs: FakeOutputs | None = None, progress: bool = False) -> list[StepRecord]:
-    """The closed-loop step records from m3lab's generator or vLLM's own scheduler (``engine="vllm"``, with a
-    progress bar when ``progress``)."""
+    """The closed-loop step records from m3lab's generator or vLLM's own scheduler (``engine="vllm"``);
+    ``progress``: a bar over finished requests once the run has taken a few seconds."""
     if engine not in ENGINES:
         raise M3LabError(f"unknown engine {engine!r}", field="engine", hint=f"choose one of {', '.join(ENGINES)}")
     arrivals = ClosedLoop(len(contents), concurrency)
     if engine == "m3lab":
-        return Scheduler(cfg, outputs=outputs).records(contents, arrivals)
+        with late_progress("schedule (m3lab)", len(contents), progress) as bar:
+            return Scheduler(cfg, outputs=outputs).records(contents, arrivals, on_finish=bar.update)
     from m3lab.vllm.scheduler_judge import Judge       # heavy, optional (vLLM)
     if cfg.num_kv_blocks is None:                      # vLLM needs a finite pool: one that holds every request
         need = int((-(-(contents.prompt + contents.max_tokens + 8 * (cfg.spec_tokens + 1)) // cfg.block_size)).sum())
@@ -204,35 +215,19 @@ def simulate_records(cfg: SchedulerConfig, contents: RequestContents, concurrenc
     return Judge(cfg, contents, outputs or FakeOutputs(), arrivals=arrivals).run(progress=progress)
 
 
-def bench_load(cfg: SchedulerConfig, contents: RequestContents, step_us: StepUs, *, max_concurrency: int,
-               host_us: HostUs | None = None, gpus: int = 1, engine: str = "m3lab",
-               outputs: FakeOutputs | None = None, percentiles=PERCENTILES, progress: bool = False) -> BenchRun:
-    """``vllm bench serve --max-concurrency C --num-prompts len(contents) --request-rate inf`` (module docstring).
-
-    ``step_us(step)``: device µs of an :class:`EngineStep`; ``host_us(step)``: (before, after) host µs (default
-    none); ``gpus``: the deployment's GPU count (per-GPU throughputs); ``engine``: ``m3lab`` (the step
-    generator) or ``vllm`` (vLLM's own scheduler: the same records, slower; ``progress`` shows a bar)."""
-    if not isinstance(max_concurrency, (int, np.integer)) or max_concurrency < 1:
-        raise M3LabError(f"max_concurrency={max_concurrency!r} must be a positive integer", field="max_concurrency")
-    if not isinstance(gpus, (int, np.integer)) or gpus < 1:
-        raise M3LabError(f"gpus={gpus!r} must be a positive integer", field="gpus")
-    t0 = time.perf_counter()
-    records = simulate_records(cfg, contents, int(max_concurrency), engine=engine, outputs=outputs,
-                               progress=progress)
-    prompt = contents.prompt
-    steps = [r.engine_step(prompt, i) if r.scheduled else None for i, r in enumerate(records)]
-    device = np.array([float(step_us(s)) if s is not None else 0.0 for s in steps])
-    host = np.array([tuple(host_us(s)) if s is not None and host_us is not None else (0.0, 0.0) for s in steps],
-                    float).reshape(len(steps), 2)
+def _assemble(records: list, device: np.ndarray, host: np.ndarray, contents: RequestContents, config: dict,
+              notes: list, seconds: float, columns: dict, index: dict) -> BenchRun:
+    """The timeline (plus ``columns`` per step), per-request times and vllm bench's metrics of timed records."""
     tl = step_timeline(records, device, host)
-    tl["tokens"] = [r.num_tokens for r in records]
-    tl["running"], tl["waiting"] = [r.running for r in records], [r.waiting for r in records]
-    tl["kv_usage"] = [r.kv_usage for r in records]
-    req = _per_request(records, tl, contents, int(max_concurrency))
+    for name, values in columns.items():
+        tl[name] = values
+    tl["t_ms"] = (tl["end_s"] - tl["start_s"]) * 1e3
+    conc = config["max_concurrency"]
+    req = _per_request(index, tl, len(contents), conc)
     duration = float(req["finish"].max())
-    raw = bench_metrics(prompt, contents.max_tokens, req["send"], req["chunk_rid"], req["chunk_s"], duration,
-                        percentiles)
-    requests = pd.DataFrame({"request": np.arange(len(contents)), "prompt_tokens": prompt,
+    raw = bench_metrics(contents.prompt, contents.max_tokens, req["send"], req["chunk_rid"], req["chunk_s"],
+                        duration, config["percentiles"])
+    requests = pd.DataFrame({"request": np.arange(len(contents)), "prompt_tokens": contents.prompt,
                              "output_tokens": contents.max_tokens, "send_s": req["send"],
                              "first_scheduled_s": req["first_sched"], "first_token_s": req["first"],
                              "finish_s": req["finish"]})
@@ -241,15 +236,89 @@ def bench_load(cfg: SchedulerConfig, contents: RequestContents, step_us: StepUs,
     requests["e2el_s"] = requests["finish_s"] - requests["send_s"]
     requests["tpot_ms"] = np.where(requests["output_tokens"] > 1, (requests["e2el_s"] - requests["ttft_s"])
                                    / np.maximum(requests["output_tokens"] - 1, 1) * 1e3, np.nan)
+    notes = list(notes) + _burst_note(requests, conc, config["percentiles"])
+    return BenchRun(raw, requests, tl, notes, config, seconds, records, contents, columns, index)
+
+
+def stretch_runs(records: list) -> list[tuple[int, int]]:
+    """``[start, end)`` index ranges of the records: each decode stretch's records together (they share their
+    stretch arrays), every other record alone."""
+    out, i, n = [], 0, len(records)
+    while i < n:
+        st = records[i].stretch
+        k = i + 1
+        if st is not None:
+            while k < n and records[k].stretch is not None and records[k].stretch[0] is st[0]:
+                k += 1
+        out.append((i, k))
+        i = k
+    return out
+
+
+def engine_steps(records: list, prompt, *, per_record: bool = True) -> list:
+    """Each record as the cost model takes it (:meth:`~m3lab.workload.requests.StepRecord.engine_step`); None for
+    a record that scheduled nothing (it only preempted). ``per_record=False``: a stretch's records share its first
+    step (what host time and the step counts need: the same requests, one token each)."""
+    if per_record:
+        return [r.engine_step(prompt, i) if r.scheduled else None for i, r in enumerate(records)]
+    out = []
+    for i, k in stretch_runs(records):
+        r = records[i]
+        out.extend([r.engine_step(prompt, i) if r.scheduled else None] * (k - i))
+    return out
+
+
+def time_records(records: list, cfg: SchedulerConfig, contents: RequestContents, step_us, *, max_concurrency: int,
+                 host_us: HostUs | None = None, gpus: int = 1, engine: str = "m3lab", percentiles=PERCENTILES,
+                 seconds: float = 0.0, steps: list | None = None) -> BenchRun:
+    """Time closed-loop ``records`` of ``contents`` (from :func:`simulate_records`): device µs per step from
+    ``step_us`` (a callable of an :class:`EngineStep`, or the values per record), host µs from ``host_us``
+    (default none), and vllm bench's metrics. ``steps``: :func:`engine_steps` of the records (per record when
+    ``step_us`` is a callable), when at hand."""
+    if steps is None:
+        steps = engine_steps(records, contents.prompt, per_record=callable(step_us))
+    if callable(step_us):
+        device = np.array([float(step_us(s)) if s is not None else 0.0 for s in steps])
+    else:
+        device = np.asarray(step_us, float)
+    host = np.array([host_us(s) if s is not None and host_us is not None else (0.0, 0.0, 0.0) for s in steps],
+                    float)
+    host = host_columns(host.reshape(len(steps), -1) if len(steps) else np.zeros((0, 3)))
     config = {"engine": engine, "max_concurrency": int(max_concurrency), "num_prompts": len(contents), "gpus": gpus,
               "async_scheduling": cfg.async_scheduling, "max_num_seqs": cfg.max_num_seqs,
               "max_num_batched_tokens": cfg.max_num_batched_tokens, "num_kv_blocks": cfg.num_kv_blocks,
-              "steps": int(sum(1 for s in steps if s is not None))}
-    return BenchRun(raw, requests, tl, _notes(cfg, contents, int(max_concurrency), records), config,
-                    time.perf_counter() - t0, records)
+              "steps": int(sum(1 for s in steps if s is not None)), "percentiles": tuple(percentiles)}
+    columns = {"index": np.arange(len(records)), "repeat": np.ones(len(records), np.int64),
+               "tokens": [r.num_tokens for r in records],
+               "decodes": [s.num_decodes if s is not None else 0 for s in steps],
+               "prefill_tokens": [s.num_prefill_tokens if s is not None else 0 for s in steps],
+               "running": [r.running for r in records], "waiting": [r.waiting for r in records],
+               "kv_usage": [r.kv_usage for r in records]}
+    return _assemble(records, device, host, contents, config, _notes(cfg, contents, int(max_concurrency), records),
+                     seconds, columns, chunk_index(records))
 
 
-def fixed_lengths(isl: int, osl: int, num_prompts: int = DEFAULT_NUM_PROMPTS) -> UniqueContents:
+def bench_load(cfg: SchedulerConfig, contents: RequestContents, step_us: StepUs, *, max_concurrency: int,
+               host_us: HostUs | None = None, gpus: int = 1, engine: str = "m3lab",
+               outputs: FakeOutputs | None = None, percentiles=PERCENTILES, progress: bool = False) -> BenchRun:
+    """``vllm bench serve --max-concurrency C --num-prompts len(contents) --request-rate inf`` (module docstring).
+
+    ``step_us(step)``: device µs of an :class:`EngineStep`; ``host_us(step)``: host µs (ready, issue, after) or
+    (before, after) (default none; :mod:`m3lab.serving.timeline`); ``gpus``: the deployment's GPU count (per-GPU
+    throughputs); ``engine``: ``m3lab`` (the step generator) or ``vllm`` (vLLM's own scheduler: the same
+    records, slower); ``progress``: show a bar on long runs."""
+    if not isinstance(max_concurrency, (int, np.integer)) or max_concurrency < 1:
+        raise M3LabError(f"max_concurrency={max_concurrency!r} must be a positive integer", field="max_concurrency")
+    if not isinstance(gpus, (int, np.integer)) or gpus < 1:
+        raise M3LabError(f"gpus={gpus!r} must be a positive integer", field="gpus")
+    t0 = time.perf_counter()
+    records = simulate_records(cfg, contents, int(max_concurrency), engine=engine, outputs=outputs,
+                               progress=progress)
+    return time_records(records, cfg, contents, step_us, max_concurrency=int(max_concurrency), host_us=host_us,
+                        gpus=int(gpus), engine=engine, percentiles=percentiles, seconds=time.perf_counter() - t0)
+
+
+def fixed_lengths(isl: int, osl: int, num_prompts: int = VLLM_BENCH_NUM_PROMPTS) -> UniqueContents:
     """``--dataset-name random --random-input-len isl --random-output-len osl --ignore-eos`` with range ratio 0."""
     return UniqueContents(np.full(num_prompts, isl), np.full(num_prompts, osl))
 

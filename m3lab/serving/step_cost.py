@@ -217,6 +217,11 @@ class StepCoster:
         """(weight, row terms) of every step timed so far under ``mode`` (for the sensitivity table)."""
         return [(w, self._memo[key][m][3]) for (key, m), w in self._uses.items() if m == mode]
 
+    def costed_rows(self, mode: str) -> dict:
+        """{step key: row terms} of every distinct step costed under ``mode`` (for the sensitivity table: the
+        device µs of a key is its rows' times, the draft rows' scaled by ``spec_tokens * draft_cost``)."""
+        return {key: e[mode][3] for key, e in self._memo.items() if mode in e}
+
     @property
     def distinct_steps(self) -> int:
         return len(self._memo)

@@ -26,12 +26,21 @@ text-only engine does:
 batch queue (async). The KV cache is m3lab's :class:`~m3lab.cache.pool.PrefixCache` (proven equal to vLLM's
 ``KVCacheManager`` in ``tests/test_cache_differential.py``), or none when the pool is unlimited and nothing is
 cached. The whole loop is proven equal to vLLM's own scheduler in ``tests/test_scheduler_differential.py``.
+
+Two additions for P/D instances follow vLLM's KV-connector path and are outside that proof (no connector is
+driven there): a request added with ``external`` tokens is admitted with them computed (the connector loaded the
+prompt's KV; vLLM's ``_update_waiting_for_remote_kv`` leaves the last prompt token to compute), and with
+``hold_finished_kv`` a finished request keeps its blocks until :meth:`EngineCore.release` (the prefill side's
+``delay_free_blocks``).
 """
 from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from m3lab.workload.requests import FakeOutputs, RequestContents, StepRecord
+from m3lab.workload.stretch import DecodeStretch
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 
@@ -40,10 +49,10 @@ class Req:
     """One request's scheduling state (the fields of vLLM's ``Request`` that scheduling reads)."""
 
     __slots__ = ("rid", "P", "M", "O", "C", "spec", "ph", "inflight", "stale", "prefill_chunk", "status",
-                 "preemptions", "verifies", "keys", "first_step")
+                 "preemptions", "verifies", "keys", "first_step", "external")
 
-    def __init__(self, rid: int, prompt: int, max_tokens: int, keys: list):
-        self.rid, self.P, self.M, self.keys = rid, prompt, max_tokens, keys
+    def __init__(self, rid: int, prompt: int, max_tokens: int, keys: list, external: int = 0):
+        self.rid, self.P, self.M, self.keys, self.external = rid, prompt, max_tokens, keys, external
         self.O = self.C = self.spec = self.ph = self.inflight = self.stale = self.preemptions = self.verifies = 0
         self.prefill_chunk, self.status, self.first_step = True, WAITING, -1
 
@@ -60,7 +69,7 @@ class Batch:
         self.executed = bool(reqs)
 
 
-class EngineCore:
+class EngineCore(DecodeStretch):
     """One engine: the scheduler state, its KV cache (``pool``, or None) and the batch queue (async).
 
     ``lookahead``: KV slots reserved past the scheduled tokens (vLLM's ``num_lookahead_tokens``: k for
@@ -71,6 +80,10 @@ class EngineCore:
     FULL_SEQUENCE_MUST_FIT = True
     #: A step that preempted admits nothing (``if not preempted_reqs`` before vLLM's waiting loop).
     ADMIT_IN_PREEMPTING_STEP = False
+    batch_type = Batch                   # what a call (or a stretch's last step) schedules
+    #: A finished request keeps its KV blocks until :meth:`release` (a P/D prefill instance: vLLM's KV connector
+    #: frees them once the decode instance has read them, ``request_finished`` -> ``delay_free_blocks``).
+    hold_finished_kv = False
 
     def __init__(self, cfg, contents: RequestContents, outputs: FakeOutputs | None, pool, *, lookahead: int,
                  hash_lookahead: int, prefill_lookahead: int, max_model_len: int, hooks=None):
@@ -90,12 +103,19 @@ class EngineCore:
         self.preemptions = 0
 
     # ---- requests --------------------------------------------------------------------------------------
-    def add(self, rid: int) -> None:
+    def add(self, rid: int, external: int = 0) -> None:
+        """Queue request ``rid``; ``external``: prompt tokens whose KV a connector loaded from a prefill instance
+        (P/D: vLLM's scheduler then computes the rest, the last prompt token, at admission)."""
         c = self.contents
         keys = c.block_keys(rid, self.cfg.block_size, self.hash_lookahead) if self.caching else []
-        r = Req(rid, int(c.prompt[rid]), int(c.max_tokens[rid]), keys)
+        r = Req(rid, int(c.prompt[rid]), int(c.max_tokens[rid]), keys, min(int(external), int(c.prompt[rid]) - 1))
         self.requests[rid] = r
         self.waiting.append(r)
+
+    def release(self, rid: int) -> None:
+        """Free the KV blocks a finished request held (``hold_finished_kv``)."""
+        if self.pool is not None:
+            self.pool.free(rid)
 
     def has_requests(self) -> bool:
         return bool(self.running or self.waiting or self.finished_pending)
@@ -104,11 +124,11 @@ class EngineCore:
         """Blocks of ``r`` vLLM has hashed so far (``request.block_hashes``)."""
         return max(0, r.P + r.O - self.hash_lookahead) // self.cfg.block_size
 
-    def _alloc(self, r: Req, n: int, hit=(), admit: bool = False) -> bool:
+    def _alloc(self, r: Req, n: int, hit=(), admit: bool = False, external: int = 0) -> bool:
         pool = self.pool
         if pool is None:
             return True
-        return pool.allocate_slots(r.rid, r.keys, r.P + r.O, r.C, n, hit, lookahead=self.lookahead,
+        return pool.allocate_slots(r.rid, r.keys, r.P + r.O, r.C + external, n, hit, lookahead=self.lookahead,
                                    full_sequence_must_fit=admit, num_hashed=self._hashed(r))
 
     def _preempt(self, r: Req) -> None:
@@ -182,7 +202,9 @@ class EngineCore:
             hit = []
             if self.caching:
                 hit = pool.get_computed_blocks(r.keys, r.P + r.O, self._hashed(r))
-            computed = len(hit) * bs
+            local = computed = len(hit) * bs
+            if r.external > computed:        # loaded by a KV connector (P/D), never after a preemption
+                computed = r.external
             n = r.P + r.O - computed
             pad = False
             if k and n == 1 and not prefill and (ran or computed > 0):
@@ -201,10 +223,11 @@ class EngineCore:
                 continue
             if hooks is not None and not hooks.can_admit(r, n, len(admitted)):
                 break
-            if not self._alloc(r, n, hit, admit=self.FULL_SEQUENCE_MUST_FIT):
+            if not self._alloc(r, n, hit, admit=self.FULL_SEQUENCE_MUST_FIT, external=computed - local):
                 break
             if self.caching:                 # KVCacheManager.record_prefix_cache_stats
-                pool.stats.record(r.P + r.O, computed, r.preemptions > 0, bs)
+                pool.stats.record(r.P + r.O, local, r.preemptions > 0, bs)
+            r.external = 0
             self.waiting.popleft()
             self.running.append(r)
             admitted.append((r.rid, computed, r.status == PREEMPTED))
@@ -300,7 +323,7 @@ class EngineCore:
             if stopped:
                 r.status = FINISHED
                 finished.append(r.rid)
-                if pool is not None:
+                if pool is not None and not self.hold_finished_kv:
                     pool.free(r.rid)
                 del self.requests[r.rid]
                 self.finished_pending = True
@@ -320,55 +343,6 @@ class EngineCore:
             for (r, _, _), g in zip(batch.reqs, batch.counts):
                 if g and r.status != FINISHED and not r.prefill_chunk:
                     r.spec = self.k
-
-    # ---- pure-decode stretches ---------------------------------------------------------------------------
-    def decode_stretch(self, budget_steps: int = 1 << 62) -> tuple[Batch, int] | None:
-        """Advance ``R`` >= 2 calls at once when each would schedule exactly one decode token for every running
-        request, in order, with nothing admitted, preempted or finished (no spec decoding; waiting empty or
-        ``max_num_seqs`` reached; no prefix caching; KV for all ``R`` tokens free now, so none of the steps can
-        fail an allocation). Returns (the last step's batch, R) (async: that batch is left in flight, as the exact
-        calls would leave it), or None (nothing done) when the next call could differ."""
-        cfg, running = self.cfg, self.running
-        if self.k or self.caching or not running or len(running) > cfg.max_num_batched_tokens:
-            return None
-        if self.waiting and len(running) < cfg.max_num_seqs:
-            return None
-        asy = cfg.async_scheduling
-        ph = 1 if asy else 0
-        for r in running:
-            if r.prefill_chunk or r.spec or r.ph != ph or r.C != r.P + r.O + ph - 1 or r.stale:
-                return None
-        if asy:
-            if len(self.queue) != 1:
-                return None
-            prev = self.queue[0]
-            if len(prev.reqs) != len(running) or any(a[0] is not b or a[1] != 1 for a, b in zip(prev.reqs, running)):
-                return None
-        R = min(min(r.M - r.O for r in running) - 1, budget_steps, self.max_model_len)
-        if R < 2:
-            return None
-        pool = self.pool
-        if pool is not None:
-            bs = cfg.block_size
-            need = sum(-(-(r.C + R + self.lookahead) // bs) - len(pool.req_blocks.get(r.rid, ())) for r in running)
-            if need > pool.num_free:
-                return None
-            for r in running:
-                pool.allocate_slots(r.rid, (), r.P + r.O, r.C, R, lookahead=self.lookahead)
-        for r in running:
-            r.C += R
-            r.O += R
-        last = Batch([(r, 1, 0) for r in running], [1] * len(running), None)
-        last.record = StepRecord(call=self.calls + R - 1, scheduled={}, computed={}, spec={})
-        self.calls += R
-        self.steps += R
-        self.finished_pending = False
-        if asy:
-            prev.done = True
-            self.queue = [last]
-        else:
-            last.done = True
-        return last, R
 
     # ---- one engine call ------------------------------------------------------------------------------
     def _check_stuck(self, batch: Batch) -> None:

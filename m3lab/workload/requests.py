@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,10 +37,12 @@ def _mix(x: int) -> int:
 
 
 class RequestContents:
-    """N requests: ``prompt`` [N] and ``max_tokens`` [N] (int64), token ids on demand, block keys."""
+    """N requests: ``prompt`` [N] and ``max_tokens`` [N] (int64), token ids on demand, block keys.
+    ``unique_outputs``: every block holding an output token is the request's own (no other block has its key)."""
 
     prompt: np.ndarray
     max_tokens: np.ndarray
+    unique_outputs = False
 
     def __len__(self) -> int:
         return len(self.prompt)
@@ -79,6 +82,8 @@ def _lengths(prompt, max_tokens) -> tuple[np.ndarray, np.ndarray]:
 class UniqueContents(RequestContents):
     """Lengths only: every request's tokens are its own (no prefix is shared between requests)."""
 
+    unique_outputs = True
+
     def __init__(self, prompt, max_tokens):
         self.prompt, self.max_tokens = _lengths(prompt, max_tokens)
 
@@ -92,6 +97,8 @@ class UniqueContents(RequestContents):
 
 class TokenContents(RequestContents):
     """Explicit prompt token ids (lists or arrays); outputs are ids unique to (request, position)."""
+
+    unique_outputs = True
 
     def __init__(self, prompts, max_tokens):
         self.prompts = [np.asarray(p, np.int64).tolist() for p in prompts]
@@ -159,6 +166,29 @@ class FakeOutputs:
         return float(sum(self.p ** j for j in range(1, k + 1)))
 
 
+class StretchComputed(Mapping):
+    """``StepRecord.computed`` of step j of a decode stretch, {request: computed before the step}, read from the
+    stretch's shared arrays (no dict per step)."""
+
+    __slots__ = ("ids", "c0", "pos", "j")
+
+    def __init__(self, ids: list, c0: list, pos: dict, j: int):
+        self.ids, self.c0, self.pos, self.j = ids, c0, pos, j
+
+    def __getitem__(self, rid):
+        return self.c0[self.pos[rid]] + self.j
+
+    def __iter__(self):
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def items(self):
+        j = self.j
+        return [(r, c + j) for r, c in zip(self.ids, self.c0)]
+
+
 @dataclass
 class StepRecord:
     """One non-empty engine step (``schedule()`` call number ``call``), as both schedulers record it.
@@ -184,6 +214,9 @@ class StepRecord:
     finished: tuple = field(default=())
     emitted: dict = field(default_factory=dict)
     applied: int | None = None
+    #: a decode stretch's step j: (request ids [R], computed before its first step [R], j), so :meth:`arrays`
+    #: need not read the dicts (not part of the record's identity)
+    stretch: tuple | None = field(default=None, compare=False, repr=False)
 
     FIELDS = ("call", "scheduled", "computed", "spec", "admitted", "preempted", "emitted", "finished", "applied",
               "running", "waiting", "free_blocks")
@@ -202,6 +235,10 @@ class StepRecord:
         """(request ids, new tokens, computed before, decode flags) [R] in scheduling order. A request decodes when
         it is past its prompt and scheduled ``1 + drafts`` tokens (else a prefill chunk, or a recompute after
         preemption). ``prompt``: prompt lengths indexed by request id."""
+        if self.stretch is not None:
+            ids, c0, j = self.stretch
+            comp = c0 + j
+            return ids, np.ones(len(ids), np.int64), comp, comp >= np.asarray(prompt)[ids]
         n = len(self.scheduled)
         ids = np.fromiter(self.scheduled, np.int64, n)
         new = np.fromiter(self.scheduled.values(), np.int64, n)
@@ -249,6 +286,11 @@ class ClosedLoop:
         self.next += k
         return out
 
+    def quiet_calls(self, call: int) -> int:
+        """Calls from ``call`` on that add nothing while no request finishes (right after a call of this rule:
+        all of them)."""
+        return 1 << 62
+
 
 class AtCalls:
     """Request i is added before ``schedule()`` call ``calls[i]`` (calls non-decreasing)."""
@@ -268,3 +310,8 @@ class AtCalls:
     def next_call(self) -> int | None:
         """The call before which the next request arrives (None when all have): an idle engine waits for it."""
         return int(self.calls[self.next]) if self.next < len(self.calls) else None
+
+    def quiet_calls(self, call: int) -> int:
+        """Calls from ``call`` on before the next arrival (right after a call of this rule)."""
+        nxt = self.next_call()
+        return 1 << 62 if nxt is None else max(nxt - call, 0)

@@ -9,12 +9,15 @@ speculative decoding (``ngram`` / ``mtp`` with k drafts) and async scheduling (v
 - :meth:`Scheduler.records` — the exact step sequence as :class:`~m3lab.workload.requests.StepRecord` s, for
   request contents and an arrival rule (default: closed loop, ``vllm bench serve --max-concurrency``);
 - :meth:`Scheduler.runs` / :meth:`Scheduler.steps` — the same schedule as :class:`EngineStep` s for a
-  :class:`Workload` (lengths, closed or open loop), with a clock advanced by ``step_time``.
+  :class:`Workload` (lengths, closed loop at its concurrency);
+- :meth:`Scheduler.engine` — a fresh engine to drive call by call (on a clock: :mod:`m3lab.serving.timed_engine`).
 
-Extension points (override in a subclass, do not copy): :meth:`Scheduler.arrivals` (queueing / open loop),
-:meth:`Scheduler.can_admit` (admission), :meth:`Scheduler.pick_victim` (preemption; vLLM's FCFS: the last
-running request), :meth:`Scheduler.admit_order`, :meth:`Scheduler.contents` / :meth:`Scheduler.make_pool`
-(what is cached and where) and the ``step_time`` callable (seconds per step: open-loop arrivals, latencies).
+Time is not the generator's: :mod:`m3lab.serving.bench_load` times the records of vllm bench's closed loop, and
+:mod:`m3lab.serving.timed_engine` drives engines whose arrivals depend on time. Extension points (override in a
+subclass, do not copy): :meth:`Scheduler.arrivals` (who joins the queue), :meth:`Scheduler.can_admit`
+(admission), :meth:`Scheduler.pick_victim` (preemption; vLLM's FCFS: the last running request),
+:meth:`Scheduler.admit_order`, :meth:`Scheduler.contents` / :meth:`Scheduler.make_pool` (what is cached and
+where).
 """
 from __future__ import annotations
 
@@ -26,23 +29,14 @@ import numpy as np
 
 from m3lab.cache.pool import PrefixCache
 from m3lab.errors import M3LabError
+from m3lab.spec.traffic import VLLM_BENCH_NUM_PROMPTS
 from m3lab.workload.engine_core import EngineCore
 from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
 from m3lab.workload.step import EngineStep
 
-#: Requests simulated per concurrency slot when ``num_requests`` is not given (a closed loop needs several
-#: waves of requests before the first burst of ``concurrency`` arrivals stops dominating the medians).
-REQUESTS_PER_SLOT = 4
-#: Below this many requests per slot the run never leaves its start-up burst: TTFT and throughput are wrong.
-MIN_REQUESTS_PER_SLOT = 2
 SPEC_METHODS = ("ngram", "mtp")
 STUCK = ("the scheduler cannot make progress: a request does not fit the KV cache (num_kv_blocks) or the token "
          "budget")
-
-
-def default_num_requests(concurrency: int) -> int:
-    """Requests simulated for a closed loop at ``concurrency`` when none is given."""
-    return REQUESTS_PER_SLOT * concurrency
 
 
 def _positive(v) -> bool:
@@ -51,18 +45,13 @@ def _positive(v) -> bool:
 
 @dataclass(frozen=True)
 class Workload:
-    """Requests of fixed (or given) lengths at a concurrency. ``num_requests`` defaults to
-    :func:`default_num_requests` (``REQUESTS_PER_SLOT`` x concurrency).
-
-    ``request_rate`` (req/s, Poisson, seeded) makes arrivals open-loop; it needs a scheduler ``step_time``.
-    ``prompt_lens``/``output_lens`` (per request) override ``isl``/``osl`` (e.g. from a trace).
-    """
+    """Requests of fixed (or given) lengths in a closed loop at a concurrency; ``num_requests`` defaults to
+    vllm bench's ``--num-prompts``. ``prompt_lens``/``output_lens`` (per request) override ``isl``/``osl``."""
 
     isl: int
     osl: int
     concurrency: int
-    num_requests: int | None = None
-    request_rate: float | None = None
+    num_requests: int = VLLM_BENCH_NUM_PROMPTS
     seed: int = 0
     prompt_lens: tuple | None = None
     output_lens: tuple | None = None
@@ -72,16 +61,14 @@ class Workload:
             v = getattr(self, name)
             if not _positive(v):
                 raise M3LabError(f"{name} must be a positive integer, got {v!r}", field=name)
-        if self.num_requests is not None and not _positive(self.num_requests):
+        if not _positive(self.num_requests):
             raise M3LabError(f"num_requests must be >= 1, got {self.num_requests}", field="num_requests")
-        if self.request_rate is not None and self.request_rate <= 0:
-            raise M3LabError(f"request_rate must be > 0, got {self.request_rate}", field="request_rate")
 
     @property
     def n_requests(self) -> int:
         if self.prompt_lens is not None:
             return len(self.prompt_lens)
-        return self.num_requests if self.num_requests is not None else default_num_requests(self.concurrency)
+        return self.num_requests
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
         """(prompt lengths, output lengths), int64 [n_requests]."""
@@ -91,13 +78,6 @@ class Workload:
         if p.shape != (n,) or o.shape != (n,) or (p < 1).any() or (o < 1).any():
             raise M3LabError("prompt_lens and output_lens need one positive entry per request", field="prompt_lens")
         return p, o
-
-    def arrival_times(self) -> np.ndarray | None:
-        """Seconds from start for each request (open loop), or None (closed loop)."""
-        if self.request_rate is None:
-            return None
-        gaps = np.random.default_rng(self.seed).exponential(1.0 / self.request_rate, self.n_requests)
-        return np.cumsum(gaps)
 
 
 @dataclass(frozen=True)
@@ -153,13 +133,12 @@ class SchedulerConfig:
 
 
 class SchedulerState:
-    """What the hooks see: the engine (``core``), the workload, the clock and counters."""
+    """What the hooks see: the engine (``core``), the workload and counters."""
 
-    def __init__(self, core: EngineCore, workload, arrival: np.ndarray | None):
-        self.core, self.workload, self.arrival = core, workload, arrival
-        self.clock = 0.0
+    def __init__(self, core: EngineCore, workload):
+        self.core, self.workload = core, workload
         self.step_index = 0
-        self.next_request = 0          # requests added so far (closed loop and open loop add in id order)
+        self.next_request = 0          # requests added so far (in id order)
         self.finished = 0
 
     @property
@@ -229,30 +208,18 @@ class Scheduler:
     ``outputs``: the fake model's draft acceptance (spec decoding); ``collapse``: :meth:`runs` advances
     pure-decode stretches in one run (exactly; False: one call at a time)."""
 
-    def __init__(self, config: SchedulerConfig | None = None, step_time: Callable[[EngineStep], float] | None = None,
-                 *, outputs: FakeOutputs | None = None, collapse: bool = True):
+    def __init__(self, config: SchedulerConfig | None = None, *, outputs: FakeOutputs | None = None,
+                 collapse: bool = True):
         self.config = config or SchedulerConfig()
-        self.step_time = step_time
         self.outputs = outputs or FakeOutputs()
         self.collapse = collapse
 
     # ---- hooks -------------------------------------------------------------------------------------
     def arrivals(self, state: SchedulerState, workload: Workload) -> None:
-        """Add arrived requests (closed loop: keep ``concurrency`` unfinished; open loop: arrival <= clock)."""
+        """Add requests before a call (closed loop: keep ``concurrency`` unfinished)."""
         n = workload.n_requests
-        if state.arrival is None:
-            while state.next_request < n and state.in_system < workload.concurrency:
-                state.add(state.next_request)
-        else:
-            while state.next_request < n and state.arrival[state.next_request] <= state.clock:
-                state.add(state.next_request)
-
-    def idle(self, state: SchedulerState, workload: Workload) -> bool:
-        """Nothing to run: advance the clock to the next arrival; False when none will come."""
-        if state.arrival is None or state.next_request >= workload.n_requests:
-            return False
-        state.clock = max(state.clock, float(state.arrival[state.next_request]))
-        return True
+        while state.next_request < n and state.in_system < workload.concurrency:
+            state.add(state.next_request)
 
     def can_admit(self, state: SchedulerState, request: int, chunk: int, admitted: int) -> bool:
         """Admission policy for waiting ``request`` with a first chunk of ``chunk`` tokens, after ``admitted``
@@ -265,12 +232,6 @@ class Scheduler:
 
     def admit_order(self, state: SchedulerState) -> None:
         """Reorder ``state.core.waiting`` before admission (default FCFS: leave as is)."""
-
-    def finished(self, state: SchedulerState, ids: list[int]) -> None:
-        """Requests ``ids`` finished (their last output was applied at ``state.clock``)."""
-
-    def observe(self, batch, state: SchedulerState) -> None:
-        """Each executed step right after ``schedule()`` (``batch.record``: its :class:`StepRecord`)."""
 
     def lookahead_tokens(self) -> int:
         """KV slots reserved past the scheduled tokens (default: the spec method's, as vLLM derives it)."""
@@ -295,19 +256,32 @@ class Scheduler:
                           hash_lookahead=cfg.hash_lookahead_tokens, prefill_lookahead=cfg.prefill_lookahead_tokens,
                           max_model_len=self._max_model_len)
 
+    def engine(self, contents: RequestContents) -> EngineCore:
+        """A fresh engine (:class:`EngineCore`) for ``contents`` with this scheduler's config, pool and outputs, to
+        drive call by call (engines on a clock: :mod:`m3lab.serving.timed_engine`)."""
+        return self._core(contents)
+
     def records(self, contents: RequestContents, arrivals=None, *, concurrency: int | None = None,
-                max_calls: int = 10**8) -> list[StepRecord]:
+                max_calls: int = 10**8, on_finish: Callable[[int], None] | None = None) -> list[StepRecord]:
         """The exact step sequence for ``contents``; ``arrivals(call, finished) -> request ids`` added before
-        ``schedule()`` call ``call`` (default :class:`~m3lab.workload.requests.ClosedLoop` at ``concurrency``)."""
+        ``schedule()`` call ``call`` (default :class:`~m3lab.workload.requests.ClosedLoop` at ``concurrency``).
+        With ``collapse`` and an arrival rule that says how many calls stay without arrivals (``quiet_calls``),
+        pure-decode stretches are advanced at once and their records written directly (the same records:
+        ``tests/test_scheduler_differential.py`` compares both paths with vLLM). ``on_finish(done)``: called with
+        the number of finished requests whenever some finish (progress)."""
         core = self._core(contents)
         self.core = core
         arrivals = arrivals or ClosedLoop(len(contents), concurrency or len(contents))
+        quiet = getattr(arrivals, "quiet_calls", None) if self.collapse else None
         records, done, n = [], 0, len(contents)
         while done < n:
             for rid in arrivals(core.calls, done):
                 core.add(rid)
             if core.calls >= max_calls:
                 raise M3LabError(f"the schedule did not finish in {max_calls} calls", field="max_calls")
+            if quiet is not None and core.decode_stretch(min(quiet(core.calls), max_calls - core.calls),
+                                                         records) is not None:
+                continue
             out = core.call()
             if out is None:
                 skip = getattr(arrivals, "next_call", None)
@@ -321,59 +295,49 @@ class Scheduler:
             if batch is not None and batch.record is not None:
                 records.append(batch.record)
             done += len(finished)
+            if finished and on_finish is not None:
+                on_finish(done)
         return records
 
     def _engine_step(self, batch, state: SchedulerState) -> EngineStep:
-        step = batch.record.engine_step(self._prompt, state.step_index, state.clock)
+        step = batch.record.engine_step(self._prompt, state.step_index)
         first = tuple(r.rid for (r, _, _), g in zip(batch.reqs, batch.counts) if g and r.first_step == state.step_index)
         return replace(step, first_token=first) if first else step
 
     def runs(self, workload: Workload) -> Iterator[StepRun]:
         """The schedule as :class:`StepRun` s (each step once; ``finished`` = requests whose last token the step
-        produced). The final state stays readable as ``self.last_state`` (``preemptions``, ``clock``)."""
-        if workload.request_rate is not None and self.step_time is None:
-            raise M3LabError("an open-loop workload (request_rate) needs a step-time model", field="request_rate",
-                             hint="pass Scheduler(config, step_time=callable) or drop request_rate")
+        produced). The final state stays readable as ``self.last_state`` (``preemptions``)."""
         contents = self.contents(workload)
         self._prompt = contents.prompt
         core = self._core(contents)
-        state = self.last_state = SchedulerState(core, workload, workload.arrival_times())
+        state = self.last_state = SchedulerState(core, workload)
         core.hooks = _Hooks(self, state)
         self.core = core
-        pending: deque = deque()     # (batch, EngineStep, repeat, seconds): outputs not applied yet (async)
+        pending: deque = deque()     # (batch, EngineStep, repeat): outputs not applied yet (async)
         n = workload.n_requests
-        stretch = self.collapse and self.step_time is None and state.arrival is None
         while state.finished < n:
             self.arrivals(state, workload)
-            done = core.decode_stretch() if stretch else None
+            done = core.decode_stretch() if self.collapse else None
             if done is not None:
                 last, repeat = done
-                pending.append((last, self._stretch_step(last, state, repeat), repeat, 0.0))
+                pending.append((last, self._stretch_step(last, state, repeat), repeat))
                 state.step_index += repeat
             else:
                 out = core.call()
                 if out is None:
-                    if not self.idle(state, workload):
-                        raise M3LabError("nothing to schedule and no request will arrive", field="arrivals")
-                    continue
+                    raise M3LabError("nothing to schedule and the workload is not done", field="arrivals")
                 batch, finished = out
                 if core.stuck:
                     raise M3LabError(STUCK, field="num_kv_blocks")
                 if batch is not None and batch.executed:
-                    step = self._engine_step(batch, state)
-                    t = float(self.step_time(step)) if self.step_time is not None else 0.0
-                    self.observe(batch, state)
+                    pending.append((batch, self._engine_step(batch, state), 1))
                     state.step_index += 1
-                    pending.append((batch, step, 1, t))
-            while pending and pending[0][0].done:     # a step's outputs come back at its end: advance the clock
-                b, step, repeat, t = pending.popleft()
+            while pending and pending[0][0].done:     # a step's outputs come back at its end
+                b, step, repeat = pending.popleft()
                 fin = b.record.finished
-                start, state.clock = state.clock, state.clock + t
-                if fin or t:
-                    step = replace(step, finished=fin, time_s=start)
                 if fin:
+                    step = replace(step, finished=fin)
                     state.finished += len(fin)
-                    self.finished(state, list(fin))
                 yield StepRun(step, repeat, fin)
 
     @staticmethod
@@ -382,7 +346,7 @@ class Scheduler:
         reqs = last.reqs
         ctx = np.fromiter((r.C for r, _, _ in reqs), np.int64, len(reqs)) - (repeat - 1)
         ids = np.fromiter((r.rid for r, _, _ in reqs), np.int64, len(reqs))
-        return EngineStep(np.ones(len(reqs), np.int64), ctx, req_ids=ids, index=state.step_index, time_s=state.clock,
+        return EngineStep(np.ones(len(reqs), np.int64), ctx, req_ids=ids, index=state.step_index,
                           decode_mask=np.ones(len(reqs), bool))
 
     def steps(self, workload: Workload) -> Iterator[EngineStep]:
