@@ -276,8 +276,21 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
               "calibration": cal.name if cal is not None else None,
               "routing": "balanced" if routing is None else str(routing)}
     return ServingEstimate(config=config, capacity=cap, results=results, runs=runs, coster=coster,
-                           notes=list(top.notes), host_sensitivity=_host_sensitivity(runs["calibrated"])
+                           notes=list(top.notes) + _kv_dtype_hint(d, cap, limits), host_sensitivity=_host_sensitivity(runs["calibrated"])
                            if "calibrated" in runs else [], engine_check=check, step_keys=keys)
+
+
+def _kv_dtype_hint(d, cap, limits) -> list[str]:
+    """A one-line hint when the KV cache holds fewer than C whole sequences and an fp8 KV cache would hold more."""
+    wl, q = d.workload, d.quant
+    if cap.max_concurrency >= wl.concurrency or q.kv_dtype == "fp8":
+        return []
+    fp8 = capacity(d.model, d.plan, q.with_cache(kv_dtype="fp8"), d.hardware, isl=wl.isl, osl=wl.osl,
+                   gpu_memory_utilization=limits.gpu_memory_utilization, spec_tokens=d.serving.spec_tokens)
+    if fp8.max_concurrency <= cap.max_concurrency:
+        return []
+    return [f"with an fp8 KV cache (--kv-dtype fp8, or --set kv_dtype=fp8) about {fp8.max_concurrency} whole "
+            f"sequences fit instead of {cap.max_concurrency}"]
 
 
 def compare_with_measured(est: ServingEstimate, measured: dict | None) -> pd.DataFrame:
