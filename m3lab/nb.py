@@ -5,8 +5,9 @@
 
 Makes plotly figures render as the plotly MIME bundle (interactive in JupyterLab, and embedded
 interactively by ``m3lab report``) with a palette of distinct colours, and shows DataFrames as tables
-that teach: no truncated cells, byte counts in GB / MB / kB, long lists summarised with the full list
-one click away (:func:`frame_html`).
+that teach: no truncated cells, numbers to 3 significant figures, byte counts in GB / MB / kB, long lists
+summarised with the full list one click away (:func:`frame_html`); a bare dict shows as a small table with
+units (:func:`table`).
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import html
 import math
 from typing import Any
 
+from m3lab.analysis.display import (LIST_ITEMS_SHOWN, SIGNIFICANT, UNITS, format_bytes, format_number,  # noqa: F401
+                                    format_value, is_bytes_column, table, unit_of)
+
 #: 24 distinct colours (plotly's default palette has 10, so a legend of 11+ series repeats them).
 PALETTE_NAME = "Dark24"
-#: A list cell with more items than this is shown as "N values: first … last" with the list folded.
-LIST_ITEMS_SHOWN = 12
 
 
 def setup(renderer: str = "plotly_mimetype") -> None:
@@ -44,28 +46,7 @@ def setup(renderer: str = "plotly_mimetype") -> None:
     shell = get_ipython()
     if shell is not None:
         shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
-
-
-def format_number(v: float) -> str:
-    """Four significant digits with thousands separators (``1,234``, ``0.01234``, ``1.2e+09``)."""
-    return f"{v:,.4g}"
-
-
-def format_bytes(v: Any) -> str:
-    """``70_600_000_000`` -> ``70.6 GB`` (decimal units, as hardware datasheets count)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(v) >= scale:
-            return f"{v / scale:,.3g} {unit}" if abs(v) / scale < 1000 else f"{v / scale:,.0f} {unit}"
-    return f"{v:,.0f} B"
-
-
-def is_bytes_column(name: Any) -> bool:
-    """Columns that hold byte counts: ``bytes``, ``bytes_per_gpu``, ``kv_bytes_per_token`` … (not ``gb``/ratios)."""
-    text = str(name).lower()
-    return ("bytes" in text.split("_") or text.startswith("bytes") or text.endswith("_bytes")) and \
-        "share" not in text and "ratio" not in text and "over" not in text
+        shell.display_formatter.formatters["text/html"].for_type(dict, _dict_html)   # no bare dicts
 
 
 def _cell(v: Any, bytes_col: bool) -> str:
@@ -78,25 +59,31 @@ def _cell(v: Any, bytes_col: bool) -> str:
         return html.escape(", ".join(map(str, items)))
     if isinstance(v, bool) or v is None:
         return html.escape(str(v))
-    if isinstance(v, (int, float)) or type(v).__module__ == "numpy":
+    if bytes_col and (isinstance(v, (int, float)) or type(v).__module__ == "numpy"):
         try:
-            f = float(v)
+            return format_bytes(float(v))
         except (TypeError, ValueError):
-            return html.escape(str(v))
-        if bytes_col:
-            return format_bytes(f)
-        if math.isnan(f):
-            return ""
-        return f"{int(f):,}" if f.is_integer() and abs(f) < 1e15 else format_number(f)
-    return html.escape(str(v))
+            pass
+    return html.escape(format_value(v))
 
 
 def facts(values: dict, name: str = "value"):
-    """A flat dict of facts (``memory_facts``, a summary) as a two-column table, byte counts in GB / MB."""
-    import pandas as pd
-    rows = [{"fact": k, name: format_bytes(v) if is_bytes_column(k) and isinstance(v, (int, float)) else v}
-            for k, v in values.items()]
-    return pd.DataFrame(rows).set_index("fact")
+    """A flat dict of facts (``memory_facts``, a summary) as a table with units (:func:`table`)."""
+    return table(values, name)
+
+
+def _dict_html(values: dict) -> str | None:
+    """How a notebook shows a bare dict: as :func:`table` when its values are scalars or dicts of scalars
+    (one level), else None (IPython's own repr)."""
+    def scalar(v):
+        return v is None or isinstance(v, (str, int, float, bool, list, tuple)) or type(v).__module__ == "numpy"
+    flat = {f"{k} · {j}" if isinstance(v, dict) else k: (w if isinstance(v, dict) else v)
+            for k, v in values.items() for j, w in (v.items() if isinstance(v, dict) else [(None, v)])}
+    if not values or not all(scalar(v) for v in flat.values()):
+        return None
+    nested = all(isinstance(v, dict) for v in values.values()) and all(scalar(w) for v in values.values()
+                                                                          for w in v.values())
+    return frame_html(table(values if nested else flat))
 
 
 #: Rows shown of a long DataFrame: the first and the last half of this many.

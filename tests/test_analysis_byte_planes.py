@@ -163,3 +163,68 @@ def test_pd_kv_handoff(m3):
     out = pd_kv_handoff(per_layer, isl, TP, link_bw=50e9)
     assert out["bytes_per_rank"].sum() == L * 512 * isl
     assert out["transfer_ms"].sum() == pytest.approx(L * 512 * isl / 50e9 * 1e3)
+
+
+# --- bytes read and written per op (m3lab planes) -------------------------------------------------------------
+MODELS_FOR_SPLIT = ["minimax-m3", "deepseek-v3", "qwen3.5-397b-a17b", "glm-5.2", "llama-3.1-8b", "mixtral-8x7b"]
+
+
+@pytest.mark.parametrize("model", MODELS_FOR_SPLIT)
+def test_every_row_says_what_it_writes_and_the_split_adds_up(model):
+    from m3lab.analysis.byte_planes import op_planes, planes_totals
+    for step in (EngineStep.decode(8, 4096), EngineStep.prefill(512, batch=2, past=1024)):
+        t = build_optable(model, ParallelPlan(tp=4), "mxfp8", step)
+        ops = op_planes(t)   # raises on a row that moves a plane's bytes without its written part
+        for written, total in (("bytes_compute_written", "bytes_compute"), ("bytes_kv_written", "bytes_kv")):
+            assert (t[written].fillna(0) <= t[total].fillna(0) + 1e-6).all()
+        hbm = ops[ops["plane"] != "communication"]
+        assert np.allclose(hbm["bytes_read"] + hbm["bytes_written"], hbm["bytes"])
+        assert ops.loc[ops["plane"] == "communication", ["bytes_read", "bytes_written"]].isna().all().all()
+        tot = planes_totals(ops).set_index("plane")["bytes"]
+        assert tot["compute"] == pytest.approx(t["bytes_compute"].sum())
+        assert tot["persistent"] == pytest.approx(t["bytes_weight"].sum() + t["bytes_kv"].sum())
+        assert ops["flops"].sum() == pytest.approx(t["flops"].sum())
+
+
+@pytest.mark.parametrize("preset", ["mxfp8-tp4-optimised", "h200-bf16-tp4"])
+def test_the_rows_of_vllms_dispatch_say_what_they_write(preset):
+    """The OpTable the cost follows (vLLM's dispatch: the routing top-k and the sparse page-table rows too)."""
+    from m3lab.analysis.byte_planes import op_planes
+    from m3lab.serving.dispatch import dispatch_for
+    from m3lab.spec.serving import make_deployment
+    d = make_deployment(preset)
+    for step in (EngineStep.decode(8, 4096), EngineStep.prefill(512, batch=2, past=1024)):
+        t = build_optable(d.model, d.plan, d.quant, step, None, dispatch_for(d))
+        ops = op_planes(t)
+        assert "routing" in set(t["op"]) and ("page_table" in set(t["op"])) == (preset == "mxfp8-tp4-optimised")
+        new = ops[ops["op"].isin(["routing", "page_table"]) & (ops["plane"] == "compute")]
+        assert (new["bytes_written"] > 0).all() and (new["bytes_read"] > 0).all()
+        for written, total in (("bytes_compute_written", "bytes_compute"), ("bytes_kv_written", "bytes_kv")):
+            assert (t[written].fillna(0) <= t[total].fillna(0) + 1e-6).all()
+
+
+def test_written_bytes_are_the_outputs_a_hand_count_gives():
+    from m3lab.analysis.byte_planes import op_planes
+    T = 8
+    ops = op_planes(build_optable("minimax-m3", ParallelPlan(tp=4), "mxfp8", EngineStep.decode(T, 4096)))
+    row = ops[(ops["op"] == "qkv_proj") & (ops["plane"] == "compute")].iloc[0]
+    assert row["bytes_written"] == (DENSE * T * DENSE_QKV + SPARSE * T * SPARSE_QKV) * BF16   # y [T, N] bf16
+    row = ops[(ops["op"] == "cache_write") & (ops["plane"] == "persistent")].iloc[0]
+    assert row["bytes_read"] == 0 and row["bytes_written"] == L * T * 2 * KV_LOCAL * BF16 + SPARSE * T * IDX_D * BF16
+    weights = ops[ops["part"].str.startswith("weights")]
+    assert (weights["bytes_written"] == 0).all() and (weights["bytes_read"] > 0).all()
+
+
+def test_a_row_without_its_written_part_is_refused(monkeypatch):
+    from m3lab.analysis.byte_planes import op_planes
+    from m3lab.optable import ops as row_formulas
+    real = row_formulas.gemm
+
+    def gemm_forgetting_writes(*a, **kw):
+        r = real(*a, **kw)
+        r.pop("bytes_compute_written")
+        return r
+    monkeypatch.setattr(row_formulas, "gemm", gemm_forgetting_writes)
+    t = build_optable("minimax-m3", ParallelPlan(tp=4), "mxfp8", EngineStep.decode(2, 1024))
+    with pytest.raises(ValueError, match="lm_head"):
+        op_planes(t)

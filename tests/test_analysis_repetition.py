@@ -32,9 +32,11 @@ def test_one_step_repetition():
 
 def test_run_repetition_from_an_estimate():
     from m3lab.serving.estimate import estimate
+    from m3lab.spec.serving import make_deployment
 
-    est = estimate("minimax-m3", "mi355x", tp=4, quant="mxfp8", isl=1024, osl=17, concurrency=2, num_requests=2)
+    est = estimate(make_deployment(None, model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp8", isl=1024, osl=17,
+                                   concurrency=2, num_prompts=2))
     totals = est.op_totals()
     steps = est.steps["repeat"].sum()
     rep = repetition(totals, output_tokens=2 * 17, active_requests=2, steps=steps)
-    assert rep["us_per_step"].sum() * steps / 1e6 == pytest.approx(est.results["calibrated"]["makespan_s"], rel=1e-6)
+    assert rep["us_per_step"].sum() * steps / 1e6 == pytest.approx(est.results["calibrated"]["device_s"], rel=1e-6)

@@ -178,3 +178,46 @@ def test_report_has_a_table_of_contents_and_figures_respond_to_hover(browser, tm
     assert "3" in hover.first.text_content()  # the hovered bar's value
     _shot(page, tmp_path / "report-2-hover.png")
     page.close()
+
+
+def test_report_path_matrix_reads_as_a_teaching_figure(browser, tmp_path):
+    """Notebook 04's path matrix in the report: a discrete legend (one entry per category), deployment names above
+    the grid, only the rows where deployments differ, the path and its deciding vLLM line in the hover; then the
+    worked 'why did this path not run' example names the condition that changed."""
+    from m3lab import artifacts
+    from m3lab.analysis.paths import CATEGORIES, path_cells
+    from m3lab.pipeline.report import build_report
+    from m3lab.pipeline.runner import run_pipeline
+
+    (tmp_path / "p04.yaml").write_text("name: p04\nsteps:\n  - notebook: 04_fast_paths.ipynb\n")
+    res = run_pipeline(tmp_path / "p04.yaml", [], tmp_path / "runs", progress=False, echo=lambda s: None)
+    assert res.ok, res.failed_step
+    report = build_report(res.run_dir)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(report.as_uri())
+    fig = page.locator(".plotly-graph-div", has=page.locator(".gtitle", has_text="Code path per op")).first
+    fig.scroll_into_view_if_needed()
+    fig.locator(".main-svg").first.wait_for()
+    _shot(page, tmp_path / "report-04-path-matrix.png")
+    legend = fig.locator(".legend .traces .legendtext").all_text_contents()
+    assert legend == list(CATEGORIES), legend        # discrete: one entry per category
+    grid_top = fig.locator(".nsewdrag").first.bounding_box()["y"]
+    names = fig.locator(".xtick text")
+    assert names.count() >= 8 and all(box["y"] + box["height"] <= grid_top + 1 for box in
+                                       (names.nth(i).bounding_box() for i in range(names.count())))   # on top
+    rows = fig.locator(".ytick text").all_text_contents()
+    table = artifacts.load("fast_path_resolution", run=res.run_dir, step="fast_paths")
+    every = set(table["op"] + " · " + table["layer_kind"])
+    assert "attention · sparse" in rows and set(rows) < every                    # only the rows where they differ
+    assert len(rows) == path_cells(table, reference="MXFP8 TP4 optimised")["row"].nunique()
+    marker = fig.locator(".scatterlayer .trace .points path").nth(3)
+    box = marker.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    hover = fig.locator(".hoverlayer .hovertext")
+    hover.first.wait_for(timeout=10_000)
+    text = hover.first.text_content()
+    assert "path:" in text and "decided by:" in text and "vllm/" in text, text   # the path's name lives here
+    _shot(page, tmp_path / "report-04-hover.png")
+    body = page.locator("body").inner_text()
+    assert "because VLLM_ROCM_USE_AITER is 0" in body and "Why did this path not run?" in body
+    page.close()

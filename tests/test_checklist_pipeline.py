@@ -15,9 +15,10 @@ import pytest
 from m3lab.pipeline.params import notebook_parameters
 from m3lab.pipeline.runner import run_pipeline
 from m3lab.pipeline.spec import load_pipeline
+from m3lab.pipeline.validate import DEPLOYMENT_PARAMETERS
+from m3lab.spec.serving import default_deployment
 
 LABEL = re.compile(r"measured|projected|published|analytic", re.I)
-WORKLOAD = ("model", "hardware", "tp", "ep", "quant", "kv_dtype", "isl", "osl", "concurrency", "calibration")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
@@ -62,15 +63,37 @@ def _flat(values):
             yield v
 
 
-def test_checklist_notebooks_share_one_workload():
-    defaults: dict[str, set] = {}
+KERNEL_STEPS = ("gemm_tiling", "grouped_moe", "sparse_attention")
+RECORDED = re.compile(r"recorded: measured on \S+, commit \w+, \d{4}-\d\d-\d\d")
+LONG_FLOAT = re.compile(r"\d\.\d{7,}")
+
+
+def _shown_text(run_dir: Path, summary: dict):
+    """What a reader sees of each non-figure output: its HTML (a table) if any, else its text."""
+    for s in summary["steps"]:
+        nb = nbformat.read(run_dir / s["output"], as_version=4)
+        for cell in nb.cells:
+            for out in cell.get("outputs", []):
+                data = out.get("data", {})
+                if "application/vnd.plotly.v1+json" not in data:
+                    yield s["name"], data.get("text/html") or data.get("text/plain") or out.get("text", "")
+
+
+def test_checklist_notebooks_share_one_deployment_vocabulary():
+    """Every checklist notebook with a deployment declares the same keys with the same defaults (None: the
+    preset's), so -p tp=8 moves every step; the default deployment is the checklist's."""
+    declared = {}
     for step in load_pipeline("checklist").steps:
         params = notebook_parameters(step.notebook)
-        for key in WORKLOAD:
-            if key in params:
-                defaults.setdefault(key, set()).add(repr(step.parameters.get(key, params[key].default)))
-    assert {k: v for k, v in defaults.items() if len(v) > 1} == {}
-    assert defaults["quant"] == {"'mxfp8'"} and defaults["concurrency"] == {"32"}
+        if any(k in params for k in DEPLOYMENT_PARAMETERS):
+            declared[step.name] = {k: repr(step.parameters.get(k, params[k].default)) if k in params else "missing"
+                                   for k in DEPLOYMENT_PARAMETERS}
+    assert set(declared) >= {"local_shapes", "repetition", "byte_planes", "fast_paths", "iterative_profiling",
+                             "serving_estimates"}
+    assert len({tuple(v.items()) for v in declared.values()}) == 1, declared
+    d = default_deployment()
+    assert (d.model.name, d.quant.name, d.plan.tp, d.workload.isl, d.workload.osl, d.workload.concurrency) == \
+        ("minimax-m3", "mxfp8", 4, 8192, 1024, 32)
 
 
 def _screenshots(report: Path, steps: int, out: Path) -> list[Path]:
@@ -113,6 +136,15 @@ def test_builtin_pipeline_runs_every_step_on_cpu(pipeline, tmp_path):
     for step, fig in figures:
         assert LABEL.search(_title(fig)), f"{step}: figure title says neither measured nor projected: {_title(fig)!r}"
         assert _has_data(fig), f"{step}: empty chart {_title(fig)!r}"
+        if step in KERNEL_STEPS and "recorded" in _title(fig):   # on a CPU: the recorded rows' own commit and date
+            assert RECORDED.search(_title(fig)), f"{step}: {_title(fig)!r}"
+    for step, text in _shown_text(res.run_dir, summary):
+        assert not LONG_FLOAT.search(text), f"{step}: an unrounded number in {text[:300]!r}"
+        assert not text.lstrip().startswith("{"), f"{step}: a bare dict: {text[:200]!r}"
+    if pipeline == "kernels":
+        kernel_figs = [_title(f) for step, f in figures if step in KERNEL_STEPS and "analytic" not in _title(f)
+                       and "projected" not in _title(f)]
+        assert kernel_figs and all("recorded: measured on" in t for t in kernel_figs)
     assert figures and html.count("Plotly.newPlot") == len(figures)   # every figure stays interactive
     assert html.count("plotly.js v") == 1                              # plotly.js embedded once
 

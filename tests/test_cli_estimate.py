@@ -52,7 +52,7 @@ def test_bad_inputs_exit_2_with_one_line():
     cases = [
         ["estimate", "--hardware", "mi999", *SMALL],
         ["estimate", "--hardware", "mi355x", "--model", "minimax-m3", "--tp", "4", "--quant", "bf16", "--isl",
-         "500000", "--osl", "1000", "--concurrency", "64"],
+         "5000000", "--osl", "1000", "--concurrency", "64"],
         ["kernel-time", "--hardware", "mi355x", "--op", "conv", "--m", "1"],
         ["kernel-time", "--hardware", "mi355x", "--op", "gemm", "--m", "1", "--n", "2560"],
     ]
@@ -61,7 +61,7 @@ def test_bad_inputs_exit_2_with_one_line():
         assert res.exit_code == 2, (args, res.output)
         assert "Error:" in res.output and "Traceback" not in res.output
     res = runner.invoke(app, cases[1])
-    assert "largest that fits" in res.output
+    assert "largest concurrency that fits" in res.output
 
 
 def test_estimate_with_a_measured_table(tmp_path):
@@ -80,3 +80,15 @@ def test_estimate_with_a_measured_table(tmp_path):
     assert out["kind"] == "calibrated" and out["calibration"] == "gemm.csv"
     bad = runner.invoke(app, ["estimate", "--hardware", "h200", "--calibration", str(tmp_path / "no.csv"), *SMALL])
     assert bad.exit_code == 2 and "does not exist" in bad.output
+
+
+def test_estimate_engine_vllm_schedules_with_vllms_own_scheduler():
+    res = runner.invoke(app, ["estimate", "--hardware", "mi355x", *SMALL, "--engine", "vllm"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    chk = out["engine_check"]
+    assert out["engine"] == "vllm" and chk["same_schedule"] and chk["vllm_s"] > 0 and chk["vllm_over_m3lab"] > 0
+    bad = runner.invoke(app, ["estimate", "--hardware", "mi355x", *SMALL, "--engine", "sglang"])
+    assert bad.exit_code == 2 and "engine" in bad.output
+    pd = runner.invoke(app, ["estimate", "--hardware", "mi355x", *SMALL, "--pd", "1:1", "--engine", "vllm"])
+    assert pd.exit_code == 2 and "--engine vllm" in pd.output

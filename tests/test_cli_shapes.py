@@ -151,5 +151,6 @@ def test_model_facts_read_as_bytes_and_say_where_the_weights_fit():
     run = CliRunner().invoke(app, ["model", "--model", "minimax-m3", "--tp", "4", "--json"])
     facts = _json.loads(run.output)
     assert isinstance(facts["weight_bytes_per_gpu"], int) and "mi355x" in facts["weights_fit_on"]
-    text = CliRunner().invoke(app, ["model", "--model", "minimax-m3", "--tp", "1"], env={"COLUMNS": "160"}).output
+    text = CliRunner().invoke(app, ["model", "--model", "minimax-m3", "--tp", "1", "--quant", "bf16"],
+                              env={"COLUMNS": "160"}).output
     assert "137,472 B (137 kB)" in text and "852 GB" in text and "no profile" in text

@@ -75,7 +75,7 @@ def test_list_is_one_line_per_parameter_when_piped_and_readable_at_80_columns():
     res = _m3lab("list", env={"COLUMNS": "80"})
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    for name in ("max_num_batched_tokens", "show_optimisations", "kv_dtype", "concurrency"):
+    for name in ("settings", "show_optimisations", "kv_dtype", "concurrency"):
         assert any(re.match(rf"\s+{name} = ", line) for line in lines), name
     head = [line.split("  (")[0] for line in lines if " = " in line]
     assert all(len(h) <= 80 for h in head), [h for h in head if len(h) > 80]
@@ -88,7 +88,9 @@ def test_list_json():
     data = json.loads(res.output)
     steps = {s["name"]: s for p in data["pipelines"] for s in p["steps"]}
     params = {q["name"]: q for q in steps["serving_estimates"]["parameters"]}
-    assert params["concurrency"]["default"] == 32 and params["num_requests"]["default"] is None
+    # deployment keys default to None ("keep the preset's value"); the help names the preset's value
+    assert params["concurrency"]["default"] is None and "(default 32)" in params["concurrency"]["help"]
+    assert params["num_prompts"]["default"] is None
 
 
 def test_estimate_defaults_are_valid_for_m3_and_its_hints_can_be_followed():
@@ -96,15 +98,18 @@ def test_estimate_defaults_are_valid_for_m3_and_its_hints_can_be_followed():
     res = cli.invoke(app, [*base, "--hardware", "mi355x"])                      # default plan: TP4
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["tp"] == 4
-    res = cli.invoke(app, [*base, "--hardware", "h200", "--quant", "mxfp8"])
-    assert res.exit_code == 2 and "--kv-dtype fp8" in res.output and "kv_dtype=fp8" in res.output
-    res = cli.invoke(app, [*base, "--hardware", "h200", "--quant", "mxfp8", "--kv-dtype", "fp8"])
+    h200 = [*base[:-2], "40", "--json", "--num-prompts", "80"]                   # c=40 fits h200 only with fp8 KV
+    res = cli.invoke(app, [*h200, "--hardware", "h200", "--quant", "mxfp8"])   # served as vLLM would: KV waits
+    notes = " ".join(json.loads(res.output)["notes"])
+    assert res.exit_code == 0 and "admission waits for KV" in notes
+    assert "--kv-dtype fp8" in notes and "kv_dtype=fp8" in notes
+    res = cli.invoke(app, [*h200, "--hardware", "h200", "--quant", "mxfp8", "--kv-dtype", "fp8"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["kv_dtype"] == "fp8"
     res = cli.invoke(app, [*base, "--hardware", "mi355x", "--spec-tokens", "3"])
     assert res.exit_code == 2 and "--accept-len" in res.output
-    res = cli.invoke(app, [*base, "--hardware", "mi355x", "--num-requests", "0"])
-    assert res.exit_code == 2 and "num_requests" in res.output
+    res = cli.invoke(app, [*base, "--hardware", "mi355x", "--num-prompts", "0"])
+    assert res.exit_code == 2 and "num_prompts" in res.output
     for word in ("none", "None", "null"):
         res = cli.invoke(app, [*base, "--hardware", "mi355x", "--calibration", word])
         assert res.exit_code == 0 and json.loads(res.output)["kind"] == "ceiling", (word, res.output)

@@ -45,10 +45,11 @@ def test_efficiency_bounded_and_clamped(mi355x):
     m = rng.integers(1, 10**6, 50)
     n = rng.integers(16, 10**6, 50)
     k = rng.integers(16, 10**5, 50)
-    eff = c.gemm_efficiency(m, n, k, "mxfp8")
+    eff = c.fits["fp8"].efficiency(m, n, k)
     assert np.all((eff > 0) & (eff <= 1))
     # a decode GEMM is far from the compute roofline: well under 1
-    assert c.gemm_efficiency([1], [6144], [6144], "fp8")[0] < 0.6
+    assert c.fits["fp8"].efficiency([1], [6144], [6144])[0] < 0.6
+    assert set(c.fits) == {"fp8", "bf16", "fp8_grouped"}  # no dtype borrows another's table
 
 
 def test_long_format_reader_takes_best_provider(tmp_path, mi355x):
@@ -88,6 +89,5 @@ def test_fused_moe_table_calibrates_grouped_gemms(mi355x):
     tokens = np.random.default_rng().integers(16, 256)
     active = 128 * (1 - (1 - 4 / 128) ** tokens) + 1
     m_eq, side = dense_equivalent(tokens * 5, active, 3 * 768, 6144)
-    eff = c.grouped_efficiency(m_eq, side, "mxfp8")
-    assert eff is not None and 0.3 < eff[0] <= 1.0
-    assert c.grouped_efficiency(m_eq, side, "bf16") is None  # no bf16 fused-MoE table: dense fallback
+    eff = c.fits["fp8_grouped"].efficiency(m_eq, side, side)
+    assert 0.3 < eff[0] <= 1.0

@@ -71,11 +71,17 @@ def test_kernel_time_matches_measured_gemm(mi355x, shared_dir):
     assert res["ceiling_us"] < row.us
 
 
-def test_every_kind_has_a_stated_floor_and_efficiency():
-    from m3lab.cost import kernel_defaults
+def test_every_kind_has_a_cost_source_with_named_assumptions():
+    from m3lab.cost.assumptions import ASSUMPTIONS
+    from m3lab.cost.paths import KIND_COST
+    from m3lab.cost.sources import SOURCES
 
     kinds = set()
     for model, quant in (("minimax-m3", "mxfp8"), ("qwen3.5-397b-a17b", "fp8"), ("glm-5.2", "mxfp4")):
         kinds |= set(build_optable(model, ParallelPlan(tp=4), quant, _step())["kind"])
     assert {"quant", "moe_align", "moe_sum", "linear_attention", "conv"} <= kinds
-    assert kinds <= set(kernel_defaults.FLOOR_US) and kinds <= set(kernel_defaults.ACHIEVABLE)
+    assert kinds <= set(KIND_COST) and set(KIND_COST.values()) <= set(SOURCES)
+    ot = build_optable("glm-5.2", ParallelPlan(tp=4), "mxfp4", _step())
+    c = cost_optable(ot, load_hardware("mi355x"), "default")
+    named = {t for terms in c["eff_terms"] for t in terms.split("+") if t} | set(c["floor_term"]) - {""}
+    assert named and named <= set(ASSUMPTIONS)

@@ -34,10 +34,11 @@ def test_committed_self_check_and_rows(repo_dir):
 
 
 def test_targets_command_prints_the_newest_commit(repo_dir, capsys):
+    """The targets command reads the committed peers table (every peer at its best, in rounds) and nothing else."""
     analysis.main(targets=True)
     out = capsys.readouterr().out
-    df = read_table(repo_dir / "traces" / "bench" / "gemm.csv")
-    assert f"commit {df['commit'].iloc[-1]}" in out and "streaming ceiling" in out and "speed ratio" in out
+    df = read_table(repo_dir / "traces" / "bench" / analysis.PEERS_TABLE)
+    assert f"commit {df['commit'].iloc[-1]}" in out and "MoE bf16 vs vLLM" in out and "rounds" in out
 
 
 def _row(provider, m, dtype="bf16", us=10.0, harness=HARNESS):

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from m3lab.gates.checks import TOLERANCES, rel_rms  # noqa: E402
 from m3lab.kernels.gemm import launcher  # noqa: E402
 from m3lab.kernels.gemm.tables import GemmConfig  # noqa: E402
-from m3lab.kernels.gemm.reference import linear_ref, quantize_weight  # noqa: E402
+from m3lab.kernels.gemm.reference import FP8_BLOCK, linear_ref, quantize_weight  # noqa: E402
 
 FP16, FP32 = TOLERANCES["float16"], TOLERANCES["float32"]
 
@@ -96,20 +96,54 @@ def test_unaligned_operands_take_the_pointer_path():
     assert rel_rms(_run(xt, w2, _cfg()), linear_ref(xt, w2)) <= FP16
 
 
-def test_weight_formats_routed_to_the_persistent_kernel():
-    """fp8 per channel in the kernel (scale per output column); MX dequantised to x's dtype first; fp8 block
-    scales are refused with the field named."""
+def test_weight_formats_routed_to_the_persistent_kernel(monkeypatch):
+    """fp8 and MX weights are dequantised to x's dtype first (DEQUANT_PREFILL); without it, fp8 per channel runs
+    in the kernel (scale per output column)."""
     m, n, k = 70, 50, 128
     x = torch.randn(m, k, dtype=torch.float16)
     for fmt in ("fp8", "mxfp8", "mxfp4"):
         wq, s = quantize_weight(torch.randn(n, k) / k**0.5, fmt)
-        assert launcher.launch_config(m, n, k, fmt, x.device, config=_cfg(), use_native_mx=True)[1] == \
-            ("fp8" if fmt == "fp8" else "bf16")
+        assert launcher.launch_config(m, n, k, fmt, x.device, config=_cfg(), use_native_mx=True)[1] == "bf16"
         y = _run(x, wq, _cfg(), w_format=fmt, w_scale=s)
         assert rel_rms(y, linear_ref(x, wq, w_format=fmt, w_scale=s)) <= FP16, fmt
-    wq, _ = quantize_weight(torch.randn(n, k), "fp8")
-    with pytest.raises(ValueError, match="block scales"):
-        launcher.linear(x, wq, w_format="fp8", w_scale=torch.ones(1, 1), config=_cfg())
+    monkeypatch.setattr(launcher, "DEQUANT_PREFILL", False)
+    wq, s = quantize_weight(torch.randn(n, k) / k**0.5, "fp8")
+    assert launcher.launch_config(m, n, k, "fp8", x.device, config=_cfg())[1] == "fp8"
+    assert rel_rms(_run(x, wq, _cfg(), w_format="fp8", w_scale=s), linear_ref(x, wq, w_format="fp8", w_scale=s)) <= FP16
+
+
+def _block_fp8(n, k):
+    """fp8 e4m3 codes [N, K] and fp32 scales per 128 x 128 block [ceil(N/128), ceil(K/128)], blocks of very
+    different magnitudes (a scale applied to the wrong block shows)."""
+    b = FP8_BLOCK
+    nb, kb = -(-n // b), -(-k // b)
+    mag = torch.exp(2.0 * torch.randn(nb, kb))
+    w = torch.randn(n, k) * mag.repeat_interleave(b, 0)[:n].repeat_interleave(b, 1)[:, :k] / k**0.5
+    pad = torch.zeros(nb * b, kb * b)
+    pad[:n, :k] = w
+    scale = (pad.view(nb, b, kb, b).abs().amax(dim=(1, 3)) / 448.0).clamp(min=1e-12)
+    codes = (w / scale.repeat_interleave(b, 0)[:n].repeat_interleave(b, 1)[:, :k]).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+@pytest.mark.parametrize("use_tma", [None, False])
+def test_block_scaled_fp8_in_the_persistent_kernel(monkeypatch, use_tma):
+    """fp8 with per-block scales: dequantised once (the default) and in the kernel (DEQUANT_PREFILL off): partial
+    blocks along N and K (N 200, K 300), whole tiles and the tail split (six programs for 8 tiles, split 4),
+    descriptors and pointers."""
+    monkeypatch.setattr(launcher, "CPU_PROGRAMS", 6)
+    m, n, k = 100, 200, 300
+    x = torch.randn(m, k, dtype=torch.float16)
+    wq, s = _block_fp8(n, k)
+    cfg = _cfg(64, 64, 32, group=2, split=4, USE_TMA=use_tma)
+    assert launcher.persistent_plan(m, n, k, cfg, 6).n_tail > 0
+    ref = linear_ref(x, wq, w_format="fp8", w_scale=s)
+    assert rel_rms(_run(x, wq, cfg, w_format="fp8", w_scale=s), ref) <= FP16
+    monkeypatch.setattr(launcher, "DEQUANT_PREFILL", False)
+    y = _run(x, wq, cfg, w_format="fp8", w_scale=s)
+    assert rel_rms(y, ref) <= FP16
+    tiled = _run(x, wq, GemmConfig("tiled", 32, 64, 32, 2), w_format="fp8", w_scale=s)
+    assert rel_rms(y, tiled) <= FP16
 
 
 def test_tuner_offers_the_persistent_kernel_at_prefill_m():
@@ -118,5 +152,6 @@ def test_tuner_offers_the_persistent_kernel_at_prefill_m():
     assert any(c.kernel == "persistent" and c.SPLIT_K > 1 for c in prefill)
     assert any(c.kernel == "tiled" for c in prefill)
     assert all(c.kernel != "persistent" for c in candidates(16, 2304, 6144, 132, "bf16"))
+    assert any(c.kernel == "persistent" for c in candidates(2048, 2304, 6144, 132, "fp8"))
     for c in prefill:
         assert GemmConfig.from_dict(c.to_dict()) == c

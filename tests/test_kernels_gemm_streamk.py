@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from m3lab.gates.checks import TOLERANCES, rel_rms  # noqa: E402
+from m3lab.kernels import counters  # noqa: E402
 from m3lab.kernels.gemm import launcher  # noqa: E402
 from m3lab.kernels.gemm.reference import linear_ref, quantize_weight  # noqa: E402
 from m3lab.kernels.gemm.tables import GemmConfig  # noqa: E402
@@ -122,8 +123,8 @@ def test_outgrown_workspaces_stay_alive_for_captured_graphs():
     larger problem needs a larger buffer, the old one must not be freed (its memory would be reused under the graph)."""
     dev = torch.device("cpu")
     pool: dict = {}
-    small = launcher._zeroed(pool, dev, 10, torch.float32)
-    assert launcher._zeroed(pool, dev, 4096, torch.float32) is small          # fits: the same buffer
-    big = launcher._zeroed(pool, dev, 5000, torch.float32)
+    small = counters.zeroed(pool, dev, 10, torch.float32)
+    assert counters.zeroed(pool, dev, 4096, torch.float32) is small          # fits: the same buffer
+    big = counters.zeroed(pool, dev, 5000, torch.float32)
     assert big.numel() >= 2 * small.numel() and float(big.abs().sum()) == 0.0
-    assert any(b is small for b in launcher._OUTGROWN)
+    assert any(b is small for b in counters.OUTGROWN)

@@ -13,6 +13,7 @@ from m3lab.gates.checks import TOLERANCES, poison_, rel_rms  # noqa: E402
 from m3lab.gates.moe import m3_act, make_routing, make_weights  # noqa: E402
 from m3lab.kernels.moe import align, launcher, routing  # noqa: E402
 from m3lab.kernels.moe.reference import fused_moe_ref, route_sigmoid_bias  # noqa: E402
+from m3lab.kernels.launches import recording  # noqa: E402
 from m3lab.kernels.moe.tables import MoeConfig  # noqa: E402
 
 H, I, E = 64, 48, 6
@@ -156,3 +157,39 @@ def test_bad_operands_name_the_field():
         launcher.fused_moe(x, w["w13"], w["w2"], torch.ones(3, 2), ids, **m3_act(), act_format="mxfp8")
     with pytest.raises(ValueError, match="order"):
         launcher.fused_moe(x, w["w13"], w["w2"], torch.ones(3, 2), ids, **m3_act(), order="diagonal")
+
+
+@pytest.fixture
+def poisoned_buffers(monkeypatch):
+    """Every torch.empty (the launcher's intermediates too) comes back NaN-filled: a slot the combine reads but
+    no kernel wrote shows up as NaN."""
+    real = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison_(real(*a, **kw)))
+
+
+@pytest.mark.parametrize("combine", ["atomic", "store"])
+@pytest.mark.parametrize("t,k,experts,remote", [(2, 3, 40, False), (2, 3, 40, True), (13, 2, 6, True)])
+def test_naive_blocks_and_both_combines(poisoned_buffers, combine, t, k, experts, remote):
+    """T·k·4 <= E takes vLLM's naive assignment (one block per slot, no alignment launch); both combines, with
+    skipped slots (-1 and remote experts) that no kernel writes."""
+    w = make_weights(experts, H, I, "bf16", torch.float32, "cpu")
+    x = torch.randn(t, H)
+    ids = torch.stack([torch.randperm(experts)[:k] for _ in range(t)]).to(torch.int32)
+    ids[0, -1] = -1
+    wts = torch.rand(t, k)
+    emap = None
+    if remote:
+        emap = torch.arange(experts, dtype=torch.int32)
+        emap[1::3] = -1
+    cfg = MoeConfig(16, 32, 32, 2, 4, 1, "token", 32, 32, 4, 1, COMBINE=combine)
+    with recording() as launched:
+        out = _run(x, w, wts, ids, config=cfg, expert_map=emap)
+    ref_ids = ids if emap is None else torch.where(ids >= 0, emap[ids.long().clamp(min=0)], -1)
+    _check(out, _ref(x, w, wts, ref_ids), torch.float32)
+    naive = t * k * launcher.NAIVE_FACTOR <= experts
+    assert ("align_kernel" not in launched) == naive and ("combine_kernel" in launched) == (combine == "store")
+
+
+def test_combine_rule_is_checked():
+    with pytest.raises(ValueError, match="COMBINE"):
+        MoeConfig(COMBINE="sum")

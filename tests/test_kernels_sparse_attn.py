@@ -151,3 +151,15 @@ def test_gates_catch_a_wrong_kernel(monkeypatch):
     monkeypatch.setattr(index_launcher, "indexer_topk", topk)
     df = run_gates("cpu", names=["sparse.attn_triton", "sparse.indexer"], perf=False)
     assert not df["passed"].any(), df[df["passed"]]
+
+
+
+def test_split_partials_in_q_dtype_and_no_pdl_off_the_gpu():
+    """fp16 queries keep fp16 partials (vLLM's choice; the merge sums them in fp32); programmatic dependent
+    launch is only asked for on NVIDIA GPUs of compute capability >= 9."""
+    from m3lab.kernels import pdl
+    p = _problem([200, 90], 2, dtype=torch.float16)
+    blocks = selection_ref(p, topk=4)
+    assert rel_rms(_triton(p, blocks, split=4), attention_ref(p, blocks)) < 2e-3
+    assert launcher._partials(4, 3, 2, 8, torch.float16, CPU)[0].dtype == torch.float16
+    assert not pdl.pdl_enabled(CPU) and pdl.pdl_launch(False) == {} and pdl.pdl_launch(True) == {"launch_pdl": True}

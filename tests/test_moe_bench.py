@@ -50,7 +50,7 @@ def test_targets_and_decode_share_from_the_recorded_table():
     df = bm.moe_table()
     assert {"m3lab", "vllm-triton", "torch-grouped-mm"} <= set(df["provider"]) and (df["device"] == "NVIDIA_H200").all()
     targets = bm.moe_targets(df)
-    assert len(targets) == 12 and targets["passed"].dtype == bool
+    assert len(targets) == 12 and set(targets["status"]) <= {"pass", "fail"}   # the recorded run has every T
     share = bm.decode_share(df, batch=32)
     moe = share.set_index("kind").loc["grouped_gemm"]
     assert moe["with_measured_moe_us"] == pytest.approx(share.attrs["moe_layers"] * df[

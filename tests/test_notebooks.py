@@ -30,3 +30,10 @@ def test_every_notebook_is_in_a_pipeline():
     used = {s.notebook.name for name in list_pipelines() for s in load_pipeline(name).steps}
     missing = [p.name for p in NOTEBOOKS if p.name not in used]
     assert not missing, f"notebooks no pipeline runs: {missing}"
+
+
+def test_every_notebook_ends_with_what_to_do_next():
+    import nbformat
+    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
+        last = nbformat.read(path, as_version=4).cells[-1]
+        assert last.cell_type == "markdown" and "## What" in last.source and "next" in last.source, path.name

@@ -7,6 +7,7 @@ import pytest
 from m3lab.bench.table import BenchRow, append_rows
 from m3lab.pd import collective_time as ct
 from m3lab.spec.hardware import load_hardware
+from m3lab.spec.serving import make_deployment
 
 
 def _table(tmp_path):
@@ -58,7 +59,7 @@ def test_the_committed_h200_table_times_the_cost_models_allreduces():
     import dataclasses
 
     from m3lab.cost.calibration import load_calibration
-    from m3lab.cost.model import cost_step
+    from m3lab.serving.step_cost import cost_step
     from m3lab.workload.step import EngineStep
 
     table = ct.load_table()
@@ -67,8 +68,8 @@ def test_the_committed_h200_table_times_the_cost_models_allreduces():
     h200 = load_hardware("h200")
     cal = dataclasses.replace(load_calibration("aiter-mi355x", "mi355x"), hardware="h200")  # any fitted calibration
     for tp, measured in ((2, True), (4, False)):
-        df = cost_step("minimax-m3", h200, step=EngineStep.decode(8, 4096), tp=tp, quant="mxfp8",
-                       calibration=cal)
+        dep = make_deployment(None, model="minimax-m3", hardware=h200.name, tp=tp, quant="mxfp8")
+        df = cost_step(dep, EngineStep.decode(8, 4096), calibration=cal)
         ar = df[df["kind"] == "allreduce"]
         assert len(ar)
         want = [ct.allreduce_us(p, int(g), h200, table) for p, g in zip(ar["comm_payload"], ar["comm_group"])]

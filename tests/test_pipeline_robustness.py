@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from m3lab.cli.main import app
 from m3lab.errors import M3LabError
-from notebook_files import write_notebook
+from notebook_files import toy_pipeline
 from m3lab.pipeline.params import resolve_parameters
 from m3lab.pipeline.run_folder import RunLock, load_summary, new_run_dir
 from m3lab.pipeline.runner import resume_run, run_pipeline
@@ -30,19 +30,7 @@ QUIET = dict(progress=False, echo=lambda s: None)
 @pytest.fixture
 def toy(tmp_path):
     """first (saves n) -> big (prints `big` kB of text; sleeps `pause` s) -> last (reads n)."""
-    d = tmp_path / "pipe"
-    d.mkdir()
-    log = tmp_path / "executions.log"
-    write_notebook(d / "01_first.ipynb", "n = 3  # rows", "from m3lab import artifacts",
-              f"open({str(log)!r}, 'a').write('first\\n')", "artifacts.save('meta', {'n': n})")
-    write_notebook(d / "02_big.ipynb", "big = 1  # kB of output\npause = 0.0  # seconds to sleep", "import time",
-              f"open({str(log)!r}, 'a').write('big\\n')", "time.sleep(pause)", "print('x' * (1000 * big))")
-    write_notebook(d / "03_last.ipynb", "scale = 2  # multiplier", "from m3lab import artifacts",
-              f"open({str(log)!r}, 'a').write('last\\n')",
-              "artifacts.save('total', {'total': artifacts.load('meta')['n'] * scale})")
-    (d / "toy.yaml").write_text("name: toy\ndescription: test pipeline\nsteps:\n  - notebook: 01_first.ipynb\n"
-                                "  - notebook: 02_big.ipynb\n  - notebook: 03_last.ipynb\n")
-    return {"yaml": d / "toy.yaml", "log": log, "out": tmp_path / "runs", "dir": d}
+    return toy_pipeline(tmp_path)
 
 
 def _runs(log: Path) -> list[str]:
@@ -54,7 +42,8 @@ def _runs(log: Path) -> list[str]:
 @pytest.mark.parametrize("param, field", [("tp=3", "tp"), ("quant=int3", "quant"), ("isl=-5", "isl"),
                                           ("hardware=tpu9", "hardware"), ("model=nosuch-model", "model"),
                                           ("serving_estimates.calibration=nosuch", "calibration"),
-                                          ("hardware=h200", "concurrency"), ("routing=zipf:x", "routing")])
+                                          ("concurrency=5000", "concurrency"), ("routing=zipf:x", "routing"),
+                                          ("preset=nosuch", "preset"), ("settings={max_num_seq: 8}", "settings")])
 def test_bad_values_fail_before_anything_runs_in_one_line(param, field, tmp_path):
     res = cli.invoke(app, ["run", "-p", param, "--out", str(tmp_path / "runs")])
     assert res.exit_code == 2, res.output

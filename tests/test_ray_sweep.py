@@ -71,7 +71,7 @@ def test_ray_sweep_reports_the_failing_point_and_finishes_the_others(local_ray, 
     res = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(tmp_path / "runs"), "--quiet"])
     assert res.exit_code == 1, res.output  # one point failed
     assert "2 ok, 1 failed" in res.output
-    assert "n=2: FAILED" not in res.output  # the notebook's failure is a failed run, not a crashed task
+    assert "n=2: FAILED: square: ValueError: n=2 is broken" in res.output   # a failed run, with its reason
     folder = Path(res.output.split("sweep folder: ")[1].split(" (")[0])
     record = json.loads((folder / "sweep.json").read_text())
     assert record["executor"].startswith("ray")
@@ -83,6 +83,24 @@ def test_ray_sweep_reports_the_failing_point_and_finishes_the_others(local_ray, 
     import pandas as pd
     table = pd.read_parquet(folder / "comparison.parquet")
     assert table["square.square.value"].tolist()[0::2] == [1, 9]
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "192.0.2.1:6379"])   # refused; a TEST-NET host nobody answers
+def test_a_ray_sweep_against_an_unreachable_address_fails_in_one_line_within_30_s(tmp_path, address):
+    import subprocess
+    import sys
+    import time
+
+    pipe = _tiny_pipeline(tmp_path)
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "m3lab", "sweep", str(pipe), "-g", "n=1", "--executor", "ray",
+                          "--address", address, "--out", str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - t0 < 30, "a wrong address must not hang"
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and f"cannot join the Ray cluster at {address}" \
+        in res.stderr
+    assert not (tmp_path / "runs").exists()   # no sweep folder with a point left pending
 
 
 def test_a_crashing_task_is_reported_while_the_others_finish(local_ray):

@@ -2,7 +2,6 @@
 the same deployment, and every parameter (concurrency above all) changes what it claims to."""
 import re
 import subprocess
-import warnings
 from pathlib import Path
 
 import pytest
@@ -10,10 +9,15 @@ import pytest
 from m3lab import published
 from m3lab.plots import serving as ps
 from m3lab.serving import estimate as se
-from m3lab.workload.scheduler import MIN_REQUESTS_PER_SLOT, default_num_requests
+from m3lab.spec.serving import make_deployment
+from m3lab.spec.traffic import VLLM_BENCH_NUM_PROMPTS
 
 CLAIM = re.compile(r"\bmeasured\b|\bpublished\b", re.I)
 PUBLISHED_CASE = dict(model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp8", isl=8192, osl=1024, concurrency=32)
+
+
+def _dep(**kw):
+    return make_deployment(None, kw)
 
 
 def _labels(fig) -> list[str]:
@@ -30,57 +34,52 @@ def _labels(fig) -> list[str]:
                                     dict(quant="mxfp4"), dict(isl=1024), dict(kv_dtype="fp8"),
                                     dict(spec_tokens=3, accept_len=2.7)])
 def test_notebook10_functions_show_no_measurement_for_another_deployment(change):
-    est = se.estimate(**{**PUBLISHED_CASE, **change})
+    change = {"num_prompts": 64, **change}                 # short runs: what is checked here is the labels
+    est = se.estimate(_dep(**{**PUBLISHED_CASE, **change}))
     table = se.compare_with_published(est)
     assert "measured" not in table.columns and "measured_over_ceiling" not in table.columns
     assert {"ceiling", "calibrated"} <= set(table.columns)
     fig = ps.measured_vs_estimate(table, se.comparison_title(est))
     claims = [t for t in _labels(fig) if CLAIM.search(t)]
     assert not claims, claims
-    sweep = se.add_published(se.sweep(est.config["model"], "mi355x", [1, 16], **{
-        k: v for k, v in {**PUBLISHED_CASE, **change}.items() if k not in ("model", "hardware", "concurrency")}),
-        est.config)
+    sweep = se.add_published(se.sweep(_dep(**{**PUBLISHED_CASE, **change}), [1, 16]), est.config)
     assert set(sweep["source"]) == {"ceiling", "calibrated"}
     for fig in (ps.throughput_vs_concurrency(sweep, "t"), ps.latency_vs_concurrency(sweep, "t")):
         assert not [t for t in _labels(fig) if CLAIM.search(t)]
 
 
 def test_the_published_deployment_shows_its_measurement():
-    est = se.estimate(**PUBLISHED_CASE)
+    est = se.estimate(_dep(**PUBLISHED_CASE))
     table = se.compare_with_published(est)
     assert table["measured"].tolist() == [342.4, 0.67, 22.1]
     assert table["measured_over_ceiling"].notna().tolist() == [True, False, False]  # throughput only
     assert "measured on MI355X (published)" in se.comparison_title(est)
-    points = se.add_published(se.sweep("minimax-m3", "mi355x", [8, 32], tp=4, quant="mxfp8", isl=8192, osl=1024),
-                              est.config)
+    points = se.add_published(se.sweep(_dep(**PUBLISHED_CASE), [8, 32]), est.config)
     assert points[points.source.str.startswith("measured")]["concurrency"].tolist() == [32]
 
 
-def test_num_requests_follows_concurrency_and_raising_it_changes_the_result():
+def test_num_requests_is_vllm_bench_default_and_raising_concurrency_changes_the_result():
     args = dict(PUBLISHED_CASE)
     at = {}
     for c in (64, 128):
-        est = se.estimate(**{**args, "concurrency": c})
-        assert est.config["num_requests"] == default_num_requests(c) and est.config["steady_state"]
+        est = se.estimate(_dep(**{**args, "concurrency": c}))
+        assert est.config["num_requests"] == VLLM_BENCH_NUM_PROMPTS and est.config["steady_state"]
         at[c] = est.summary()
     assert at[128]["ttft_s"] != at[64]["ttft_s"] and at[128]["tpot_ms"] > at[64]["tpot_ms"]
     assert at[128]["output_tokens_per_s_per_gpu"] > at[64]["output_tokens_per_s_per_gpu"]
 
 
-def test_a_run_too_short_for_steady_state_warns():
-    with pytest.warns(se.ShortRunWarning, match="steady state"):
-        est = se.estimate(**{**PUBLISHED_CASE, "concurrency": 64, "num_requests": 64})
-    assert est.config["steady_state"] is False
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", se.ShortRunWarning)
-        se.estimate(**{**PUBLISHED_CASE, "num_requests": MIN_REQUESTS_PER_SLOT * 32})
+def test_a_run_too_short_for_steady_state_says_so():
+    est = se.estimate(_dep(**{**PUBLISHED_CASE, "concurrency": 64, "num_prompts": 64}))
+    assert est.config["steady_state"] is False and any("steady state" in n for n in est.summary()["notes"])
+    ok = se.estimate(_dep(**{**PUBLISHED_CASE, "num_prompts": 2 * 32 + 1}))
+    assert ok.config["steady_state"] and not any("steady state" in n for n in ok.notes)
 
 
-def test_requests_per_slot_is_defined_once(repo_dir):
-    out = subprocess.run(["grep", "-rnE", r"^\s*(REQUESTS_PER_SLOT|requests_per_slot)\s*[:=]|requests_per_slot:",
+def test_no_requests_per_slot_run_length_remains(repo_dir):
+    out = subprocess.run(["grep", "-rnE", r"REQUESTS_PER_SLOT|requests_per_slot|default_num_requests",
                           "m3lab", "notebooks"], cwd=repo_dir, capture_output=True, text=True).stdout
-    defs = [line for line in out.splitlines() if "m3lab/workload/scheduler.py" not in line]
-    assert not defs, defs
+    assert not out, out
     assert "num_requests = 64" not in "".join(p.read_text() for p in Path(repo_dir, "notebooks").glob("*.ipynb"))
 
 
@@ -106,6 +105,6 @@ def test_pipeline_concurrency_128_and_64_give_different_ttft_in_the_summary_arti
         res = run_pipeline(yaml, [f"concurrency={c}"], tmp_path / "runs", progress=False, echo=lambda s: None)
         assert res.ok, res.failed_step
         art = json.loads((res.run_dir / "artifacts" / "serving_estimates" / "serving_estimate.json").read_text())
-        assert art["concurrency"] == c and art["num_requests"] == default_num_requests(c) and art["steady_state"]
+        assert art["concurrency"] == c and art["num_requests"] == VLLM_BENCH_NUM_PROMPTS and art["steady_state"]
         ttft[c] = art["ttft_s"]
     assert ttft[64] != ttft[128]

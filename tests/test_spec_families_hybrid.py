@@ -113,7 +113,7 @@ def test_qwen3_5_capacity_counts_state_per_request():
     spec = capacity(m, plan, "fp8", hw, isl=8192, osl=1024, spec_tokens=k)
     state = state_bytes_per_request(m, plan)
     assert plain.state_bytes_per_request_per_gpu == state and spec.state_bytes_per_request_per_gpu == (1 + k) * state
-    free = 0.9 * hw.hbm_bytes - plain.weight_bytes_per_gpu - plain.reserve_bytes
+    free = plain.gpu_memory_utilization * hw.hbm_bytes - plain.weight_bytes_per_gpu - plain.reserve_bytes
     per_req = plain.tokens_per_request * plain.kv_bytes_per_token_per_gpu
     assert plain.max_concurrency == int(free // (per_req + state)) and spec.max_concurrency < plain.max_concurrency
     with pytest.raises(M3LabError, match="recurrent state"):

@@ -17,10 +17,17 @@ H200_TRACE = sorted((REPO / "traces" / "profiler").glob("m3_tp4_L0-4_h200_*.kine
 needs_vllm = pytest.mark.skipif(not install.available(), reason="vLLM 0.33.0 is installed by the set-up and CI")
 
 
-def _bench_with_gpus(tmp_path: Path, gpus: str) -> Path:
-    """A bench result carrying the ``--metadata gpus=N`` that ``m3lab vllm plan``'s bench command writes."""
+def _bench_with_gpus(tmp_path: Path, gpus: str, deployment=None) -> Path:
+    """A bench result carrying the ``--metadata gpus=N`` that ``m3lab vllm plan``'s bench command writes, made a
+    benchmark of ``deployment`` (its model and, when the record carries a workload, its concurrency and lengths)."""
     raw = json.loads(BENCH.read_text())
     raw["gpus"] = gpus  # vLLM writes --metadata values as strings
+    if deployment is not None:
+        raw["model_id"] = "MiniMaxAI/MiniMax-M3"
+        wl = getattr(deployment, "workload", None)
+        if wl is not None:
+            raw.update(max_concurrency=wl.concurrency, total_input_tokens=wl.isl * raw["completed"],
+                       total_output_tokens=wl.osl * raw["completed"])
     out = tmp_path / "bench" / "plan-c64.json"
     out.parent.mkdir()
     out.write_text(json.dumps(raw))
@@ -36,7 +43,8 @@ def test_collect_bench_and_profile_into_artifacts_with_fast_path_verdict(tmp_pat
     profile = tmp_path / "profile"
     profile.mkdir()
     shutil.copy(H200_TRACE, profile / "rank0.pt.trace.json.gz")  # vLLM writes one trace per rank into the folder
-    summary = collect(run, [_bench_with_gpus(tmp_path, "8")], [profile], deployment=load_preset("h200-bf16-tp4"))
+    dep = load_preset("h200-bf16-tp4")
+    summary = collect(run, [_bench_with_gpus(tmp_path, "8", dep)], [profile], deployment=dep)
     got = measured(run)
 
     bench = got["bench"]
@@ -65,6 +73,40 @@ def test_collect_bench_and_profile_into_artifacts_with_fast_path_verdict(tmp_pat
     assert verdict["ok"] == bool(not fast["status"].isin(["fail", "missing"]).any() and len(checked))
     assert verdict["ok"], fast[fast["status"] != "pass"][["id", "status", "why"]].to_string()  # the real H200 paths
     assert summary["fastpaths"] == verdict
+
+
+def test_collect_refuses_a_benchmark_of_another_model_under_a_preset(tmp_path):
+    """The review's command: a Qwen3.5 result collected as the MiniMax M3 preset h200-bf16-tp4."""
+    from m3lab.cli.main import app
+    from m3lab.spec.serving import load_preset
+    from m3lab.vllm.collect import bench_mismatches
+    from m3lab.serving.vllm_bench import read_bench_result
+
+    res = CliRunner().invoke(app, ["vllm", "collect", str(tmp_path / "run"), "--bench", str(BENCH),
+                                   "--preset", "h200-bf16-tp4"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.startswith("Error: --bench") and "model Qwen/Qwen3.5-397B-A17B-FP8 vs" in res.output
+    assert not (tmp_path / "run").exists()
+    assert bench_mismatches(load_preset("h200-bf16-tp4"), read_bench_result(_bench_with_gpus(
+        tmp_path, "4", load_preset("h200-bf16-tp4")))) == []          # the same deployment's benchmark passes
+
+
+def test_collect_refuses_another_concurrency_or_lengths_of_the_deployments_workload(tmp_path):
+    from types import SimpleNamespace
+
+    from m3lab.serving.vllm_bench import read_bench_result
+    from m3lab.spec.serving import load_preset
+    from m3lab.vllm.collect import bench_mismatches
+
+    preset = load_preset("h200-bf16-tp4")
+    dep = SimpleNamespace(model=preset.model, name=preset.name,
+                          workload=SimpleNamespace(concurrency=32, isl=8192, osl=1024))
+    raw = json.loads(BENCH.read_text())
+    raw.update(model_id="MiniMaxAI/MiniMax-M3")                        # c=64, mean lengths 7,389 / 919
+    path = tmp_path / "c64.json"
+    path.write_text(json.dumps(raw))
+    off = bench_mismatches(dep, read_bench_result(path))
+    assert [o.split()[0] for o in off] == ["concurrency", "osl"], off  # 919 is 10.2% under 1,024; 7,389 is 9.8%
 
 
 def test_collect_bad_input_names_the_field(tmp_path):
@@ -151,8 +193,10 @@ def test_measured_beside_the_estimate(tmp_path):
     from m3lab.serving.estimate import estimate
     from m3lab.vllm.collect import beside_estimate, collect
 
-    est = estimate("minimax-m3-mxfp8", "mi355x", tp=4, quant="mxfp8", isl=1024, osl=64, concurrency=8,
-                   num_requests=16)
+    from m3lab.spec.serving import make_deployment
+
+    est = estimate(make_deployment(None, model="minimax-m3-mxfp8", hardware="mi355x", tp=4, quant="mxfp8", isl=1024,
+                                   osl=64, concurrency=8, num_prompts=16))
     with pytest.raises(M3LabError, match="no vLLM measurement"):
         beside_estimate(est, tmp_path / "run")
     collect(tmp_path / "other", [BENCH], gpus=4)          # Qwen3.5 at c=64, 8K/1K: another deployment

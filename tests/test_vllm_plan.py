@@ -148,3 +148,13 @@ def test_checking_leaves_vllms_platform_as_it_was(plans):
                  if type(getattr(m, "__dict__", {}).get("current_platform")).__name__ == "CpuPlatform"
                  and type(before).__name__ != "CpuPlatform"]
     assert stand_ins == []
+
+
+def test_plan_refuses_a_deployment_whose_weights_fit_no_gpu():
+    """The review's command: `m3lab vllm plan --check` with no options was TP1 BF16 M3, 852 GB per GPU, and 'ok'."""
+    from m3lab.cli.main import app
+
+    res = CliRunner().invoke(app, ["vllm", "plan", "--check", "--tp", "1", "--quant", "bf16"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.startswith("Error: ") and "852 GB per GPU at TP1" in res.output and "raise --tp" in res.output
+    assert CliRunner().invoke(app, ["vllm", "plan", "--tp", "8", "--quant", "mxfp8"]).exit_code == 0

@@ -71,7 +71,7 @@ def test_kv_capacity_preempts_and_finishes():
     sched = Scheduler(cfg)
     steps = list(sched.steps(wl))
     assert sched.last_state.preemptions > 0 and sched.last_state.finished == 6
-    assert sched.last_state.blocks_used == 0
+    assert sched.last_state.blocks_used == 0 and sched.core.pool.num_free == 40 - 1
 
 
 def test_hook_subclass_changes_admission():
@@ -81,15 +81,6 @@ def test_hook_subclass_changes_admission():
 
     steps = list(OneAtATime().steps(Workload(10, 3, 4, num_requests=4)))
     assert max(s.num_reqs for s in steps) == 1
-
-
-def test_open_loop_with_step_time():
-    wl = Workload(64, 4, 100, num_requests=20, request_rate=50.0, seed=1)
-    steps = list(Scheduler(step_time=lambda s: 0.001 * s.num_reqs + 0.002).steps(wl))
-    times = [s.time_s for s in steps]
-    assert times == sorted(times) and sum(len(s.finished) for s in steps) == 20
-    with pytest.raises(M3LabError, match="request_rate"):
-        list(Scheduler().steps(wl))
 
 
 def test_bad_inputs():
@@ -105,3 +96,27 @@ def test_one_token_prompts_are_prefills_not_decodes():
     wl = Workload(1, 1, 3, prompt_lens=(1, 40, 1, 7, 1), output_lens=(9, 3, 20, 5, 2))
     cfg = SchedulerConfig(max_num_seqs=2)
     _check_invariants(list(Scheduler(cfg).steps(wl)), wl, cfg)
+
+
+@pytest.mark.parametrize("asy", [False, True])
+def test_collapsed_runs_are_the_exact_steps(asy):
+    """Pure-decode stretches collapse without changing a step, and runs() steps are records()' steps."""
+    from m3lab.workload.requests import ClosedLoop, UniqueContents
+
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        n = int(rng.integers(3, 25))
+        wl = Workload(1, 1, int(rng.integers(1, 8)), prompt_lens=tuple(rng.integers(1, 400, n)),
+                      output_lens=tuple(rng.integers(1, 60, n)))
+        cfg = SchedulerConfig(max_num_seqs=int(rng.integers(1, 8)), max_num_batched_tokens=int(rng.integers(64, 600)),
+                              block_size=16, num_kv_blocks=None if rng.random() < 0.5 else int(rng.integers(40, 200)),
+                              async_scheduling=asy)
+
+        def key(steps):
+            return [(s.index, s.new_tokens.tolist(), s.context_lens.tolist(), s.req_ids.tolist(), s.finished,
+                     s.is_decode.tolist()) for s in steps]
+        fast = key(Scheduler(cfg).steps(wl))
+        assert fast == key(Scheduler(cfg, collapse=False).steps(wl))
+        prompt, out = wl.lengths()
+        recs = Scheduler(cfg).records(UniqueContents(prompt, out), ClosedLoop(n, wl.concurrency))
+        assert fast == key(r.engine_step(prompt, i) for i, r in enumerate(x for x in recs if x.scheduled))

@@ -24,8 +24,10 @@ the last partial wave split along K.
 
 Accumulator ``acc[BLOCK_M, BLOCK_N] = x_tile @ W_tileᵀ`` (not swapped: x and W both arrive in shared
 memory, and y is stored as laid out). Weight formats: floating weights of x's dtype (``"bf16"``) and fp8
-with per-channel scales (codes converted to x's dtype before the MMA, the scale applied once per output
-column); the launcher dequantises MX weights first (``launcher.DEQUANT_PREFILL``).
+with per-channel scales (``SB_K == 0``: codes converted to x's dtype before the MMA, the scale applied once
+per output column) or per ``SB_N × SB_K`` block (each weight tile times its block scales in fp32, rounded to
+x's dtype, before the MMA: the tiled kernel's rule, ``tiles.mac_step``); the launcher dequantises MX weights
+first (``launcher.DEQUANT_PREFILL``).
 """
 import triton
 import triton.language as tl
@@ -34,9 +36,9 @@ from .tiles import grouped_tile
 
 
 @triton.jit
-def _mma_k_range(acc, x_desc, w_desc, p_x, p_w, off_m, off_n, k_lo, k_hi, M, N, K, s_xm, s_xk, s_wn, s_wk,
-                 W_FORMAT: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+def _mma_k_range(acc, x_desc, w_desc, p_x, p_w, p_s, off_m, off_n, k_lo, k_hi, M, N, K, s_xm, s_xk, s_wn, s_wk,
+                 s_sn, s_sk, W_FORMAT: tl.constexpr, SB_N: tl.constexpr, SB_K: tl.constexpr, USE_TMA: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc [BLOCK_M, BLOCK_N] += x[off_m:+BLOCK_M, k_lo:k_hi] @ W[off_n:+BLOCK_N, k_lo:k_hi]ᵀ (k_lo a multiple
     of BLOCK_K; rows, columns and K beyond the operands read as zeros)."""
     o_m = off_m + tl.arange(0, BLOCK_M)
@@ -51,16 +53,21 @@ def _mma_k_range(acc, x_desc, w_desc, p_x, p_w, off_m, off_n, k_lo, k_hi, M, N, 
                         mask=(o_m[:, None] < M) & (o_k[None, :] < K), other=0.0)
             b = tl.load(p_w + o_n[:, None] * s_wn + o_k[None, :] * s_wk,
                         mask=(o_n[:, None] < N) & (o_k[None, :] < K), other=0.0)
-        if W_FORMAT == "fp8":
+        if W_FORMAT == "fp8" and SB_K == 0:
             b = b.to(a.dtype)                                                        # e4m3 is exact in bf16/fp16
+        elif W_FORMAT == "fp8":                                                      # block scales [N/SB_N, K/SB_K]
+            o_kb = k0 + tl.arange(0, BLOCK_K)
+            b_s = tl.load(p_s + (o_n // SB_N)[:, None] * s_sn + (o_kb // SB_K)[None, :] * s_sk,
+                          mask=(o_n[:, None] < N) & (o_kb[None, :] < K), other=0.0)
+            b = (b.to(tl.float32) * b_s).to(a.dtype)
         acc = tl.dot(a, tl.trans(b), acc)
     return acc
 
 
 @triton.jit
-def _col_scale(acc, p_s, o_n, N, W_FORMAT: tl.constexpr):
-    """fp8: acc [BLOCK_M, BLOCK_N] times the per-channel scale of each output column (fp32 [N])."""
-    if W_FORMAT == "fp8":
+def _col_scale(acc, p_s, o_n, N, W_FORMAT: tl.constexpr, SB_K: tl.constexpr):
+    """fp8 per channel: acc [BLOCK_M, BLOCK_N] times the scale of each output column (fp32 [N])."""
+    if W_FORMAT == "fp8" and SB_K == 0:
         acc = acc * tl.load(p_s + o_n, mask=o_n < N, other=0.0)[None, :]
     return acc
 
@@ -89,23 +96,24 @@ def _reduce_tail(acc, p_out, m_out, p_part, p_lock, slot, split, n_split, n_slot
 @triton.jit(do_not_specialize=["M", "n_whole", "n_tail", "tail_split", "k_split"])
 def gemm_persistent_kernel(
         # tensor descriptors of x [M, K], W [N, K], y [M, N] (USE_TMA; else any tensors) and the raw pointers
-        # (p_s: fp32 per-channel scales [N] for fp8, else any pointer; p_part/p_lock: the tail's workspace)
+        # (p_s: fp32 fp8 scales, [N] per channel or [N/SB_N, K/SB_K] per block, else any pointer;
+        # p_part/p_lock: the tail's workspace)
         x_desc, w_desc, y_desc, p_x, p_w, p_s, p_y, p_part, p_lock,
         # sizes; programs = grid size; tiles [0, n_whole) whole, then n_tail tiles in tail_split K ranges
         M, N, K, programs, n_whole, n_tail, tail_split, k_split,
         # strides
-        s_xm, s_xk, s_wn, s_wk, s_ym, s_yn,
-        W_FORMAT: tl.constexpr, USE_TMA: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+        s_xm, s_xk, s_wn, s_wk, s_sn, s_sk, s_ym, s_yn,
+        W_FORMAT: tl.constexpr, SB_N: tl.constexpr, SB_K: tl.constexpr, USE_TMA: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid = tl.program_id(0)
     for t in tl.range(pid, n_whole, programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         i_m, i_n = grouped_tile(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _mma_k_range(acc, x_desc, w_desc, p_x, p_w, i_m * BLOCK_M, i_n * BLOCK_N, 0, K, M, N, K,
-                           s_xm, s_xk, s_wn, s_wk, W_FORMAT, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = _mma_k_range(acc, x_desc, w_desc, p_x, p_w, p_s, i_m * BLOCK_M, i_n * BLOCK_N, 0, K, M, N, K,
+                           s_xm, s_xk, s_wn, s_wk, s_sn, s_sk, W_FORMAT, SB_N, SB_K, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K)
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
         o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _col_scale(acc, p_s, o_n, N, W_FORMAT)
+        acc = _col_scale(acc, p_s, o_n, N, W_FORMAT, SB_K)
         if USE_TMA:
             y_desc.store([i_m * BLOCK_M, i_n * BLOCK_N], acc.to(p_y.dtype.element_ty))
         else:
@@ -117,12 +125,12 @@ def gemm_persistent_kernel(
         i_m, i_n = grouped_tile(n_whole + slot, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         k_lo = split * k_split
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _mma_k_range(acc, x_desc, w_desc, p_x, p_w, i_m * BLOCK_M, i_n * BLOCK_N, k_lo,
-                           tl.minimum(K, k_lo + k_split), M, N, K, s_xm, s_xk, s_wn, s_wk,
-                           W_FORMAT, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc = _mma_k_range(acc, x_desc, w_desc, p_x, p_w, p_s, i_m * BLOCK_M, i_n * BLOCK_N, k_lo,
+                           tl.minimum(K, k_lo + k_split), M, N, K, s_xm, s_xk, s_wn, s_wk, s_sn, s_sk,
+                           W_FORMAT, SB_N, SB_K, USE_TMA, BLOCK_M, BLOCK_N, BLOCK_K)
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
         o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _col_scale(acc, p_s, o_n, N, W_FORMAT)
+        acc = _col_scale(acc, p_s, o_n, N, W_FORMAT, SB_K)
         _reduce_tail(acc, p_y + o_m[:, None] * s_ym + o_n[None, :] * s_yn,
                      (o_m[:, None] < M) & (o_n[None, :] < N), p_part, p_lock, slot, split, tail_split, n_tail,
                      BLOCK_M, BLOCK_N)

@@ -10,12 +10,15 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..counters import zeroed as _zeroed
 from ..launches import launch
+from ..mx.triton_mx import dequantize as dequantize_mx
 from .tables import PREFILL_KERNELS, GemmConfig, select_config
 from .gemm_persistent import gemm_persistent_kernel
 from .gemm_splitk import gemm_splitk_kernel
 from .gemm_streamk import gemm_streamk_kernel
 from .gemm_tiled import gemm_tiled_kernel
+from .dequant import dequantize_fp8
 from .gemv_splitk import gemv_splitk_kernel
 from .reference import FP8_BLOCK, W_FORMATS
 
@@ -27,7 +30,6 @@ GEMV_FORMATS = ("bf16", "mxfp8", "mxfp4")
 DEQUANT_PREFILL = True
 _LOCKS: dict[torch.device, torch.Tensor] = {}   # split-K arrival counters, zeroed once per device
 _SUMS: dict[torch.device, torch.Tensor] = {}    # stream-K ATOMIC tile sums (fp32), zero at rest
-_OUTGROWN: list[torch.Tensor] = []              # outgrown counter/sum buffers: graphs may still use them
 CPU_PROGRAMS = 4                                 # the SM count the persistent and stream-K kernels assume on the CPU
 
 
@@ -43,31 +45,15 @@ def native_mx(device: torch.device) -> bool:
 def launch_config(m: int, n: int, k: int, w_format: str, device: torch.device, *, config: GemmConfig | None = None,
                   regime: str | None = None, use_native_mx: bool | None = None) -> tuple[GemmConfig, str]:
     """The config :func:`linear` launches for this problem and the weight format its kernel reads: the
-    forced ``config``, else the tuned table's (:func:`tables.select_config`); MX weights on the tiled kernel
-    without native MX (the persistent kernel: always) are dequantised first (``DEQUANT_PREFILL``) and run with
-    the bf16 table's config."""
+    forced ``config``, else the tuned table's (:func:`tables.select_config`); on a prefill kernel fp8 weights,
+    and MX weights without native MX (the persistent kernel: always), are dequantised first
+    (``DEQUANT_PREFILL``) and run with the bf16 table's config."""
     chosen = config or select_config(m, n, k, w_format, device, regime)
     native = (native_mx(device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
-    if (DEQUANT_PREFILL and chosen.kernel in PREFILL_KERNELS and w_format in MX_FORMATS
-            and (not native or chosen.kernel == "persistent")):
+    if DEQUANT_PREFILL and chosen.kernel in PREFILL_KERNELS and (
+            w_format == "fp8" or (w_format in MX_FORMATS and (not native or chosen.kernel == "persistent"))):
         return config or select_config(m, n, k, "bf16", device, regime), "bf16"
     return chosen, w_format
-
-
-def _zeroed(pool: dict, device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """A per-device buffer of at least n elements, zero when made; the kernels leave it zero after each call.
-
-    A buffer that is outgrown is kept alive (``_OUTGROWN``), never freed: a CUDA graph captured with it (vLLM
-    captures one per batch size) keeps launching kernels on its address. New buffers at least double, so the
-    kept ones add up to less than the newest.
-    """
-    buf = pool.get(device)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        buf = torch.zeros(max(n, 4096, 2 * (buf.numel() if buf is not None else 0)), dtype=dtype, device=device)
-        pool[device] = buf
-    return buf
 
 
 def _locks(device: torch.device, n: int) -> torch.Tensor:
@@ -156,9 +142,11 @@ def _tma_aligned(*ts: torch.Tensor) -> bool:
                for t in ts)
 
 
-def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, opts: dict) -> None:
-    """x [M, K], w [N, K] (x's dtype, or fp8 codes with per-channel scales s [N]) -> y [M, N]."""
+def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, scale_args: tuple, opts: dict) -> None:
+    """x [M, K], w [N, K] (x's dtype, or fp8 codes with per-channel [N] or per-block scales s) -> y [M, N];
+    scale_args: (s_sn, s_sk, SB_N, SB_K) of :func:`_scale_args`."""
     from triton.tools.tensor_descriptor import TensorDescriptor
+    s_sn, s_sk, sb_n, sb_k = scale_args
     (m, k), n = x.shape, w.shape[0]
     bm, bn, bk = config.BLOCK_M, config.BLOCK_N, config.BLOCK_K
     p = persistent_plan(m, n, k, config, _sm_count(x.device))
@@ -169,10 +157,17 @@ def _launch_persistent(x, w, s, y, config: GemmConfig, w_format: str, opts: dict
     part = torch.empty(max(1, p.n_tail * p.tail_split * bm * bn), device=x.device, dtype=torch.float32)
     launch(gemm_persistent_kernel, (p.programs,), *descs, x, w, s, y, part, _locks(x.device, max(1, p.n_tail)),
            m, n, k, p.programs, p.n_whole, p.n_tail, p.tail_split, p.k_split,
-           x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-           W_FORMAT=w_format, USE_TMA=use_tma, FLATTEN=bool(config.FLATTEN),
+           x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1),
+           W_FORMAT=w_format, SB_N=sb_n, SB_K=sb_k, USE_TMA=use_tma, FLATTEN=bool(config.FLATTEN),
            WARP_SPECIALIZE=bool(config.WARP_SPECIALIZE), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
            GROUP_M=config.GROUP_M, **opts)
+
+
+def _dequantized(w, w_format: str, w_scale, n: int, k: int, config: GemmConfig, dtype) -> torch.Tensor:
+    """fp8 or MX weights dequantised to ``dtype`` (kernels/gemm/dequant.py, kernels/mx): DEQUANT_PREFILL."""
+    if w_format == "fp8":
+        return dequantize_fp8(w, *_scale_args(w, w_format, w_scale, n, k, config), dtype=dtype)
+    return dequantize_mx(w, w_scale, w_format, dtype=dtype)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale: torch.Tensor | None = None,
@@ -199,17 +194,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
     config, kernel_format = launch_config(m, n, k, w_format, x.device, config=config, regime=regime,
                                           use_native_mx=use_native_mx)
     native = (native_mx(x.device) if use_native_mx is None else use_native_mx) and w_format in MX_FORMATS
-    if kernel_format != w_format:                        # MX prefill: dequantise W once, then the bf16 GEMM
-        from ..mx.triton_mx import dequantize
-        w = dequantize(w, w_scale, w_format, dtype=x.dtype)
-        w_format, w_scale = kernel_format, None
+    if kernel_format != w_format:                        # prefill: dequantise W once, then the bf16 GEMM
+        w, w_format, w_scale = _dequantized(w, w_format, w_scale, n, k, config, x.dtype), kernel_format, None
     if config.kernel == "gemv" and w_format not in GEMV_FORMATS:
         raise ValueError(f"config: the gemv kernel takes w_format in {GEMV_FORMATS}, not {w_format!r}")
     s, s_sn, s_sk, sb_n, sb_k = _scale_args(w, w_format, w_scale, n, k, config)
-    if config.kernel == "persistent" and (w_format not in ("bf16", "fp8") or (w_format == "fp8" and sb_k != 0)):
-        raise ValueError("config: the persistent kernel takes floating weights or fp8 with per-channel scales, "
-                         f"not {w_format!r}" + (" with block scales" if w_format == "fp8" else "")
-                         + "; use the tiled kernel")
+    if config.kernel == "persistent" and w_format not in ("bf16", "fp8"):
+        raise ValueError(f"config: the persistent kernel takes floating or fp8 weights, not {w_format!r}; use the "
+                         "tiled kernel")
     y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
     opts = config.compiler_options(bool(torch.version.hip))
     tiles = dict(BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, BLOCK_K=config.BLOCK_K)
@@ -217,7 +209,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, w_format: str = "bf16", w_scale:
                   X_FMT={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "fp32"), **tiles, **opts)
     strides = (x.stride(0), x.stride(1), w.stride(0), w.stride(1), s_sn, s_sk, y.stride(0), y.stride(1))
     if config.kernel == "persistent":
-        _launch_persistent(x, w, s, y, config, w_format, opts)
+        _launch_persistent(x, w, s, y, config, w_format, (s_sn, s_sk, sb_n, sb_k), opts)
         return y
     if config.kernel == "tiled":
         grid = (triton.cdiv(m, config.BLOCK_M) * triton.cdiv(n, config.BLOCK_N),)

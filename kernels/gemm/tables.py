@@ -158,9 +158,12 @@ def regime_of(m: int) -> str:
 
 def select_config(m: int, n: int, k: int, w_format: str, device: torch.device | str,
                   regime: str | None = None) -> GemmConfig:
-    """Tuned table entry (nearest M) for this problem and device; the heuristic when none, or when a regime is forced."""
+    """Tuned table entry (nearest M on M's side of CROSSOVER_MAX_M: a table tuned at decode M only never serves
+    prefill M, nor the reverse) for this problem and device; the heuristic when none, or when a regime is forced."""
     if regime is None:
-        cfg = nearest(load_table(table_path(n, k, w_format, device_name(device))), m)
+        side = m <= CROSSOVER_MAX_M
+        table = load_table(table_path(n, k, w_format, device_name(device)))
+        cfg = nearest({t: c for t, c in table.items() if (t <= CROSSOVER_MAX_M) == side}, m)
         if cfg is not None:
             return cfg
     sms = torch.cuda.get_device_properties(device).multi_processor_count if torch.device(device).type == "cuda" else 8

@@ -4,7 +4,8 @@ Metadata is vLLM's varlen form: ``cu_seqlens_q [R+1]`` (query rows of request r 
 cu[r] .. cu[r+1]-1, the LAST q_len positions of its sequence), ``seq_lens [R]`` (keys visible to its last
 row), ``block_tables [R, W]`` (logical -> physical cache block). Decode (1 row), 1 + k verification rows
 and prefill chunks are the same call. ``max_q_len`` / ``max_seq_len`` fix the grid (pass them inside a
-CUDA graph; otherwise they are read from the metadata, a host sync).
+CUDA graph; otherwise they are read from the metadata, a host sync). On Hopper and later both kernels use
+programmatic dependent launch (``kernels/pdl.py``), so the selection's launch overlaps the scoring.
 """
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ import torch
 import triton
 
 from ..launches import launch
+from ..pdl import pdl_enabled, pdl_launch
 from .triton_indexer import index_score_kernel, select_kernel
 
 PAGE = 16            # AITER page (vLLM ASM_PAGE_SIZE)
@@ -69,7 +71,8 @@ def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_tables: torc
         iq, index_cache, out, block_tables, cu_seqlens_q, seq_lens,
         iq.stride(0), iq.stride(1), iq.stride(2), index_cache.stride(0), index_cache.stride(1),
         index_cache.stride(2), out.stride(0), out.stride(1), out.stride(2), block_tables.stride(0),
-        hi, n_split, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_Q=block_q, BLOCK_H=block_h, num_warps=4)
+        hi, n_split, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_Q=block_q, BLOCK_H=block_h,
+        USE_PDL=pdl_enabled(iq.device), num_warps=4, **pdl_launch(pdl_enabled(iq.device)))
     return out
 
 
@@ -116,7 +119,8 @@ def select_topk(scores: torch.Tensor, block_tables: torch.Tensor, seq_lens: torc
         table.stride(0), table.stride(1), ctx.stride(0),
         topk, init_blocks, local_blocks, block_page_stride,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_T=block_t, PAGES_PER_BLOCK=ppb,
-        EMIT_TABLE=emit_page_table, num_warps=4 if block_n <= 512 else 8)
+        EMIT_TABLE=emit_page_table, USE_PDL=pdl_enabled(scores.device), num_warps=4 if block_n <= 512 else 8,
+        **pdl_launch(pdl_enabled(scores.device)))
     return out
 
 

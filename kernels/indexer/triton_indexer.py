@@ -25,8 +25,12 @@ def index_score_kernel(q_ptr, k_ptr, s_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr,
                        stride_sh, stride_st, stride_sb, stride_bt,
                        num_heads, n_split,
                        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
-                       BLOCK_H: tl.constexpr):
-    """s[h, t, b] = max_{j in block b, j <= pos(t)} q[t, h] . k[j] over the request's visible blocks."""
+                       BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
+    """s[h, t, b] = max_{j in block b, j <= pos(t)} q[t, h] . k[j] over the request's visible blocks.
+    USE_PDL (kernels/pdl.py): wait for the previous kernel first; the selection may launch at once."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_q = tl.program_id(0)
     r = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -79,8 +83,12 @@ def select_kernel(s_ptr, topk_ptr, cu_q_ptr, seq_lens_ptr, bt_ptr, table_ptr, ct
                   stride_ph, stride_pt, stride_ch,
                   topk, init_blocks, local_blocks, block_page_stride,
                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                  PAGES_PER_BLOCK: tl.constexpr, EMIT_TABLE: tl.constexpr):
-    """Top-k blocks of one (row, head): ids in descending score order (ties: lower block first), -1 pad."""
+                  PAGES_PER_BLOCK: tl.constexpr, EMIT_TABLE: tl.constexpr, USE_PDL: tl.constexpr):
+    """Top-k blocks of one (row, head): ids in descending score order (ties: lower block first), -1 pad.
+    USE_PDL: wait for the scores (gdc_wait) before reading anything; the next kernel may launch at once."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     i = tl.program_id(0)
     r = tl.program_id(1)
     h = tl.program_id(2)

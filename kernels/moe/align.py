@@ -42,7 +42,8 @@ def max_sizes(numel: int, num_experts: int, block_m: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _local_expert(p_ids, p_map, o, NUMEL, NUM_EXPERTS, HAS_MAP: tl.constexpr):
+def local_expert(p_ids, p_map, o, NUMEL, NUM_EXPERTS, HAS_MAP: tl.constexpr):
+    """Local expert of slots o (ids through the expert map), -1 where skipped: < 0, remote, out of range or o >= NUMEL."""
     e = tl.load(p_ids + o, mask=o < NUMEL, other=-1).to(tl.int32)
     if HAS_MAP:
         e = tl.where(e >= 0, tl.load(p_map + e, mask=e >= 0, other=-1).to(tl.int32), -1)
@@ -58,7 +59,7 @@ def align_kernel(p_ids, p_map, p_sorted, p_eids, p_npost, p_cursor,
     o_c = tl.arange(0, CHUNK)
     counts = tl.zeros((E_P2,), dtype=tl.int32)
     for c0 in range(0, NUMEL, CHUNK):
-        e = _local_expert(p_ids, p_map, c0 + o_c, NUMEL, NUM_EXPERTS, HAS_MAP)
+        e = local_expert(p_ids, p_map, c0 + o_c, NUMEL, NUM_EXPERTS, HAS_MAP)
         counts += tl.sum((e[:, None] == o_e[None, :]).to(tl.int32), axis=0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
@@ -74,7 +75,7 @@ def align_kernel(p_ids, p_map, p_sorted, p_eids, p_npost, p_cursor,
     run = ends - padded                                           # next free position of each expert
     earlier = o_c[None, :] < o_c[:, None]
     for c0 in range(0, NUMEL, CHUNK):
-        e = _local_expert(p_ids, p_map, c0 + o_c, NUMEL, NUM_EXPERTS, HAS_MAP)
+        e = local_expert(p_ids, p_map, c0 + o_c, NUMEL, NUM_EXPERTS, HAS_MAP)
         tl.store(p_cursor + o_e, run)
         tl.debug_barrier()
         rank = tl.sum(((e[:, None] == e[None, :]) & earlier).to(tl.int32), axis=1)

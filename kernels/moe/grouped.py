@@ -5,7 +5,12 @@ SwiGLU-OAI in the epilogue; writes the activation per slot [T·k, I] in x's dtyp
 MXFP8 (E4M3 codes + one E8M0 byte per 32 columns, the OCP rule of kernels/mx) for an MX down GEMM.
 
 ``down_kernel``: y = act[slot] · W2[e]ᵀ, times the slot's routing weight and ``output_scale`` in the
-epilogue, summed per token into an fp32 [T, H] buffer with atomic adds (the per-token combine).
+epilogue, then either summed per token into an fp32 [T, H] buffer with atomic adds (``COMBINE_STORE`` off),
+or stored per slot into [T·k, H] in x's dtype, and ``combine_kernel`` sums each token's valid slots
+(deterministic; no zero-fill and no cast launch).
+
+Row blocks come from the alignment (align.py), or, with ``NAIVE``, one block per slot holding that slot
+alone (vLLM's naive assignment for tiny T: no alignment launch).
 
 Both keep the accumulator swapped, ``acc[BLOCK_N, BLOCK_M] += W_tile @ x_tileᵀ`` (as kernels/gemm): the
 weight tile is the MMA's first operand, so a decode block holding one real token wastes no weight reads.
@@ -20,6 +25,7 @@ import triton.language as tl
 
 from ..gemm.tiles import grouped_tile
 from ..mx.triton_mx import block_scale, e2m1_to_f32, e8m0_to_f32, pow2, round_e4m3
+from .align import local_expert
 
 ORDERS = ("token", "expert")
 
@@ -34,8 +40,14 @@ def program_tile(pid, NUM_M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GR
 
 
 @triton.jit
-def block_rows(p_sorted, p_eids, p_npost, i_m, NUMEL, BLOCK_M: tl.constexpr):
-    """(expert or -1, slots [BLOCK_M], valid mask) of row block i_m; expert -1 = nothing to do."""
+def block_rows(p_sorted, p_eids, p_npost, p_ids, p_map, i_m, NUMEL, NUM_E, BLOCK_M: tl.constexpr,
+               NAIVE: tl.constexpr, HAS_MAP: tl.constexpr):
+    """(expert or -1, slots [BLOCK_M], valid mask) of row block i_m; expert -1 = nothing to do. NAIVE: block i_m
+    is slot i_m alone, its expert read from the routed ids (through the expert map)."""
+    if NAIVE:
+        o = tl.arange(0, BLOCK_M)
+        e = tl.max(local_expert(p_ids, p_map, i_m + o * 0, NUMEL, NUM_E, HAS_MAP), axis=0)
+        return e, i_m + o * 0, o == 0
     e = tl.load(p_eids + i_m)
     e = tl.where(i_m * BLOCK_M < tl.load(p_npost), e, -1)
     slots = tl.load(p_sorted + i_m * BLOCK_M + tl.arange(0, BLOCK_M))
@@ -108,16 +120,16 @@ def swiglu(g, u, alpha, limit, beta):
 @triton.jit(do_not_specialize=["NUMEL", "NUM_M"])
 def gate_up_kernel(
         # pointers: x [T, H]; w13 [E, 2I, H] (+ scales); act out [T·k, I] (OUT_MX: e4m3 + E8M0 [T·k, I/32])
-        p_x, p_w, p_s, p_a, p_as, p_sorted, p_eids, p_npost,
-        # sizes: NUMEL = T·k slots, NUM_M = row blocks in the grid, I = intermediate, H = hidden
-        NUMEL, NUM_M, I, H, TOPK,
+        p_x, p_w, p_s, p_a, p_as, p_sorted, p_eids, p_npost, p_ids, p_map,
+        # sizes: NUMEL = T·k slots, NUM_M = row blocks in the grid, I = intermediate, H = hidden, NUM_E = experts
+        NUMEL, NUM_M, I, H, TOPK, NUM_E,
         s_xm, s_xk, s_we, s_wn, s_wk, s_se, s_sn, s_sk, s_am, s_an, s_asm, s_ask,
         alpha, limit, beta,
         W_FORMAT: tl.constexpr, NATIVE_MX: tl.constexpr, X_FMT: tl.constexpr, OUT_MX: tl.constexpr,
         ORDER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr):
+        GROUP_M: tl.constexpr, NAIVE: tl.constexpr, HAS_MAP: tl.constexpr):
     i_m, i_n = program_tile(tl.program_id(0), NUM_M, I, BLOCK_M, BLOCK_N, GROUP_M, ORDER)
-    e, slots, valid = block_rows(p_sorted, p_eids, p_npost, i_m, NUMEL, BLOCK_M)
+    e, slots, valid = block_rows(p_sorted, p_eids, p_npost, p_ids, p_map, i_m, NUMEL, NUM_E, BLOCK_M, NAIVE, HAS_MAP)
     if e < 0:
         return
     CT: tl.constexpr = p_x.dtype.element_ty
@@ -157,15 +169,16 @@ def gate_up_kernel(
 @triton.jit(do_not_specialize=["NUMEL", "NUM_M"])
 def down_kernel(
         # pointers: act [T·k, I] (X_MX: e4m3 + E8M0 [T·k, I/32]); w2 [E, H, I] (+ scales); out fp32 [T, H]
-        # (zeroed: atomic adds); routing weights fp32 [T·k]
-        p_a, p_as, p_w, p_s, p_out, p_topw, p_sorted, p_eids, p_npost,
-        NUMEL, NUM_M, H, I, TOPK, output_scale,
+        # (zeroed: atomic adds) or, COMBINE_STORE, [T·k, H] per slot; routing weights fp32 [T·k]
+        p_a, p_as, p_w, p_s, p_out, p_topw, p_sorted, p_eids, p_npost, p_ids, p_map,
+        NUMEL, NUM_M, H, I, TOPK, NUM_E, output_scale,
         s_am, s_ak, s_asm, s_ask, s_we, s_wn, s_wk, s_se, s_sn, s_sk, s_ot, s_on,
         W_FORMAT: tl.constexpr, NATIVE_MX: tl.constexpr, X_FMT: tl.constexpr, X_MX: tl.constexpr,
         CT: tl.constexpr, ORDER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NAIVE: tl.constexpr, HAS_MAP: tl.constexpr,
+        COMBINE_STORE: tl.constexpr):
     i_m, i_n = program_tile(tl.program_id(0), NUM_M, H, BLOCK_M, BLOCK_N, GROUP_M, ORDER)
-    e, slots, valid = block_rows(p_sorted, p_eids, p_npost, i_m, NUMEL, BLOCK_M)
+    e, slots, valid = block_rows(p_sorted, p_eids, p_npost, p_ids, p_map, i_m, NUMEL, NUM_E, BLOCK_M, NAIVE, HAS_MAP)
     if e < 0:
         return
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -184,6 +197,25 @@ def down_kernel(
         acc = mac(acc, b_x, b_xs, p_we, p_se, o_n, k0, H, I, s_wn, s_wk, s_sn, s_sk,
                   W_FORMAT, NATIVE_MX, X_FMT, X_MX, BLOCK_N, BLOCK_K, CT)
     w = tl.load(p_topw + slots, mask=valid, other=0.0) * output_scale
-    tok = slots // TOPK
-    tl.atomic_add(p_out + tok[None, :] * s_ot + o_n[:, None] * s_on, acc * w[None, :],
-                  mask=(o_n[:, None] < H) & valid[None, :], sem="relaxed")
+    m_out = (o_n[:, None] < H) & valid[None, :]
+    if COMBINE_STORE:
+        tl.store(p_out + slots[None, :] * s_ot + o_n[:, None] * s_on, (acc * w[None, :]).to(p_out.dtype.element_ty),
+                 mask=m_out)
+    else:
+        tok = slots // TOPK
+        tl.atomic_add(p_out + tok[None, :] * s_ot + o_n[:, None] * s_on, acc * w[None, :], mask=m_out, sem="relaxed")
+
+
+@triton.jit
+def combine_kernel(p_y, p_ids, p_map, p_out, NUMEL, H, TOPK, NUM_E, s_ym, s_yn, s_ot, s_on,
+                   HAS_MAP: tl.constexpr, TOPK_P2: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t, cols] = Σ_j y[t·k + j, cols] over the token's slots whose expert is local (the slots the down
+    kernel wrote), fp32 sum in slot order; grid (T, H / BLOCK_H)."""
+    t = tl.program_id(0).to(tl.int64)
+    o_n = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    o_j = tl.arange(0, TOPK_P2)
+    slot = t * TOPK + o_j
+    ok = (local_expert(p_ids, p_map, slot, NUMEL, NUM_E, HAS_MAP) >= 0) & (o_j < TOPK)
+    y = tl.load(p_y + slot[:, None] * s_ym + o_n[None, :] * s_yn, mask=ok[:, None] & (o_n[None, :] < H), other=0.0)
+    tl.store(p_out + t * s_ot + o_n * s_on, tl.sum(y.to(tl.float32), axis=0).to(p_out.dtype.element_ty),
+             mask=o_n < H)

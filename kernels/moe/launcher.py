@@ -1,8 +1,9 @@
 """``fused_moe(...)``: the MoE fast path — alignment, gate_up + SwiGLU-OAI, down + routing weights + combine.
 
-Takes what ``reference.fused_moe_ref`` takes (the model's MoE call), launches three kernels (one alignment
-program at decode sizes, the two grouped GEMMs; plus a zero-fill and a cast of the fp32 combine buffer),
-never syncs with the host, and is CUDA-graph capturable.
+Takes what ``reference.fused_moe_ref`` takes (the model's MoE call), never syncs with the host, and is
+CUDA-graph capturable. Launches: the alignment (one program at decode sizes; none when T·k·4 <= E, vLLM's
+naive assignment: one block per slot), the two grouped GEMMs, and the combine — a zero-fill and a cast around
+fp32 atomic adds (``COMBINE="atomic"``), or ``combine_kernel`` over per-slot outputs (``"store"``).
 """
 import dataclasses
 
@@ -12,13 +13,15 @@ import triton.language as tl
 
 from ..launches import launch
 from .align import align
-from .grouped import ORDERS, down_kernel, gate_up_kernel
+from .grouped import ORDERS, combine_kernel, down_kernel, gate_up_kernel
 from .tables import MoeConfig, select_config
 
 W_FORMATS = ("bf16", "mxfp8", "mxfp4")
 ACT_FORMATS = ("bf16", "mxfp8")        # "bf16": the activation in x's dtype
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 _X_FMT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+NAIVE_FACTOR = 4                       # naive assignment when T·k·NAIVE_FACTOR <= E (vLLM fused_moe.py:1569-1575)
+COMBINE_BLOCK_H = 1024
 
 
 def native_mx(device: torch.device) -> bool:
@@ -73,23 +76,20 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     the program order; use_native_mx: force tl.dot_scaled on/off; out: write here (e.g. poisoned by the gates).
     """
     t, h, e, i, k = _check(x, w13, w2, weights, ids, fmt, act_format, w13_scale, w2_scale)
-    cfg = (config or select_config(t, e, i, k, fmt, x.device)).check_launchable()
-    if order is not None:
-        if order not in ORDERS:
-            raise ValueError(f"order: {order!r} is not one of {ORDERS}")
-        cfg = dataclasses.replace(cfg, ORDER=order)
-    if act_format == "mxfp8" and cfg.BLOCK_SIZE_N < 32:
-        cfg = dataclasses.replace(cfg, BLOCK_SIZE_N=32)
+    cfg = _config(config, order, act_format, t, e, i, k, fmt, x.device)
     native = (native_mx(x.device) if use_native_mx is None else use_native_mx) and fmt != "bf16"
     x = x.contiguous()
-    dev, bm = x.device, cfg.BLOCK_SIZE_M
-    al = align(ids, bm, e, expert_map, align_impl)
-    num_m = al.expert_ids.numel()
-    slots = t * k
-    w13_s = w13 if w13_scale is None else w13_scale
-    w2_s = w2 if w2_scale is None else w2_scale
-    s13 = (0, 0, 0) if w13_scale is None else w13_scale.stride()
-    s2 = (0, 0, 0) if w2_scale is None else w2_scale.stride()
+    dev, bm, slots = x.device, cfg.BLOCK_SIZE_M, t * k
+    ids_flat = ids.reshape(-1).contiguous()
+    emap = ids_flat if expert_map is None else expert_map.contiguous()
+    naive = slots * NAIVE_FACTOR <= e
+    if naive:      # one block per slot: the kernels read each block's expert from ids (+ the map)
+        al, num_m = (ids_flat, ids_flat, ids_flat), slots
+    else:
+        al = align(ids, bm, e, expert_map, align_impl)
+        num_m = al.expert_ids.numel()
+    w13_s, s13 = (w13, (0, 0, 0)) if w13_scale is None else (w13_scale, w13_scale.stride())
+    w2_s, s2 = (w2, (0, 0, 0)) if w2_scale is None else (w2_scale, w2_scale.stride())
     if act_format == "mxfp8":
         act = torch.empty(slots, i, device=dev, dtype=torch.float8_e4m3fn)
         act_s = torch.empty(slots, i // 32, device=dev, dtype=torch.uint8)
@@ -97,23 +97,47 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
         act = torch.empty(slots, i, device=dev, dtype=x.dtype)
         act_s = act
     x_fmt = _X_FMT[x.dtype]
+    rows = dict(NAIVE=naive, HAS_MAP=expert_map is not None)
     launch(gate_up_kernel, (num_m * triton.cdiv(i, cfg.BLOCK_SIZE_N),),
-        x, w13, w13_s, act, act_s, al.sorted_ids, al.expert_ids, al.num_post,
-        slots, num_m, i, h, k,
+        x, w13, w13_s, act, act_s, *al, ids_flat, emap,
+        slots, num_m, i, h, k, e,
         x.stride(0), x.stride(1), *w13.stride(), *s13, act.stride(0), act.stride(1), act_s.stride(0), act_s.stride(1),
         float(alpha), float(limit), float(beta),
         W_FORMAT=fmt, NATIVE_MX=native, X_FMT=x_fmt, OUT_MX=act_format == "mxfp8", ORDER=cfg.ORDER,
-        BLOCK_M=bm, BLOCK_N=cfg.BLOCK_SIZE_N, BLOCK_K=cfg.BLOCK_SIZE_K, GROUP_M=cfg.GROUP_SIZE_M,
+        BLOCK_M=bm, BLOCK_N=cfg.BLOCK_SIZE_N, BLOCK_K=cfg.BLOCK_SIZE_K, GROUP_M=cfg.GROUP_SIZE_M, **rows,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    acc = torch.zeros(t, h, device=dev, dtype=torch.float32)
+    store = cfg.COMBINE == "store"
+    acc = torch.empty(slots, h, device=dev, dtype=x.dtype) if store else torch.zeros(t, h, device=dev,
+                                                                                       dtype=torch.float32)
     w_flat = weights.to(torch.float32).contiguous().reshape(-1)
     launch(down_kernel, (num_m * triton.cdiv(h, cfg.DOWN_BLOCK_SIZE_N),),
-        act, act_s, w2, w2_s, acc, w_flat, al.sorted_ids, al.expert_ids, al.num_post,
-        slots, num_m, h, i, k, float(output_scale),
+        act, act_s, w2, w2_s, acc, w_flat, *al, ids_flat, emap,
+        slots, num_m, h, i, k, e, float(output_scale),
         act.stride(0), act.stride(1), act_s.stride(0), act_s.stride(1), *w2.stride(), *s2, acc.stride(0), acc.stride(1),
         W_FORMAT=fmt, NATIVE_MX=native, X_FMT=x_fmt, X_MX=act_format == "mxfp8", CT=_TL[x.dtype], ORDER=cfg.ORDER,
-        BLOCK_M=bm, BLOCK_N=cfg.DOWN_BLOCK_SIZE_N, BLOCK_K=cfg.DOWN_BLOCK_SIZE_K, GROUP_M=cfg.GROUP_SIZE_M,
-        num_warps=cfg.DOWN_num_warps, num_stages=cfg.DOWN_num_stages)
-    if out is None:
-        return acc.to(x.dtype)
-    return out.copy_(acc)
+        BLOCK_M=bm, BLOCK_N=cfg.DOWN_BLOCK_SIZE_N, BLOCK_K=cfg.DOWN_BLOCK_SIZE_K, GROUP_M=cfg.GROUP_SIZE_M, **rows,
+        COMBINE_STORE=store, num_warps=cfg.DOWN_num_warps, num_stages=cfg.DOWN_num_stages)
+    if not store:
+        return acc.to(x.dtype) if out is None else out.copy_(acc)
+    return _combine(acc, ids_flat, emap, out, t, h, k, e, expert_map is not None)
+
+
+def _config(config, order, act_format, t, e, i, k, fmt, device) -> MoeConfig:
+    """The forced or tuned config, with the program order forced and BLOCK_SIZE_N >= 32 for MXFP8 activations."""
+    cfg = (config or select_config(t, e, i, k, fmt, device)).check_launchable()
+    if order is not None:
+        if order not in ORDERS:
+            raise ValueError(f"order: {order!r} is not one of {ORDERS}")
+        cfg = dataclasses.replace(cfg, ORDER=order)
+    if act_format == "mxfp8" and cfg.BLOCK_SIZE_N < 32:
+        cfg = dataclasses.replace(cfg, BLOCK_SIZE_N=32)
+    return cfg
+
+
+def _combine(y, ids_flat, emap, out, t, h, k, e, has_map: bool) -> torch.Tensor:
+    """Sum each token's per-slot outputs y [T·k, H] into out [T, H] (combine_kernel)."""
+    out = torch.empty(t, h, device=y.device, dtype=y.dtype) if out is None else out
+    launch(combine_kernel, (t, triton.cdiv(h, COMBINE_BLOCK_H)), y, ids_flat, emap, out, t * k, h, k, e,
+           y.stride(0), y.stride(1), out.stride(0), out.stride(1), HAS_MAP=has_map,
+           TOPK_P2=triton.next_power_of_2(k), BLOCK_H=COMBINE_BLOCK_H, num_warps=4)
+    return out

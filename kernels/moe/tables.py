@@ -25,6 +25,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 AMD_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 META_SUFFIX = ".m3lab.json"
+COMBINES = ("atomic", "store")
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,14 @@ class MoeConfig:
     DOWN_BLOCK_SIZE_K: int = 64
     DOWN_num_warps: int = 4
     DOWN_num_stages: int = 3
+    COMBINE: str = "atomic"          # "atomic": fp32 atomic adds per token | "store": per slot + combine_kernel
     extra: dict = field(default_factory=dict, compare=False)   # keys of other kernels/backends, kept as read
 
     def __post_init__(self):
         if self.ORDER not in ("token", "expert"):
             raise ValueError(f"ORDER: {self.ORDER!r} is not 'token' or 'expert'")
+        if self.COMBINE not in COMBINES:
+            raise ValueError(f"COMBINE: {self.COMBINE!r} is not one of {COMBINES}")
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "DOWN_BLOCK_SIZE_N", "DOWN_BLOCK_SIZE_K"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):

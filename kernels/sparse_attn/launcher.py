@@ -3,12 +3,15 @@
 Metadata as in ``kernels/indexer/launcher.py``: ``cu_seqlens_q [R+1]``, ``seq_lens [R]`` (each request's query
 rows are its last q_len positions), ``block_tables [R, W]``. ``split`` (how many ways a row's blocks are
 split) is chosen so that rows × KV heads × split ≈ ``PROGRAMS_PER_SM`` × SMs, capped by top-k; pass it
-to pin the grid.
+to pin the grid. With a split, ``merge_kernel`` (one program per row and query head) combines the
+partials; on Hopper and later both launches use programmatic dependent launch (``kernels/pdl.py``), so the
+merge's launch overlaps the attention kernel's tail.
 """
 import torch
 import triton
 
 from ..launches import launch
+from ..pdl import pdl_enabled, pdl_launch
 from .triton_sparse import merge_kernel, page16_attn_kernel, sparse_attn_kernel
 
 PAGE = 16
@@ -36,20 +39,21 @@ def _scales(kv_dtype, k_scale, v_scale, out):
     return out, out, False
 
 
-def _partials(split, rows, hq, d, device):
+def _partials(split, rows, hq, d, dtype, device):
+    """Normalised partials in q's dtype (as vLLM keeps them) and their log2-sum-exp in fp32."""
     if split == 1:
         dummy = torch.empty(1, 1, 1, 1, device=device)
         return dummy[0], dummy[0, 0]
-    return (torch.empty(split, rows, hq, d, dtype=torch.float32, device=device),
+    return (torch.empty(split, rows, hq, d, dtype=dtype, device=device),
             torch.empty(split, rows, hq, dtype=torch.float32, device=device))
 
 
-def _merge(po, pl, out, kv_heads, group, split):
+def _merge(po, pl, out, split, pdl: bool):
     if split > 1:
-        launch(merge_kernel, (out.shape[0], kv_heads),
-            po, pl, out, group, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-            out.stride(0), out.stride(1), HEAD_DIM=out.shape[-1], BLOCK_H=max(16, triton.next_power_of_2(group)),
-            SPLIT=split, num_warps=4)
+        launch(merge_kernel, (out.shape[0], out.shape[1]),
+            po, pl, out, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+            out.stride(0), out.stride(1), HEAD_DIM=out.shape[-1], SPLIT=split, USE_PDL=pdl, num_warps=4,
+            **pdl_launch(pdl))
 
 
 def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, topk: torch.Tensor,
@@ -71,16 +75,17 @@ def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Te
     out = torch.empty_like(q) if out is None else out
     group = hq // hkv
     split = _split(t, hkv, topk.shape[-1], q.device, split)
-    po, pl = _partials(split, t, hq, d, q.device)
+    po, pl = _partials(split, t, hq, d, q.dtype, q.device)
     ks, vs, has_scale = _scales(k_blocks.dtype, k_scale, v_scale, out)
+    pdl = pdl_enabled(q.device)
     launch(sparse_attn_kernel, (max_q_len, block_tables.shape[0], hkv * split),
         q, k_blocks, v_blocks, topk, block_tables, cu_seqlens_q, seq_lens, out, po, pl, ks, vs, scale,
         q.stride(0), q.stride(1), *k_blocks.stride(), *v_blocks.stride(), *topk.stride(), block_tables.stride(0),
         out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         group, topk.shape[-1], t,
         HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
-        HAS_SCALE=has_scale, num_warps=4, num_stages=2)
-    _merge(po, pl, out, hkv, group, split)
+        HAS_SCALE=has_scale, USE_PDL=pdl, num_warps=4, num_stages=2, **pdl_launch(pdl))
+    _merge(po, pl, out, split, pdl)
     return out
 
 
@@ -109,8 +114,9 @@ def page16_attention(q: torch.Tensor, k_view: torch.Tensor, v_view: torch.Tensor
     out = torch.empty_like(q) if out is None else out
     group = hq // hkv
     split = _split(t, hkv, n_chunks, q.device, split)
-    po, pl = _partials(split, t, hq, d, q.device)
+    po, pl = _partials(split, t, hq, d, q.dtype, q.device)
     ks, vs, has_scale = _scales(k_view.dtype, k_scale, v_scale, out)
+    pdl = pdl_enabled(q.device)
     launch(page16_attn_kernel, (t, hkv * split),
         q, k_view, v_view, table, ctx, out, po, pl, ks, vs, scale,
         q.stride(0), q.stride(1), k_view.stride(0), k_view.stride(1), v_view.stride(0), v_view.stride(1),
@@ -118,8 +124,8 @@ def page16_attention(q: torch.Tensor, k_view: torch.Tensor, v_view: torch.Tensor
         out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         group, n_chunks, t,
         HEAD_DIM=d, CHUNK=chunk, X=x, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
-        HAS_SCALE=has_scale, num_warps=4, num_stages=2)
-    _merge(po, pl, out, hkv, group, split)
+        HAS_SCALE=has_scale, USE_PDL=pdl, num_warps=4, num_stages=2, **pdl_launch(pdl))
+    _merge(po, pl, out, split, pdl)
     return out
 
 

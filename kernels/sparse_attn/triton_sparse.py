@@ -7,7 +7,10 @@ through the sparse page adapter's compact table (one row per query token, contex
 
 One program per (query row, request, KV head × split): the GQA group's query heads are the rows of the MMA
 (padded to 16), the selected blocks (or compact context chunks) of the row are split ``SPLIT`` ways; with
-``SPLIT > 1`` each split writes a normalised partial and its log2-sum-exp and ``merge_kernel`` combines them.
+``SPLIT > 1`` each split writes a normalised partial (in q's dtype) and its log2-sum-exp (fp32), and
+``merge_kernel`` combines them, one program per (row, query head). With ``USE_PDL`` (kernels/pdl.py) both
+wait for their predecessor with ``gdc_wait`` before any memory access, and the attention kernel lets the merge
+be scheduled once its loop is done, so the merge's launch overlaps the attention tail (as vLLM's decode does).
 Base-2 online softmax; fp8 KV: K/V upcast on load, the scalar K scale folded into the softmax scale and the V
 scale applied to the output.
 """
@@ -55,8 +58,10 @@ def _group_start(q_ptr, k_scale_ptr, v_scale_ptr, sm_scale, t, kvh, group, strid
 @triton.jit
 def _finish(acc, m_i, l_i, v_scale, o_ptr, po_ptr, pl_ptr, t, kvh, s, n_rows, heads, d, h_ok,
             stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
-            SPLIT: tl.constexpr):
+            SPLIT: tl.constexpr, USE_PDL: tl.constexpr):
     """Write the output (SPLIT == 1) or a normalised partial and its log2-sum-exp."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     inv = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
     out = acc * (inv * v_scale)[:, None]
     if SPLIT == 1:
@@ -64,8 +69,8 @@ def _finish(acc, m_i, l_i, v_scale, o_ptr, po_ptr, pl_ptr, t, kvh, s, n_rows, he
                  out.to(o_ptr.dtype.element_ty), mask=h_ok[:, None])
     else:
         lse = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-        tl.store(po_ptr + s * stride_pc + t * stride_pt + heads[:, None] * stride_ph + d[None, :], out,
-                 mask=h_ok[:, None])
+        tl.store(po_ptr + s * stride_pc + t * stride_pt + heads[:, None] * stride_ph + d[None, :],
+                 out.to(po_ptr.dtype.element_ty), mask=h_ok[:, None])
         tl.store(pl_ptr + s * stride_lc + t * stride_lt + heads, lse, mask=h_ok)
 
 
@@ -77,8 +82,10 @@ def sparse_attn_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, bt_ptr, cu_q_ptr, seq_lens
                        stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
                        group, topk, n_rows,
                        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
-                       SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr):
+                       SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr):
     """o[t, h] = softmax(q[t, h] K_sel^T / sqrt(D)) V_sel over the row's selected blocks, keys <= pos(t)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     i = tl.program_id(0)
     r = tl.program_id(1)
     kvh = tl.program_id(2) // SPLIT
@@ -107,7 +114,7 @@ def sparse_attn_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, bt_ptr, cu_q_ptr, seq_lens
                     mask=kmask[:, None], other=0.0)
         m_i, l_i, acc = _online_update(q, k.to(q.dtype), v.to(q.dtype), kmask, m_i, l_i, acc, scale_log2)
     _finish(acc, m_i, l_i, v_scale, o_ptr, po_ptr, pl_ptr, t, kvh, s, n_rows, heads, d, h_ok,
-            stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt, SPLIT)
+            stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt, SPLIT, USE_PDL)
 
 
 @triton.jit
@@ -118,8 +125,10 @@ def page16_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, po_ptr, p
                        stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
                        group, n_chunks, n_rows,
                        HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, X: tl.constexpr, BLOCK_H: tl.constexpr,
-                       SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr):
+                       SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr):
     """Attention of row t over compact tokens 0 .. ctx-1; token n is slot n % 16 of page table[t, n // 16]."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1) // SPLIT
     s = tl.program_id(1) % SPLIT
@@ -142,31 +151,23 @@ def page16_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, po_ptr, p
         v = tl.load(v_ptr + page[:, None] * stride_vp + kvh * stride_vh + v_in, mask=kmask[:, None], other=0.0)
         m_i, l_i, acc = _online_update(q, k.to(q.dtype), v.to(q.dtype), kmask, m_i, l_i, acc, scale_log2)
     _finish(acc, m_i, l_i, v_scale, o_ptr, po_ptr, pl_ptr, t, kvh, s, n_rows, heads, d, h_ok,
-            stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt, SPLIT)
+            stride_ot, stride_oh, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt, SPLIT, USE_PDL)
 
 
 @triton.jit
-def merge_kernel(po_ptr, pl_ptr, o_ptr, group, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt,
-                 stride_ot, stride_oh,
-                 HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT: tl.constexpr):
-    """o[t, group of KV head] = sum_s w_s o_s, w_s = 2^(lse_s - lse) over the splits of one row."""
+def merge_kernel(po_ptr, pl_ptr, o_ptr, stride_pc, stride_pt, stride_ph, stride_lc, stride_lt, stride_ot, stride_oh,
+                 HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, USE_PDL: tl.constexpr):
+    """o[t, h] = sum_s w_s o_s[t, h], w_s = 2^(lse_s - lse), over the splits of row t; one program per (t, h)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
-    kvh = tl.program_id(1)
-    off_h = tl.arange(0, BLOCK_H)
-    h_ok = off_h < group
-    heads = kvh * group + off_h
-    d = tl.arange(0, HEAD_DIM)
+    h = tl.program_id(1)
     c = tl.arange(0, SPLIT)
-    lse = tl.load(pl_ptr + c[:, None] * stride_lc + t * stride_lt + heads[None, :], mask=h_ok[None, :],
-                  other=float("-inf"))                                                  # [SPLIT, H]
+    d = tl.arange(0, HEAD_DIM)
+    lse = tl.load(pl_ptr + c * stride_lc + t * stride_lt + h)                                   # [SPLIT]
     mx = tl.max(lse, axis=0)
-    w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx)[None, :])
-    w = w / tl.sum(w, axis=0)[None, :]
-    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
-    for s in tl.static_range(SPLIT):
-        o_s = tl.load(po_ptr + s * stride_pc + t * stride_pt + heads[:, None] * stride_ph + d[None, :],
-                      mask=h_ok[:, None], other=0.0)
-        w_s = tl.sum(tl.where(c[:, None] == s, w, 0.0), axis=0)
-        acc += o_s * w_s[:, None]
-    tl.store(o_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :], acc.to(o_ptr.dtype.element_ty),
-             mask=h_ok[:, None])
+    w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))
+    w = w / tl.sum(w, axis=0)
+    o = tl.load(po_ptr + c[:, None] * stride_pc + t * stride_pt + h * stride_ph + d[None, :]).to(tl.float32)
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + d, tl.sum(o * w[:, None], axis=0).to(o_ptr.dtype.element_ty))

@@ -10,35 +10,81 @@ Input: an OpTable (one engine step, local shapes of ONE GPU; all ranks are alike
   (``bytes_comm``: TP all-reduce, all-gather of logits, EP all-to-all dispatch and combine).
 
 :func:`byte_planes` returns one row per (plane, part) with bytes per GPU and over all GPUs, per step
-and per request. :func:`pd_kv_handoff` gives the P/D hand-off bytes per request and per layer.
+and per request; :func:`op_planes` one row per (op, plane) with bytes read and written and FLOPs, and
+:func:`planes_totals` their sums by plane (what ``m3lab planes`` prints). :func:`pd_kv_handoff` gives
+the P/D hand-off bytes per request and per layer.
 """
 from __future__ import annotations
 
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.optable.ops import ACT as OUT_DTYPE
 
 PLANES = ("compute", "persistent", "communication")
+NORM_WEIGHT_DTYPE = OUT_DTYPE   # rows without a w_dtype are norms: their weight vector is bf16 (optable.ops)
 KV_PART = {"indexer": "index-key cache", "linear_attention": "recurrent state", "conv": "recurrent state"}
 
 
+def _written(t: pd.DataFrame, written: str, total: str) -> pd.Series:
+    """The written part of a plane's bytes; a row that moves bytes of the plane without saying how many it
+    writes is a broken OpTable row (every row formula in m3lab.optable sets both)."""
+    w = t[written] if written in t else pd.Series(float("nan"), index=t.index)
+    broken = w.isna() & (t[total].fillna(0) > 0)
+    if broken.any():
+        raise ValueError(f"OpTable rows {sorted(set(t.loc[broken, 'op']))} have {total} but no {written}")
+    return w.fillna(0.0)
+
+
 def _parts(optable: pd.DataFrame) -> pd.DataFrame:
-    """Long rows ``[plane, part, op, bytes]`` of one OpTable (per GPU)."""
-    rows = []
+    """Long rows ``[op, kind, plane, part, bytes, bytes_read, bytes_written, flops]`` of one OpTable (per GPU,
+    one per OpTable row and plane it touches). Communication rows have on-the-wire ``bytes`` and no
+    read/written split (NaN): the HBM side of a collective is in its compute row. FLOPs sit on the compute
+    row only, so that they sum right."""
     t = optable
-    rows.append(pd.DataFrame({"plane": "compute", "part": "activations", "op": t["op"],
-                              "bytes": t["bytes_compute"].fillna(0)}))
-    w_dtype = t["w_dtype"].fillna("none").astype(str) if "w_dtype" in t else "?"
-    rows.append(pd.DataFrame({"plane": "persistent", "part": "weights " + w_dtype, "op": t["op"],
-                              "bytes": t["bytes_weight"].fillna(0)}))
-    kv_part = t["kind"].map(KV_PART).fillna("KV cache")
-    rows.append(pd.DataFrame({"plane": "persistent", "part": kv_part, "op": t["op"], "bytes": t["bytes_kv"].fillna(0)}))
+    comp, kv = t["bytes_compute"].fillna(0), t["bytes_kv"].fillna(0)
+    comp_w, kv_w = _written(t, "bytes_compute_written", "bytes_compute"), _written(t, "bytes_kv_written", "bytes_kv")
+    w_dtype = t["w_dtype"].fillna(NORM_WEIGHT_DTYPE).astype(str) if "w_dtype" in t else "?"
     algo = t["comm_algo"].fillna("").astype(str) if "comm_algo" in t else ""
-    comm_part = t["op"].astype(str) + (" (" + algo + ")").where(algo != "", "")
-    rows.append(pd.DataFrame({"plane": "communication", "part": comm_part, "op": t["op"],
-                              "bytes": t["bytes_comm"].fillna(0)}))
-    out = pd.concat(rows, ignore_index=True)
-    return out[out["bytes"] > 0]
+    nan = float("nan")
+    frames = [
+        dict(plane="compute", part="activations", bytes=comp, bytes_read=comp - comp_w, bytes_written=comp_w,
+             flops=t["flops"].fillna(0)),
+        dict(plane="persistent", part="weights " + w_dtype, bytes=t["bytes_weight"].fillna(0),
+             bytes_read=t["bytes_weight"].fillna(0), bytes_written=0.0, flops=0.0),
+        dict(plane="persistent", part=t["kind"].map(KV_PART).fillna("KV cache"), bytes=kv, bytes_read=kv - kv_w,
+             bytes_written=kv_w, flops=0.0),
+        dict(plane="communication", part=t["op"].astype(str) + (" (" + algo + ")").where(algo != "", ""),
+             bytes=t["bytes_comm"].fillna(0), bytes_read=nan, bytes_written=nan, flops=0.0),
+    ]
+    out = pd.concat([pd.DataFrame({"op": t["op"], "kind": t["kind"], **f}) for f in frames], ignore_index=True)
+    return out[(out["bytes"] > 0) | (out["flops"] > 0)]
+
+
+def op_planes(optable: pd.DataFrame) -> pd.DataFrame:
+    """Per op and plane, one engine step on one GPU: ``[op, kind, plane, part, calls, bytes, bytes_read,
+    bytes_written, flops]`` summed over the layers (``calls``: OpTable rows, i.e. layers the op runs in), in
+    the order the ops run. ``bytes`` = read + written, except communication: on-the-wire bytes per GPU
+    (algorithm factor applied) with read/written NaN. FLOPs are on the op's compute row only."""
+    order = {op: i for i, op in enumerate(dict.fromkeys(optable["op"]))}
+    plane_order = {p: i for i, p in enumerate(PLANES)}
+    long = _parts(optable).assign(calls=1)
+    keys = ["op", "kind", "plane", "part"]
+    agg = long.groupby(keys, sort=False).agg(calls=("calls", "sum"), bytes=("bytes", "sum"),
+                                             bytes_read=("bytes_read", lambda s: s.sum(min_count=1)),
+                                             bytes_written=("bytes_written", lambda s: s.sum(min_count=1)),
+                                             flops=("flops", "sum")).reset_index()
+    agg = agg.assign(_o=agg["op"].map(order), _p=agg["plane"].map(plane_order))
+    return agg.sort_values(["_o", "_p"], kind="stable").drop(columns=["_o", "_p"]).reset_index(drop=True)
+
+
+def planes_totals(ops: pd.DataFrame, gpus: int = 1) -> pd.DataFrame:
+    """:func:`op_planes` summed by plane: ``[plane, bytes, bytes_read, bytes_written, flops, bytes_all_gpus]``
+    (per GPU; ``bytes_all_gpus`` = x ``gpus``, all ranks being alike)."""
+    tot = ops.groupby("plane", sort=False)[["bytes", "bytes_read", "bytes_written", "flops"]].sum(min_count=1)
+    tot = tot.reindex([p for p in PLANES if p in tot.index]).reset_index()
+    tot["bytes_all_gpus"] = tot["bytes"] * gpus
+    return tot
 
 
 def byte_planes(optable: pd.DataFrame, gpus: int, active_requests: float | None = None) -> pd.DataFrame:
@@ -48,7 +94,8 @@ def byte_planes(optable: pd.DataFrame, gpus: int, active_requests: float | None 
     if not isinstance(gpus, int) or gpus < 1:
         raise M3LabError(f"gpus={gpus!r} must be a positive integer", field="gpus",
                          hint="pass the deployment's GPU count (tp x dp)")
-    parts = _parts(optable).groupby(["plane", "part"], sort=False)["bytes"].sum().reset_index()
+    long = _parts(optable)
+    parts = long[long["bytes"] > 0].groupby(["plane", "part"], sort=False)["bytes"].sum().reset_index()
     parts = parts.rename(columns={"bytes": "bytes_per_gpu"})
     parts["bytes_all_gpus"] = parts["bytes_per_gpu"] * gpus
     parts["share_of_plane"] = parts["bytes_per_gpu"] / parts.groupby("plane")["bytes_per_gpu"].transform("sum")

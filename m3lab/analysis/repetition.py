@@ -6,8 +6,9 @@ the same ``op``/``kind``/``t_us`` columns plus ``calls`` (kernel launches over t
 
 ``repetition(costed, ...)`` multiplies each op's per-call cost by its calls (layers × steps) and
 reports, per op: calls per step, µs per call, µs per step, ms per request, ms per 1,000 output
-tokens, its share of the total, and its rank. ``active_requests`` and ``output_tokens`` are per
-step for a single step, or run totals for a whole run.
+tokens, its share of the total, and its rank, with the work behind it (GFLOP and HBM MB per request).
+``active_requests`` and ``output_tokens`` are per step for a single step, or run totals for a whole run
+(:func:`of_run`).
 """
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ from m3lab.errors import M3LabError
 KEYS = ["op", "kind"]
 
 
+HBM_BYTES = ("bytes_compute", "bytes_weight", "bytes_kv")   # the OpTable's HBM planes (bytes_comm: the link)
+
+
 def per_op(costed: pd.DataFrame) -> pd.DataFrame:
-    """Sum a costed table by op: ``[op, kind, calls, t_us, bound]`` (the bound of its largest row)."""
+    """Sum a costed table by op: ``[op, kind, calls, t_us, t_bound_us, flops, hbm_bytes, bound]`` (the bound of
+    its largest row; ``flops``/``hbm_bytes`` NaN when the table has no such columns)."""
     df = costed.copy()
     if "calls" not in df:
         df["calls"] = 1.0
+    df["hbm_bytes"] = sum(df[c].fillna(0) for c in HBM_BYTES) if all(c in df for c in HBM_BYTES) else float("nan")
+    if "flops" not in df:
+        df["flops"] = float("nan")
     agg = df.groupby(KEYS, sort=False).agg(calls=("calls", "sum"), t_us=("t_us", "sum"),
-                                           t_bound_us=("t_bound_us", "sum"))
+                                           t_bound_us=("t_bound_us", "sum"), flops=("flops", "sum"),
+                                           hbm_bytes=("hbm_bytes", "sum"))
     bound = df.sort_values("t_us").groupby(KEYS, sort=False)["bound"].last()
     return agg.join(bound).reset_index()
 
@@ -47,8 +56,22 @@ def repetition(costed: pd.DataFrame, *, output_tokens: float, active_requests: f
     df = df.sort_values("t_us", ascending=False).reset_index(drop=True)
     df["rank"] = range(1, len(df) + 1)
     df["cumulative_share"] = df["share"].cumsum()
-    return df[["rank", "op", "kind", "calls_per_step", "us_per_call", "us_per_step", "ms_per_request",
-               "ms_per_1k_output_tokens", "share", "cumulative_share", "bound"]]
+    df["gflop_per_request"] = df["flops"] / 1e9 / active_requests
+    df["mb_per_request"] = df["hbm_bytes"] / 1e6 / active_requests
+    out = df[["rank", "op", "kind", "calls", "calls_per_step", "us_per_call", "us_per_step", "ms_per_request",
+              "ms_per_1k_output_tokens", "share", "cumulative_share", "bound", "gflop_per_request",
+              "mb_per_request"]]
+    out.attrs.update(total_us=float(total), output_tokens=float(output_tokens), active_requests=float(active_requests),
+                     steps=float(steps))
+    return out
+
+
+def of_run(est) -> pd.DataFrame:
+    """:func:`repetition` of a whole serving run (a :class:`~m3lab.serving.estimate.ServingEstimate`): every
+    engine step's ops summed, per request over the run's requests, per output token over their outputs."""
+    n = est.config["num_requests"]
+    return repetition(est.op_totals(), output_tokens=n * est.config["osl"], active_requests=n,
+                      steps=int(est.steps["repeat"].sum()))
 
 
 def by_kind(rep: pd.DataFrame) -> pd.DataFrame:

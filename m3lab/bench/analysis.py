@@ -6,6 +6,7 @@ M, N, K). Speed-ups are always against cuBLAS with bf16 weights measured in the 
 import numpy as np
 import pandas as pd
 
+from ..analysis.targets import add_verdicts, missing
 from ..kernels.gemm.tables import DECODE_MAX_M
 
 DECODE_MS = (1, 8, 32, 64, 128)      # the bf16 decode points of the targets
@@ -79,8 +80,9 @@ def newest_harness(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
-    """The GEMM kernels' H200 targets (kernels/gemm/README.md): measured figure, target, pass/fail (NaN
-    measured = not measured); rows with op "info" are reported figures without a target (peers, ratios)."""
+    """The GEMM kernels' H200 targets (kernels/gemm/README.md): measured figure, threshold, the named points
+    the table lacks (``missing``) and ``status``/``passed`` (m3lab.analysis.targets: a target with a missing
+    point is ``incomplete``, never passed); rows with op "info" are reported figures without a target."""
     df = newest_harness(df)
     sp = speedups(df)
     tri = sp[sp["provider"] == "triton"]
@@ -96,22 +98,27 @@ def gemm_targets(df: pd.DataFrame) -> pd.DataFrame:
     fs = pd.concat([stream_fraction(df, path8), stream_fraction(df, path4)])
     fs = fs[((fs["dtype"] == "mxfp8") & (fs["provider"] == path8) | (fs["dtype"] == "mxfp4") & (fs["provider"] == path4))
             & (fs["M"] <= MX_TARGET_MAX_M)]
+    mx_ms = [m for m in DECODE_MS if m <= MX_TARGET_MAX_M]                  # the points each title names
+    both_mx = set(fs.loc[fs["dtype"] == "mxfp8", "M"]) & set(fs.loc[fs["dtype"] == "mxfp4", "M"])
     rows = [
-        ("bf16 decode M in {1,8,32,64,128}: geomean vs cuBLAS", _geomean(dec["speedup"]), 1.05, ">="),
-        ("bf16 decode: worst point vs cuBLAS", dec["speedup"].min(), 0.9, ">="),
-        ("bf16 prefill M >= 2048: worst point vs cuBLAS", pre["speedup"].min(), 0.9, ">="),
-        (f"MXFP8 decode M <= 32 ({path8}): geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">="),
-        (f"MXFP4 decode M <= 32 ({path4}): geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">="),
-        ("MX decode M <= 32: worst fraction of the streaming ceiling", fs["frac_stream"].min(), 0.7, ">="),
+        ("bf16 decode M in {1,8,32,64,128}: geomean vs cuBLAS", _geomean(dec["speedup"]), 1.05, ">=",
+         missing(dec["M"], DECODE_MS)),
+        ("bf16 decode: worst point vs cuBLAS", dec["speedup"].min(), 0.9, ">=", missing(dec["M"], DECODE_MS)),
+        ("bf16 prefill M >= 2048: worst point vs cuBLAS", pre["speedup"].min(), 0.9, ">=",
+         "" if len(pre) else f"M >= {PREFILL_MIN_M} not measured"),
+        (f"MXFP8 decode M <= 32 ({path8}): geomean vs bf16 cuBLAS", _geomean(mx8["speedup"]), 1.6, ">=",
+         missing(mx8["M"], mx_ms)),
+        (f"MXFP4 decode M <= 32 ({path4}): geomean vs bf16 cuBLAS", _geomean(mx4["speedup"]), 2.4, ">=",
+         missing(mx4["M"], mx_ms)),
+        ("MX decode M <= 32: worst fraction of the streaming ceiling", fs["frac_stream"].min(), 0.7, ">=",
+         missing(both_mx, mx_ms)),
         (f"bf16 decode tiles vs prefill tiles, M <= {DECODE_MAX_M}: speed ratio (geomean)",
-         _geomean(gain["ratio"]), 1.0, ">"),
-        ("fp8 per-channel decode: geomean vs bf16 cuBLAS", _geomean(fp8["speedup"]), float("nan"), "info"),
-        ("vLLM MXFP8 (peer) decode M <= 32: geomean vs bf16 cuBLAS", _geomean(peer["speedup"]), float("nan"), "info"),
+         _geomean(gain["ratio"]), 1.0, ">", missing(gain["M"], [m for m in DECODE_MS if m <= DECODE_MAX_M])),
+        ("fp8 per-channel decode: geomean vs bf16 cuBLAS", _geomean(fp8["speedup"]), float("nan"), "info", ""),
+        ("vLLM MXFP8 (peer) decode M <= 32: geomean vs bf16 cuBLAS", _geomean(peer["speedup"]), float("nan"), "info",
+         ""),
     ]
-    out = pd.DataFrame(rows, columns=["target", "measured", "threshold", "op"])
-    out["passed"] = [None if op == "info" else ((m >= t if op == ">=" else m > t) if not np.isnan(m) else False)
-                     for m, t, op in zip(out["measured"], out["threshold"], out["op"])]
-    return out
+    return add_verdicts(pd.DataFrame(rows, columns=["target", "measured", "threshold", "op", "missing"]))
 
 
 def committed_targets(path=None) -> pd.DataFrame:
@@ -143,18 +150,154 @@ def tuned_configs(device_name: str = "NVIDIA_H200") -> pd.DataFrame:
 
 
 def main(targets: bool = False, path: str = "") -> None:
-    """``python -m m3lab.bench.analysis --targets [--path traces/bench/gemm.csv]``: the GEMM targets table
-    from the committed benchmark rows of the newest commit."""
+    """``python -m m3lab.bench.analysis --targets [--path traces/bench/peers.csv]``: the kernels' targets against
+    their peers, from the rows of the newest commit of the peers table (m3lab.bench.peers: every peer at its
+    best, in rounds); no other table is read."""
     from .table import TRACES_BENCH, read_table
     if not targets:
         print("nothing to do: pass --targets")
         return
-    file = path or TRACES_BENCH / "gemm.csv"
+    file = path or TRACES_BENCH / PEERS_TABLE
     df = read_table(file)
     commit = df["commit"].iloc[-1] if len(df) else "-"
-    with pd.option_context("display.width", 200, "display.max_colwidth", 80):
-        print(f"{file}: commit {commit}, {int((df['commit'] == commit).sum())} rows")
-        print(committed_targets(file).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    df = df[df["commit"] == commit]
+    rounds = int(df["round"].max()) if len(df) else 0
+    with pd.option_context("display.width", 220, "display.max_colwidth", 90):
+        print(f"{file}: commit {commit}, {len(df)} rows, {rounds} rounds")
+        print(peer_targets(df).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+# --- the peers run (m3lab.bench.peers): every peer at its best configuration, repeated rounds ------------------
+PEERS_TABLE = "peers.csv"
+OURS = {"moe": ("m3lab", "table=m3lab"), "sparse_attn": ("ours", None), "sparse_indexer": ("ours", None)}
+PEER_OF = {"moe": "vllm-triton", "sparse_attn": "vllm", "sparse_indexer": "vllm"}
+GEMM_KEY = ["M", "N", "K"]
+
+
+def _rounds(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (op, shape, dtype, provider, config): ``us`` (median p50 over rounds), ``by_round`` {round: p50} and
+    ``power_limited`` (a clock note of any round says so)."""
+    from .clocks import power_limited
+    out = []
+    keys = ["op", "shape", "dtype", "provider", "config"]
+    for key, g in df.groupby(keys, dropna=False, sort=False):
+        out.append({**dict(zip(keys, key)), "us": float(g["us_p50"].median()),
+                    "by_round": dict(zip(g["round"], g["us_p50"])),
+                    "power_limited": any(power_limited(c) for c in g["clock"])})
+    return pd.DataFrame(out, columns=keys + ["us", "by_round", "power_limited"])
+
+
+def _ratio(ours: pd.Series, peer_rows: pd.DataFrame) -> dict:
+    """Peer at its best (the configuration with the lowest median) over ours: ratio, its per-round spread."""
+    best = peer_rows.loc[peer_rows["us"].idxmin()]
+    per = [best["by_round"][r] / u for r, u in ours["by_round"].items() if r in best["by_round"]]
+    return {"ours_us": ours["us"], "peer_us": best["us"], "peer": best["provider"], "peer_config": best["config"],
+            "ratio": best["us"] / ours["us"], "ratio_lo": min(per, default=np.nan),
+            "ratio_hi": max(per, default=np.nan), "rounds": len(per),
+            "power_limited": bool(ours["power_limited"] or best["power_limited"])}
+
+
+def peer_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per point and comparison: ``ratio`` = the peer's best median / ours (> 1: ours faster), with the
+    spread over rounds (``ratio_lo``, ``ratio_hi``) and whether any of its timings ran power-limited."""
+    r = _rounds(df)
+    out = []
+    for op, (prov, cfg) in OURS.items():
+        for shape, g in r[r["op"] == op].groupby("shape"):
+            ours = g[(g["provider"] == prov) & ((g["config"] == cfg) if cfg else True)]
+            peer = g[g["provider"] == PEER_OF[op]]
+            if len(ours) and len(peer):
+                out.append({"op": op, "shape": shape, "dtype": "bf16", "versus": PEER_OF[op],
+                            **_ratio(ours.iloc[0], peer)})
+    gm = r[r["op"] == "gemm"].copy()
+    dims = gm["shape"].str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(int)
+    gm[GEMM_KEY] = dims.to_numpy()
+    comparisons = [("bf16", ("triton", "table"), "bf16", "cublas"),
+                   ("fp8", ("triton", "per-channel"), "bf16", "cublas"),
+                   ("fp8", ("triton", "per-channel"), "fp8", "scaled-mm"),
+                   ("mxfp4", ("triton", "table"), "mxfp4", "ogs"),
+                   ("mxfp4", ("triton-mx-layout", "table"), "mxfp4", "ogs"),
+                   ("mxfp8", ("triton", "table"), "bf16", "cublas"), ("mxfp4", ("triton", "table"), "bf16", "cublas"),
+                   ("mxfp8", ("triton-mx-layout", "table"), "bf16", "cublas"),
+                   ("mxfp4", ("triton-mx-layout", "table"), "bf16", "cublas")]
+    for dtype, (prov, cfg), peer_dtype, peer in comparisons:
+        mine = gm[(gm["dtype"] == dtype) & (gm["provider"] == prov) & (gm["config"] == cfg)]
+        theirs = gm[(gm["dtype"] == peer_dtype) & (gm["provider"] == peer)]
+        for _, o in mine.iterrows():
+            p = theirs[(theirs[GEMM_KEY] == o[GEMM_KEY].to_numpy()).all(axis=1)]
+            if len(p):
+                out.append({"op": "gemm", "shape": o["shape"], "dtype": dtype, "provider": prov, "versus": peer,
+                            "M": int(o["M"]), **_ratio(o, p)})
+    return pd.DataFrame(out)
+
+
+def _worst(rows: pd.DataFrame, label: str, threshold: float, gap: str = "") -> dict:
+    """One peer target: the worst ratio over ``rows``, where, its spread; ``gap``: the named points it lacks."""
+    if not len(rows):
+        return {"target": label, "measured": np.nan, "where": "not measured", "spread": "", "threshold": threshold,
+                "missing": gap, "power_limited": 0}
+    w = rows.loc[rows["ratio"].idxmin()]
+    return {"target": label, "measured": float(w["ratio"]),
+            "where": f"{w['shape']} vs {w['peer_config'] or w['versus']}",
+            "spread": f"{w['ratio_lo']:.3f}-{w['ratio_hi']:.3f} over {w['rounds']} rounds",
+            "threshold": threshold, "missing": gap, "power_limited": int(rows["power_limited"].sum())}
+
+
+def mx_layout_or_ocp(ratios: pd.DataFrame, dtype: str) -> str:
+    """Our MX decode path for a format (weights are packed one way at load): the provider whose decode rows
+    (M <= MX_TARGET_MAX_M) are faster against bf16 cuBLAS by geomean."""
+    best, score = "triton", -1.0
+    for prov in MX_DECODE_PROVIDERS:
+        r = ratios[(ratios["dtype"] == dtype) & (ratios["provider"] == prov) & (ratios["versus"] == "cublas")
+                   & (ratios["M"] <= MX_TARGET_MAX_M)]
+        if len(r) and _geomean(r["ratio"]) > score:
+            best, score = prov, _geomean(r["ratio"])
+    return best
+
+
+def peer_targets(df: pd.DataFrame) -> pd.DataFrame:
+    """The kernels' targets against their peers (peers rows only): the worst ratio, where, its spread over
+    rounds, threshold, the points of the peers run (m3lab.bench.peers) the rows lack (``missing``),
+    ``status``/``passed`` (m3lab.analysis.targets: a missing point makes a target ``incomplete``, never
+    passed), and how many of the target's points ran power-limited."""
+    from .peers import GEMM_MS, MOE_TS, OGS_MS, SPARSE_POINTS   # heavy: m3lab.bench.peers imports torch
+    r = peer_ratios(df)
+    if not len(r):
+        return pd.DataFrame(columns=["target", "measured", "where", "spread", "threshold", "missing", "status",
+                                     "passed", "power_limited"])
+    r = r.reindex(columns=list(dict.fromkeys([*r.columns, "M", "provider"])))
+    g = r[r["op"] == "gemm"]
+    path4 = mx_layout_or_ocp(g, "mxfp4") if len(g) else "triton"
+    sparse = [f"B={b},ctx={c},q=1" for b, c in SPARSE_POINTS]
+
+    def gemm(sel, label, threshold, named):
+        return _worst(sel, label, threshold, missing(sel["M"], named))
+
+    def op_rows(op, label, named, name):   # moe points by T, sparse ones by their whole shape
+        sel = r[r["op"] == op]
+        present = sel["shape"].str.extract(r"T=(\d+)", expand=False).dropna().astype(int) if name == "T" \
+            else sel["shape"]
+        return _worst(sel, label, 1.0, missing(present, named, name))
+    rows = [op_rows("moe", "MoE bf16 vs vLLM fused_moe at its best config (every T)", MOE_TS, "T"),
+            op_rows("sparse_attn", "sparse attention vs vLLM decode (PDL), every B x ctx", sparse, "points"),
+            op_rows("sparse_indexer", "indexer vs vLLM index decode, every B x ctx", sparse, "points"),
+            gemm(g[(g["dtype"] == "mxfp4") & (g["provider"] == path4) & (g["versus"] == "ogs")],
+                 f"MXFP4 decode ({path4}) vs matmul_ogs best variant, M <= {MX_TARGET_MAX_M}", 1.0,
+                 [m for m in OGS_MS if m <= MX_TARGET_MAX_M]),
+            gemm(g[(g["dtype"] == "bf16") & g["M"].isin(DECODE_MS)], "bf16 decode vs cuBLAS, worst point", 0.85,
+                 DECODE_MS),
+            gemm(g[(g["dtype"] == "bf16") & (g["M"] >= PREFILL_MIN_M)], "bf16 prefill vs cuBLAS, worst point", 0.85,
+                 [m for m in GEMM_MS["bf16"] if m >= PREFILL_MIN_M]),
+            gemm(g[(g["dtype"] == "fp8") & (g["versus"] == "cublas") & (g["M"] >= PREFILL_MIN_M)],
+                 "fp8 (W8A16) prefill vs bf16 cuBLAS, worst point", 0.85,
+                 [m for m in GEMM_MS["fp8"] if m >= PREFILL_MIN_M]),
+            _worst(g[(g["dtype"] == "fp8") & (g["versus"] == "scaled-mm") & (g["M"] >= PREFILL_MIN_M)],
+                   "fp8 prefill vs torch._scaled_mm (W8A8, fp8 MMA; reported)", np.nan)]
+    out = pd.DataFrame(rows)
+    out["op"] = np.where(out["threshold"].isna(), "info", ">=")
+    out = add_verdicts(out).drop(columns="op")
+    return out[["target", "measured", "where", "spread", "threshold", "missing", "status", "passed",
+                "power_limited"]]
 
 
 if __name__ == "__main__":
@@ -210,3 +353,4 @@ def tile_choices(device_name: str = "NVIDIA_H200", ms=TILE_MS, w_format: str = "
                             on=["N", "K", "M"], how="left")
         out["ours_speedup"] = out["vllm_us"] / out["ours_us"]
     return out
+

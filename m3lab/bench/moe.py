@@ -1,4 +1,5 @@
 """Grouped-MoE benchmark on the GPU: our kernel vs vLLM's own MoE kernels, torch._grouped_mm and a per-expert loop.
+(Over 400 lines: runner, tuner and recorded-table analysis together until bench/ is split per op.)
 
 ``python -m m3lab.bench.moe --out DIR [--phases gates,tune,bench] [--deadline-s 520]`` writes into DIR:
 ``moe.csv`` (long-format rows, m3lab.bench.table), ``moe_tune.csv`` (every tuning timing), the tuned tables
@@ -258,19 +259,55 @@ def bench(providers, ts=TS, routings=ROUTINGS, ceilings=None, log=print, deadlin
 
 
 # --- tuning ---------------------------------------------------------------------------------------------
+# Candidates per regime: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages, ORDER, DOWN_BLOCK_N, DOWN_BLOCK_K,
+# DOWN warps, DOWN stages), each with both combines. Large T adds the tiles vLLM's shipped H200 table runs at
+# M >= 1024 (E=128,N=768: 128 x 256 x 64, GROUP 1, 8 warps, 4 stages; our BLOCK_N counts gate and up rows each,
+# so 128 here is vLLM's 256 of the fused gate_up rows) next to the earlier winners (64 x 64 / 128 x 128 tiles).
+SMALL_TILES = [(16, bn, bk, 1, 4, st, "token", dbn, dbk, 4, dst)
+               for bn, bk, st in ((16, 256, 4), (32, 128, 4), (64, 128, 3), (32, 128, 5))
+               for dbn, dbk, dst in ((32, 256, 3), (64, 128, 4))]
+MID_TILES = ([(bm, bn, 128 if bm == 32 else 64, 4, 4, 3, order, 128, 128 if bm == 32 else 64, 4, 3)
+              for bm in (32, 64) for bn in (32, 64) for order in ("token", "expert")]
+             + [(16, 64, 128, 1, 4, 3, "token", 64, 128, 4, 4), (16, 32, 128, 1, 4, 4, "token", 64, 128, 4, 4)])
+LARGE_TILES = [(64, 64, 64, 8, 4, 3, "token", 128, 64, 4, 3), (128, 128, 64, 8, 8, 3, "token", 128, 64, 8, 3),
+               (128, 128, 64, 1, 8, 4, "token", 256, 64, 8, 4), (128, 128, 64, 8, 8, 4, "token", 256, 64, 8, 4),
+               (128, 64, 64, 8, 4, 4, "token", 128, 64, 4, 4), (64, 128, 64, 8, 8, 3, "token", 256, 64, 8, 3),
+               (128, 128, 64, 4, 8, 3, "token", 128, 128, 8, 3)]
+
+
 def candidates(t: int):
-    """Configs tried at T (a small set: every distinct one is compiled once; M is not specialised)."""
+    """Configs tried at T (every distinct one is compiled once; M is not specialised)."""
+    from ..kernels.moe.tables import COMBINES, MoeConfig
+    tiles = SMALL_TILES if t <= 32 else MID_TILES if t <= 512 else LARGE_TILES
+    return [MoeConfig(*tile, COMBINE=c) for tile in tiles for c in COMBINES]
+
+
+def _compile_worker(jobs: list[tuple[dict, int]]) -> list[str]:
+    """Run each (config, T) once on the M3 shapes (uninitialised weights: only the binaries matter), which
+    fills the Triton disk cache; -> one error string per job ('' = compiled)."""
     from ..kernels.moe.tables import MoeConfig
-    if t <= 32:
-        return [MoeConfig(16, bn, bk, 1, 4, st, "token", dbn, dbk, 4, dst)
-                for bn, bk, st in ((16, 256, 4), (32, 128, 4), (64, 128, 3))
-                for dbn, dbk, dst in ((32, 256, 3), (64, 128, 4))]
-    if t <= 512:
-        return [MoeConfig(bm, bn, 128 if bm == 32 else 64, 4, 4, 3, order, 128, 128 if bm == 32 else 64, 4, 3)
-                for bm in (32, 64) for bn in (32, 64) for order in ("token", "expert")]
-    return [MoeConfig(bm, bn, 64, 8, w, 3, order, 128, 64, w, 3)
-            for bm, bn, w in ((64, 64, 4), (128, 64, 8), (128, 128, 8))
-            for order in ("token", "expert")]
+    device = torch.device("cuda")
+    w13 = torch.empty(EXPERTS, 2 * I, H, device=device, dtype=torch.bfloat16)
+    w2 = torch.empty(EXPERTS, H, I, device=device, dtype=torch.bfloat16)
+    errors = []
+    for cfg, t in jobs:
+        try:
+            wts, ids = route_call(t, "balanced", device)
+            _ours("bf16", config=MoeConfig(**dict(cfg)))(torch.randn(t, H, device=device, dtype=torch.bfloat16),
+                                                  {"w13": w13, "w2": w2}, wts, ids)
+            torch.cuda.synchronize()
+            errors.append("")
+        except Exception as err:
+            errors.append(f"T={t} {dict(cfg)}: {type(err).__name__}: {str(err)[:120]}")
+    return errors
+
+
+def precompile(ts, workers: int = 12, log=print) -> int:
+    """Compile every candidate of every T in ``workers`` processes (T 1 and T > 1 specialise differently:
+    vLLM's naive assignment at T·k·4 <= E). -> the number of failures."""
+    from .parallel import run_in_workers
+    jobs = [(tuple(sorted(c.to_dict().items())), min(t, 8)) for t in ts for c in candidates(t)]
+    return run_in_workers(_compile_worker, jobs, workers, log, "moe precompile")
 
 
 def tune(ts=TS, log=print, deadline: float | None = None, rep_ms: float = 25.0, fmt: str = "bf16"):
@@ -389,9 +426,12 @@ def copy_ceiling(df) -> float:
 
 def moe_targets(df):
     """The issue's H200 targets against a recorded table (moe_table()): one row per target and routing,
-    measured figure, threshold, passed (NaN = not measured)."""
+    measured figure over the T its title names (``TS``), the named T the table lacks (``missing``), threshold,
+    ``status``/``passed`` (m3lab.analysis.targets: a missing T is ``incomplete``, never passed)."""
     import numpy as np
     import pandas as pd
+
+    from ..analysis.targets import add_verdicts, missing
     ours = _p50(df, "m3lab")
     peer = pd.concat([_p50(df, "vllm-triton"), _p50(df, "torch-grouped-mm")], axis=1).min(axis=1)
     gmm = _p50(df, "torch-grouped-mm")
@@ -404,28 +444,27 @@ def moe_targets(df):
     ridge = h200["bf16_gemm_flops"] / h200["hbm_copy_bw"]   # ~162 FLOP/B: above it a problem is compute-bound
     rows = []
     for routing in sorted(df["routing"].dropna().unique()):
-        def worst(series, ts):
+        def worst(series, ts):   # -> (worst value over the named T, the named T the series lacks)
             vals = [series.get((routing, t), np.nan) for t in ts]
-            return float(np.nanmin(vals)) if not all(np.isnan(vals)) else np.nan
-        ts = sorted(df["T"].unique())
+            gap = missing([t for t, v in zip(ts, vals) if not np.isnan(v)], ts, "T")
+            return (float(np.nanmin(vals)) if not all(np.isnan(vals)) else np.nan), gap
         speed = (peer / ours)
+        memory_bound = [t for t in TS if t >= BW_MIN_T and intensity.get((routing, t), 0) < ridge]
         rows += [
             (routing, "T <= 128: m3lab vs the faster of vllm-triton and torch._grouped_mm (worst T)",
-             worst(speed, [t for t in ts if t <= TARGET_SMALL_T]), 1.2),
+             *worst(speed, [t for t in TS if t <= TARGET_SMALL_T]), 1.2),
             (routing, "T >= 32 and memory-bound (FLOP/byte under the measured H200 ridge): fraction of copy "
                       "bandwidth on touched weight bytes (worst T)",
-             worst(tb / copy, [t for t in ts if t >= BW_MIN_T and intensity.get((routing, t), 0) < ridge]), 0.75),
-            (routing, "T = 8192: m3lab vs torch._grouped_mm", (gmm / ours).get((routing, 8192), np.nan), 1.2),
+             *worst(tb / copy, memory_bound or [BW_MIN_T]), 0.75),
+            (routing, "T = 8192: m3lab vs torch._grouped_mm", *worst(gmm / ours, [8192]), 1.2),
             (routing, "MXFP8 weights, T <= 32: speed-up over our bf16 (worst T)",
-             worst(ours / _p50(df, "m3lab-mxfp8"), [t for t in ts if t <= 32]), 1.5),
+             *worst(ours / _p50(df, "m3lab-mxfp8"), [t for t in TS if t <= 32]), 1.5),
             (routing, "MXFP4 weights, T <= 32: speed-up over our bf16 (worst T)",
-             worst(ours / _p50(df, "m3lab-mxfp4"), [t for t in ts if t <= 32]), 2.2),
+             *worst(ours / _p50(df, "m3lab-mxfp4"), [t for t in TS if t <= 32]), 2.2),
             (routing, "T = 1: fused shared expert vs separate (speed-up; write-up +30.2% at concurrency 1)",
-             (_p50(df, "m3lab-separate-shared") / ours).get((routing, 1), np.nan), 1.0),
+             *worst(_p50(df, "m3lab-separate-shared") / ours, [1]), 1.0),
         ]
-    out = pd.DataFrame(rows, columns=["routing", "target", "measured", "threshold"])
-    out["passed"] = out["measured"] >= out["threshold"]
-    return out
+    return add_verdicts(pd.DataFrame(rows, columns=["routing", "target", "measured", "missing", "threshold"]))
 
 
 def decode_share(df, batch: int = 32, context: int = 8192, hardware: str = "h200", routing: str = "balanced",
@@ -437,10 +476,11 @@ def decode_share(df, batch: int = 32, context: int = 8192, hardware: str = "h200
     """
     import pandas as pd
 
-    from ..cost.model import cost_step
+    from ..serving.step_cost import cost_step
+    from ..spec.serving import make_deployment
     from ..workload.step import EngineStep
-    costed = cost_step("minimax-m3", hardware, step=EngineStep.decode(batch, context), tp=4, quant=quant,
-                       calibration=None)
+    dep = make_deployment(None, model="minimax-m3", hardware=hardware, tp=4, quant=quant)
+    costed = cost_step(dep, EngineStep.decode(batch, context), calibration=None)
     by_kind = costed.groupby("kind")["t_us"].sum()
     moe_layers = costed.loc[costed["kind"] == "grouped_gemm", "layer"].nunique()
     ours = _p50(df, "m3lab")

@@ -15,15 +15,14 @@ import typer
 def measure(model: str = "minimax-m3", tp: int = 4, isl: int = 8192, osl: int = 1024, concurrency: int = 128,
             repeats: int = 3) -> dict:
     """Seconds to build every histogram (schedule included), per repetition."""
-    from m3lab.spec import ParallelPlan
-    from m3lab.workload import Workload
+    from m3lab.spec.serving import make_deployment
     from m3lab.workload.shapes import shape_histograms
 
-    wl = Workload(isl, osl, concurrency)
+    dep = make_deployment(None, model=model, tp=tp, quant="bf16", isl=isl, osl=osl, concurrency=concurrency)
     times, report = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        report = shape_histograms(model, ParallelPlan(tp=tp), "bf16", wl)
+        report = shape_histograms(dep)
         times.append(time.perf_counter() - t0)
     return {"model": model, "tp": tp, "isl": isl, "osl": osl, "concurrency": concurrency,
             "steps": report.num_steps, "runs": report.meta["num_runs"], "seconds": times,

@@ -394,30 +394,42 @@ def versus_vllm(df):
 
 
 def targets(df):
-    """The issue's targets against the recorded rows: one line each with the figure and met / missed."""
+    """The issue's targets against the recorded rows: one line each with the figure, the points its title names
+    that the rows lack (``missing``), and ``status`` (m3lab.analysis.targets: pass / fail / incomplete) and
+    ``met`` (None when incomplete)."""
     import pandas as pd
+
+    from ..analysis.targets import missing, status_of
     vs = versus_vllm(df)
     rows = []
     dec = vs[vs["op"].isin(["sparse_attn", "sparse_indexer", "sparse_pair"])]
-    worst = dec.loc[dec["speedup"].idxmin()]
-    rows.append(("never slower than vLLM (decode ops)", f"worst {worst['speedup']:.2f}x at {worst['op']} {worst['shape']}",
-                 bool(worst["speedup"] >= 1.0)))
+    points = [f"B={b},ctx={c},q={q}" for q in Q_ROWS for c in CONTEXTS for b in BATCHES]
+    gap = missing(set.intersection(*[set(dec.loc[dec["op"] == op, "shape"]) for op in sorted(set(dec["op"]))]
+                                   or [set()]) if len(dec) else [], points, "points")
+    worst = dec.loc[dec["speedup"].idxmin()] if len(dec) else None
+    rows.append(("never slower than vLLM (decode ops)", "" if worst is None else
+                 f"worst {worst['speedup']:.2f}x at {worst['op']} {worst['shape']}", gap,
+                 worst is not None and bool(worst["speedup"] >= 1.0)))
     for b in (1, 32):
         r = dec[(dec["op"] == "sparse_pair") & (dec["B"] == b) & (dec["ctx"] == 8192) & (dec["q"] == 1)]
-        if len(r):
-            rows.append((f">= 1.5x indexer + attention, B={b}, 8K", f"{r['speedup'].iloc[0]:.2f}x",
-                         bool(r["speedup"].iloc[0] >= 1.5)))
+        rows.append((f">= 1.5x indexer + attention, B={b}, 8K", f"{r['speedup'].iloc[0]:.2f}x" if len(r) else "",
+                     missing(r["B"], [b], "B"), bool(len(r) and r["speedup"].iloc[0] >= 1.5)))
     r = dec[(dec["op"] == "sparse_attn") & (dec["B"] == 128) & (dec["q"] == 1)]
     rows.append(("attention >= 90% of copy bandwidth at B=128", ", ".join(f"{x:.0%}" for x in r["ours_frac_copy"]),
-                 bool((r["ours_frac_copy"] >= 0.9).all()) if len(r) else False))
+                 missing(r["ctx"], CONTEXTS, "ctx"), bool((r["ours_frac_copy"] >= 0.9).all())))
     r = dec[(dec["op"] == "sparse_indexer") & (dec["B"] >= 32) & (dec["q"] == 1)]
     rows.append(("indexer >= 90% of copy bandwidth at B >= 32", ", ".join(f"{x:.0%}" for x in r["ours_frac_copy"]),
-                 bool((r["ours_frac_copy"] >= 0.9).all()) if len(r) else False))
+                 missing(r["shape"], [f"B={b},ctx={c},q=1" for c in CONTEXTS for b in BATCHES if b >= 32], "points"),
+                 bool((r["ours_frac_copy"] >= 0.9).all())))
     for op in ("sparse_prefill_attn", "sparse_prefill_indexer"):
         r = vs[vs["op"] == op]
         rows.append((f">= 1.2x on prefill chunks ({op.removeprefix('sparse_prefill_')})",
-                     ", ".join(f"{x:.2f}x" for x in r["speedup"]), bool((r["speedup"] >= 1.2).all()) if len(r) else False))
-    return pd.DataFrame(rows, columns=["target", "measured", "met"])
+                     ", ".join(f"{x:.2f}x" for x in r["speedup"]), missing(r["ctx"], CONTEXTS, "ctx"),
+                     bool((r["speedup"] >= 1.2).all())))
+    out = pd.DataFrame(rows, columns=["target", "measured", "missing", "ok"])
+    out["status"] = [status_of(ok, g) for ok, g in zip(out["ok"], out["missing"])]
+    out["met"] = pd.Series([{"pass": True, "fail": False}.get(s) for s in out["status"]], dtype=object)
+    return out.drop(columns="ok")
 
 
 def saving_bound(ctx: int, index_bytes_per_token: int = 2 * D) -> dict:
@@ -463,12 +475,14 @@ def indexer_repetition(model: str = "minimax-m3", hardware: str = "mi355x", tp: 
     import pandas as pd
 
     from ..analysis import repetition as rp
-    from ..cost.model import cost_step
+    from ..serving.step_cost import cost_step
+    from ..spec.serving import make_deployment
     from ..workload.step import EngineStep
+    dep = make_deployment(None, model=model, hardware=hardware, tp=tp, quant=quant)
     frames = []
     for c in concurrencies:
         step = EngineStep.decode(c, ctx)
-        rep = rp.repetition(cost_step(model, hardware, tp=tp, quant=quant, step=step, calibration=calibration),
+        rep = rp.repetition(cost_step(dep, step, calibration=calibration),
                             output_tokens=c, active_requests=c)
         rep = rep[rep["op"].isin(["indexer", "topk", "attention", "indexer_qk_proj", "qkv_proj"])].copy()
         rep["concurrency"] = c

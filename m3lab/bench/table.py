@@ -2,12 +2,14 @@
 
 Columns (one row per op × provider × shape × dtype measurement):
 ``op, provider, shape, dtype, us_p20, us_p50, us_p80, tflops, tbps, frac_ceiling, ceiling,
-device, commit, date, m, n, k, ceiling_value, harness`` — ``shape`` is a readable label (``"M=..,N=..,K=.."``),
+device, commit, date, m, n, k, ceiling_value, harness, config, round, clock`` — ``shape`` is a readable label (``"M=..,N=..,K=.."``),
 ``m``/``n``/``k`` the GEMM dimensions as numbers (empty for ops without them), ``tflops``/``tbps`` are
 achieved rates at the median, ``frac_ceiling`` the fraction of the ceiling named by ``ceiling``
 (``copy_tbps`` or ``mm_tflops``: whichever bounds the op) whose value is ``ceiling_value``; ``commit`` is
 passed in by the benchmark command; ``harness`` names the timing method (``graph24``: see
-m3lab.bench.timing; empty on rows timed before the column existed). Rows written before the numeric columns existed (the label carried
+m3lab.bench.timing; empty on rows timed before the column existed); ``config``, ``round`` and ``clock`` are
+filled by the peers run (m3lab.bench.peers: a provider's configuration, the repeat round, the SM clock and power
+seen while it was timed). Rows written before the numeric columns existed (the label carried
 the numbers: ``"copy_tbps=4.21"``) are read into the same columns by :func:`read_table`.
 """
 import csv
@@ -43,11 +45,15 @@ class BenchRow:
     k: int | None = None
     ceiling_value: float | None = None
     harness: str | None = None       # timing method (m3lab.bench.timing.HARNESS); empty on older rows
+    config: str | None = None        # the provider's launch configuration, where it has several (peers table)
+    round: int | None = None         # repeat round of an interleaved peers run (m3lab.bench.peers)
+    clock: str | None = None         # SM clock / power while timed, e.g. "sm 1755-1980 MHz, 700/700 W, power-cap"
 
 
 COLUMNS = tuple(f.name for f in fields(BenchRow))
 NUMERIC_SHAPE = ("m", "n", "k", "ceiling_value")
-OPTIONAL = NUMERIC_SHAPE + ("harness",)
+TEXT_OPTIONAL = ("harness", "config", "clock")
+OPTIONAL = NUMERIC_SHAPE + TEXT_OPTIONAL + ("round",)
 REQUIRED = tuple(c for c in COLUMNS if c not in OPTIONAL)   # rows of older tables have only these
 
 
@@ -94,7 +100,10 @@ def _legacy(df: pd.DataFrame) -> pd.DataFrame:
     for col in NUMERIC_SHAPE:
         if col not in df.columns:
             df[col] = float("nan")
-    df["harness"] = df["harness"].astype(object).where(df["harness"].notna(), "").astype(str) if "harness" in df.columns else ""
+    for col in TEXT_OPTIONAL:
+        df[col] = df[col].astype(object).where(df[col].notna(), "").astype(str) if col in df.columns else ""
+    if "round" not in df.columns:
+        df["round"] = float("nan")
     old = df["m"].isna()
     if old.any():
         dims = df.loc[old, "shape"].astype(str).str.extract(r"M=(\d+),N=(\d+),K=(\d+)").astype(float)

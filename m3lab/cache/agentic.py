@@ -35,6 +35,7 @@ from m3lab.errors import M3LabError
 AGENTX_MEDIAN_INPUT = 142_000      # published: median request input tokens (AgentX)
 AGENTX_MEDIAN_OUTPUT = 444         # published: median request output tokens
 AGENTX_SUBAGENT_SHARE = 0.44       # published: share of sessions that spawn subagents
+MAX_SESSIONS = 100_000             # about 4.4 M requests (~40 s to generate, minutes to replay on one core)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class AgenticConfig:
     def __post_init__(self):
         if not isinstance(self.sessions, int) or self.sessions < 1:
             raise M3LabError(f"sessions={self.sessions!r} must be a positive integer", field="sessions")
+        if self.sessions > MAX_SESSIONS:
+            raise M3LabError(f"sessions={self.sessions:,} is more than the generator's limit of {MAX_SESSIONS:,} "
+                             f"(about 44 requests each, held in memory)", field="sessions",
+                             hint="simulate a sample: the hit rates settle within a few thousand sessions")
         if not 0 <= self.subagent_share <= 1:
             raise M3LabError(f"subagent_share={self.subagent_share} must be in [0, 1]", field="subagent_share")
         if self.block_size % AGENTX_BLOCK and AGENTX_BLOCK % self.block_size:
@@ -186,12 +191,16 @@ class _Builder:
                      source=f"agentic(seed={self.cfg.seed}, sessions={self.cfg.sessions})", meta=meta)
 
 
-def generate(cfg: AgenticConfig | None = None, *, keep_hash_streams: bool = False, **overrides) -> Trace:
-    """AgentX-like sessions as a :class:`Trace` (``overrides`` replace fields of ``cfg``)."""
+def generate(cfg: AgenticConfig | None = None, *, keep_hash_streams: bool = False, progress=None,
+             **overrides) -> Trace:
+    """AgentX-like sessions as a :class:`Trace` (``overrides`` replace fields of ``cfg``);
+    ``progress(sessions_done, sessions)`` is called every 1,000 sessions."""
     cfg = AgenticConfig(**{**(asdict(cfg) if cfg else {}), **overrides})
     b = _Builder(cfg, keep_hash_streams)
     starts = np.cumsum(b.rng.exponential(1.0 / cfg.session_rate, cfg.sessions))
     for s in range(cfg.sessions):
+        if progress is not None and s % 1000 == 0:
+            progress(s, cfg.sessions)
         b.session(s, float(starts[s]))
     return b.trace()
 

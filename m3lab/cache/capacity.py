@@ -13,6 +13,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from m3lab.errors import M3LabError
+from m3lab.spec.limits import VLLM_GPU_MEMORY_UTILIZATION as GPU_MEMORY_UTILIZATION
+
+
+MAX_SIM_BLOCKS = 1 << 24   # the simulator's block table: ~16.8 M blocks take ~250 MB (arrays and a list per block)
+
+
+def check_sim_capacity(tokens: float | None, block_size: int, field: str = "capacity_tokens") -> None:
+    """Raise M3LabError when a finite KV capacity needs more blocks than the simulator holds (MAX_SIM_BLOCKS);
+    None (unlimited) is always fine: an unlimited pool grows with what is cached."""
+    if tokens is None or tokens == float("inf"):
+        return
+    if tokens / block_size > MAX_SIM_BLOCKS:
+        raise M3LabError(f"{field}={tokens:.4g} tokens is more than the simulator's limit of "
+                         f"{MAX_SIM_BLOCKS * block_size:,} ({MAX_SIM_BLOCKS:,} blocks of {block_size})", field=field,
+                         hint="use inf (or None) for an unlimited cache")
 
 
 @dataclass(frozen=True)
@@ -39,7 +54,7 @@ class CacheCapacity:
         return asdict(self)
 
 
-def cache_capacity(model, plan, quant, hw, *, gpu_memory_utilization: float = 0.9,
+def cache_capacity(model, plan, quant, hw, *, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                    spec_tokens: int = 0) -> CacheCapacity:
     """One rank's KV pool for ``model`` under ``plan`` and ``quant`` on ``hw`` (see module docstring)."""
     from m3lab.serving.capacity import capacity

@@ -219,10 +219,13 @@ class PrefixCache:
             self._dups.setdefault(h, []).append(b)
 
     # ---- manager ---------------------------------------------------------------------------------
-    def get_computed_blocks(self, hashes: list, num_tokens: int) -> list[int]:
+    def get_computed_blocks(self, hashes: list, num_tokens: int, num_hashed: int | None = None) -> list[int]:
         """Cached block ids of the longest hit for a request of ``num_tokens`` tokens whose full blocks have
-        keys ``hashes`` (a list; only the first ``(num_tokens - 1) // block_size`` are consulted)."""
+        keys ``hashes`` (a list; only the first ``(num_tokens - 1) // block_size`` are consulted, and only the
+        first ``num_hashed`` exist yet when given: vLLM's ``request.block_hashes``)."""
         limit = (num_tokens - 1) // self.block_size
+        if num_hashed is not None:
+            limit = min(limit, num_hashed)
         if limit <= 0:
             return []
         got = list(map(self.table.get, hashes[:limit]))
@@ -253,11 +256,19 @@ class PrefixCache:
 
     def allocate_slots(self, rid, hashes: list, num_tokens: int, num_computed: int, num_new_tokens: int,
                        hit: list[int] = (), *, lookahead: int = 0, full_sequence_must_fit: bool = False,
-                       apply_watermark: bool = False) -> bool:
+                       apply_watermark: bool = False, num_hashed: int | None = None) -> bool:
         """Give request ``rid`` slots for ``num_new_tokens`` more tokens after ``num_computed`` computed ones
         and the ``hit`` blocks just found; cache its newly full blocks. False (nothing changed) when the free
-        blocks do not suffice. ``num_tokens``: the tokens the request has (prompt + outputs so far)."""
+        blocks do not suffice. ``num_tokens``: the tokens the request has (prompt + outputs so far);
+        ``num_hashed``: how many of ``hashes`` exist yet (default all)."""
         bs = self.block_size
+        if not hit and not full_sequence_must_fit and not apply_watermark:   # a running request whose blocks
+            blocks = self.req_blocks.get(rid)                                  # already hold the new slots
+            if blocks is not None and len(blocks) * bs >= min(num_computed + num_new_tokens + lookahead,
+                                                              self.max_model_len):
+                self.cache_blocks(rid, hashes, min(min(num_computed, self.max_model_len) + num_new_tokens,
+                                                   num_tokens), num_hashed)
+                return True
         total_computed = min(num_computed + len(hit) * bs, self.max_model_len)
         free = self.num_free
         reserve = self.watermark_blocks if apply_watermark else 0
@@ -294,16 +305,23 @@ class PrefixCache:
             used = self.num_blocks - 1 - self.num_free
             if used > self.peak_used:
                 self.peak_used = used
-        n_full = min(total_computed + num_new_tokens, num_tokens, len(hashes) * bs) // bs
+        self.cache_blocks(rid, hashes, min(total_computed + num_new_tokens, num_tokens), num_hashed)
+        return True
+
+    def cache_blocks(self, rid, hashes: list, num_tokens: int, num_hashed: int | None = None) -> None:
+        """Cache request ``rid``'s blocks that are full within its first ``num_tokens`` tokens and have a key
+        (``KVCacheManager.cache_blocks``; ``num_hashed`` as for :meth:`allocate_slots`)."""
+        n_hashed = len(hashes) if num_hashed is None else min(num_hashed, len(hashes))
+        n_full = min(num_tokens, n_hashed * self.block_size) // self.block_size
         done = self._req_cached.get(rid, 0)
         if done < n_full:
+            blocks = self.req_blocks[rid]
             insert = self._insert
             for i in range(done, n_full):
                 insert(hashes[i], blocks[i])
                 if self._tracks_tree:
                     self.policy.on_cached(blocks[i], blocks[i - 1] if i else None)
             self._req_cached[rid] = n_full
-        return True
 
     def free(self, rid) -> None:
         """Release a finished or preempted request's blocks, last block first."""

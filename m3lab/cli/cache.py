@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import typer
 
-from m3lab.cli.output import echo_json
+from m3lab.cli.output import echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 
 
-def _capacity(text: str) -> float | None:
+def _capacity(text: str, block_size: int) -> float | None:
+    from m3lab.cache.capacity import check_sim_capacity
+
     if text.lower() in ("inf", "infinite", "unlimited", "none"):
         return None
     try:
         v = int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise M3LabError(f"--capacity-tokens {text!r} is not a number", field="capacity_tokens",
                          hint="give tokens (e.g. 4000000 or 4e6) or inf") from None
+    check_sim_capacity(v, block_size)
     return v
 
 
-def _trace(trace: str, fmt: str, block_size: int, skip_invalid: bool):
+def _trace(trace: str, fmt: str, block_size: int, skip_invalid: bool, show_progress: bool = True):
     if fmt == "agentic" and trace.startswith("generate:"):
         from m3lab.cache.agentic import generate
         parts = trace.split(":")
@@ -37,7 +40,10 @@ def _trace(trace: str, fmt: str, block_size: int, skip_invalid: bool):
             seed = int(parts[2]) if len(parts) > 2 else 0
         except (ValueError, IndexError):
             raise M3LabError(f"--trace {trace!r}: expected generate:SESSIONS[:SEED]", field="trace") from None
-        return generate(sessions=sessions, seed=seed, block_size=block_size)
+        from m3lab.cache.agentic import AgenticConfig
+        AgenticConfig(sessions=sessions, seed=seed, block_size=block_size)   # bounds, before the long part
+        with progress("generating sessions", unit="sessions", enabled=show_progress) as update:
+            return generate(sessions=sessions, seed=seed, block_size=block_size, progress=update)
     from m3lab.cache.trace import read_trace
     return read_trace(trace, fmt, block_size, skip_invalid=skip_invalid)
 
@@ -65,11 +71,11 @@ def cache_sim_cmd(
         raise M3LabError(f"unknown --policy {policy!r}", field="policy", hint=f"choose one of {', '.join(POLICIES)}")
     if block_size < 1:
         raise M3LabError(f"--block-size {block_size} must be positive", field="block_size")
-    num_blocks = blocks_for_tokens(_capacity(capacity_tokens), block_size)
+    num_blocks = blocks_for_tokens(_capacity(capacity_tokens, block_size), block_size)
     if engine == "vllm" and num_blocks is None:
         raise M3LabError("--engine vllm needs a finite --capacity-tokens", field="capacity_tokens",
                          hint="vLLM's block pool has a size; pass e.g. --capacity-tokens 4e6")
-    tr = _trace(trace, fmt, block_size, skip_invalid)
+    tr = _trace(trace, fmt, block_size, skip_invalid, progress_wanted(as_json))
     res = replay(tr, engine, num_blocks=num_blocks, policy=policy, concurrency=concurrency, progress=not as_json)
     s = res.summary()
     if as_json:
@@ -99,6 +105,10 @@ def print_estimate(summary: dict, as_json: bool) -> None:
                 "prefix_cache_hit_rate", "kv_cache_usage", "kv_cache_usage_peak", "preemptions", "evicted_blocks"):
         v = s[key]
         lines.append(f"  {key:30s} {v:.4g}" if isinstance(v, float) else f"  {key:30s} {v}")
+    if s.get("spec_tokens"):
+        lines.append(f"  accept_len {s['accept_len']:g} ({s['accept_len_source']}); " + "; ".join(
+            f"at {r['accept_len']:g}: TPOT p50 {r['tpot_p50_ms']:.1f} ms" for r in s.get("accept_len_sensitivity", ())))
+    lines.extend(f"note: {n}" for n in s.get("notes", ()))
     lines.append(s["label"])
     typer.echo("\n".join(lines))
 

@@ -1,7 +1,10 @@
 """``m3lab estimate`` (serving ceiling and calibrated estimate) and ``m3lab kernel-time`` (one kernel).
 
-    m3lab estimate --model minimax-m3 --hardware mi355x --tp 4 --quant mxfp8 --isl 8192 --osl 1024 \\
-        --concurrency 32 [--ep N] [--kv-dtype fp8] [--calibration TABLE] [--spec-tokens K --accept-len A] [--json]
+    m3lab estimate [--preset NAME] [--model M --hardware H --tp N --quant Q --kv-dtype fp8] \\
+        [--isl 8192 --osl 1024 --concurrency 32] [--set KEY=VALUE ...] [--calibration TABLE] [--json]
+    m3lab estimate --preset eagle3-mxfp8-tp4 --accept-len 2.7 --set accept_dataset=MT-Bench
+    m3lab estimate --pd 2:1 [--kv-link-gbps 50]          (P/D disaggregated)
+    m3lab estimate --workload agentx --concurrency 28     (AgentX-like sessions, prefix caching)
     m3lab kernel-time --hardware mi355x --op gemm --m 32 --n 2560 --k 6144 --quant mxfp8 [--json]
     m3lab kernel-time --hardware mi355x --op grouped_gemm --tokens 32 --hidden 6144 --inter 768 \\
         --experts 129 --topk 5 --quant mxfp8 [--routing balanced] [--json]
@@ -12,90 +15,152 @@ from typing import Optional
 
 import typer
 
+from m3lab.cli import deploy_options as opt
 from m3lab.cli.output import echo_json
 from m3lab.errors import M3LabError
 from m3lab.pipeline.validate import is_null
-from m3lab.workload.scheduler import REQUESTS_PER_SLOT
 
 
-def estimate_cmd(
-        model: str = typer.Option(..., "--model", help="model name (minimax-m3, ...) or config.json path"),
-        hardware: str = typer.Option(..., "--hardware", help="hardware profile (mi355x, h200, ...) or YAML path"),
-        tp: int = typer.Option(4, "--tp", help="tensor-parallel GPUs per replica (default 4, as for shapes)"),
-        ep: int = typer.Option(1, "--ep", help="expert-parallel degree (1: TP-MoE)"),
-        quant: str = typer.Option("bf16", "--quant", help="bf16, fp8, mxfp8 or mxfp4"),
-        kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="KV cache dtype: bf16 or fp8 (default bf16)"),
-        isl: Optional[int] = typer.Option(None, "--isl", help="input tokens per request (--workload fixed)"),
-        osl: Optional[int] = typer.Option(None, "--osl", help="output tokens per request (--workload fixed)"),
-        concurrency: int = typer.Option(..., "--concurrency", help="requests in flight (closed loop)"),
-        calibration: Optional[str] = typer.Option(None, "--calibration",
+def _deployment(preset, set_, workload, pd, kv_link_gbps, spec_tokens, **flags):
+    """The estimate's Deployment; refuses fixed-length options with the agentic workload."""
+    if workload not in (None, "fixed"):
+        given = [name for name, v in (("--isl", flags["isl"]), ("--osl", flags["osl"]), ("--pd", pd),
+                                      ("--num-prompts", flags["num_prompts"]), ("--kv-link-gbps", kv_link_gbps))
+                 if v is not None]
+        if given:
+            raise M3LabError(f"{', '.join(given)} do not apply to --workload {workload} (sessions set their own "
+                             "lengths and it runs colocated)", field=given[0].lstrip("-"),
+                             hint="drop them, or use --workload fixed")
+    return opt.build(preset, set_, workload=workload, pd=pd, kv_link_gbps=kv_link_gbps, spec_tokens=spec_tokens,
+                     **flags)
+
+
+def estimate_cmd(  # long: typer declares every option in the signature
+        preset: opt.Preset = None, model: opt.Model = None, hardware: opt.HardwareName = None, tp: opt.Tp = None,
+        ep: opt.Ep = None, quant: opt.Quant = None, kv_dtype: opt.KvDtype = None,
+        index_dtype: opt.IndexDtype = None, isl: opt.Isl = None, osl: opt.Osl = None,
+        concurrency: opt.Concurrency = None, num_prompts: opt.NumPrompts = None, set_: opt.Settings = [],
+        calibration: Optional[str] = typer.Option(None, "--calibration", metavar="NAME|CSV",
                                                   help="shipped calibration name or measured CSV; default: the "
                                                        "hardware's shipped one (MI355X: AITER tables), 'none' for "
                                                        "the ceiling only"),
-        spec_tokens: int = typer.Option(0, "--spec-tokens", help="speculative draft tokens per step (0: off)"),
-        accept_len: Optional[float] = typer.Option(None, "--accept-len",
+        spec_tokens: Optional[int] = typer.Option(None, "--spec-tokens", metavar="K",
+                                                  help="speculative draft tokens per step (EAGLE3 unless --set "
+                                                       "spec_method=...)"),
+        accept_len: Optional[float] = typer.Option(None, "--accept-len", metavar="A",
                                                    help="mean tokens accepted per step, bonus token included "
-                                                        "(needed with --spec-tokens; e.g. 2.7 for EAGLE3, K=3)"),
-        num_requests: Optional[int] = typer.Option(None, "--num-requests",
-                                                   help=f"requests simulated (default {REQUESTS_PER_SLOT} x concurrency)"),
-        gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM's setting"),
-        pd: Optional[str] = typer.Option(None, "--pd", help="P:D disaggregated: P prefill and D decode instances "
-                                                          "of --tp GPUs joined by the KV hand-off"),
-        kv_link_gbps: float = typer.Option(50.0, "--kv-link-gbps", help="with --pd: KV link GB/s per GPU"),
-        workload: str = typer.Option("fixed", "--workload", help="fixed (--isl/--osl) or agentx (AgentX-like "
-                                                                  "sessions, prefix caching: m3lab.cache)"),
+                                                        "(name its traffic with --set accept_dataset=MT-Bench)"),
+        gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", metavar="F",
+                                                               help="vLLM's setting (default 0.92)"),
+        pd: Optional[str] = typer.Option(None, "--pd", metavar="P:D", help="P/D disaggregated: P prefill and D "
+                                                                           "decode instances"),
+        kv_link_gbps: Optional[float] = typer.Option(None, "--kv-link-gbps", metavar="GB/S",
+                                                     help="with --pd: KV link GB/s per GPU (default 50, assumed)"),
+        workload: Optional[str] = typer.Option(None, "--workload", metavar="KIND",
+                                               help="fixed (--isl/--osl) or agentx (AgentX-like sessions, prefix "
+                                                    "caching: m3lab.cache)"),
+        breakdown: bool = typer.Option(False, "--breakdown",
+                                       help="add the decode step's per-op kernels, bytes, FLOPs, µs and shares "
+                                            "(JSON: decode_step_ops) at the run's mean batch and context"),
+        engine: str = typer.Option("m3lab", "--engine", metavar="m3lab|vllm",
+                                   help="who schedules the steps: m3lab's generator, or vLLM's own Scheduler (the "
+                                        "reference: slower; says how much and whether both agree)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
-    """Serving estimate: TTFT, TPOT, tokens/s/GPU (calibrated where a calibration exists, else the ceiling)."""
-    import warnings
+    """Serving estimate as vllm bench measures it: TTFT (with queueing), TPOT, ITL, tokens/s/GPU (calibrated where
+    a calibration exists, else the ceiling)."""
+    from m3lab.serving.estimate import estimate
 
-    from m3lab.serving.estimate import ShortRunWarning, estimate
-
+    if engine not in ("m3lab", "vllm"):
+        raise M3LabError(f"--engine {engine!r} is unknown", field="engine", hint="use m3lab or vllm")
     cal = "default" if calibration is None else (None if is_null(calibration) else calibration)
-    if workload != "fixed":
+    d = _deployment(preset, set_, workload, pd, kv_link_gbps, spec_tokens, model=model, hardware=hardware, tp=tp,
+                    ep=ep, quant=quant, kv_dtype=kv_dtype, index_dtype=index_dtype, isl=isl, osl=osl,
+                    concurrency=concurrency, num_prompts=num_prompts, accept_len=accept_len,
+                    gpu_memory_utilization=gpu_memory_utilization)
+    if engine != "m3lab" and (d.workload.kind != "fixed" or d.pd.enabled):
+        raise M3LabError("--engine vllm runs the fixed-length colocated estimate's schedule", field="engine",
+                         hint="drop --engine for --pd and --workload agentx (their engines run on a clock: m3lab's)")
+    if breakdown and (d.workload.kind != "fixed" or d.pd.enabled):
+        raise M3LabError("--breakdown applies to the colocated fixed-length estimate", field="breakdown",
+                         hint="drop --pd / --workload, or --breakdown")
+    if d.workload.kind != "fixed":
         from m3lab.cache.serving import estimate_workload
         from m3lab.cli.cache import print_estimate
-        print_estimate(estimate_workload(workload, model, hardware, tp=tp, ep=ep, quant=quant, concurrency=concurrency,
-                                         calibration=cal, spec_tokens=spec_tokens, accept_len=accept_len,
-                                         gpu_memory_utilization=gpu_memory_utilization, kv_dtype=kv_dtype), as_json)
+        print_estimate(estimate_workload(d, calibration=cal, progress=True), as_json)
         return
-    if isl is None or osl is None:
-        raise M3LabError("--isl and --osl are needed with --workload fixed", field="isl",
-                         hint="pass both, or --workload agentx")
-    if pd is not None:
+    if d.pd.enabled:
         from m3lab.cli.pd import print_pd_estimate
-        from m3lab.serving.disagg import parse_ratio, pd_estimate
-        p, d = parse_ratio(pd)
-        print_pd_estimate(pd_estimate(model, hardware, prefill=p, decode=d, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl,
-                                      concurrency=concurrency, num_requests=num_requests, calibration=cal,
-                                      kv_link_bw=kv_link_gbps * 1e9, spec_tokens=spec_tokens, accept_len=accept_len,
-                                      gpu_memory_utilization=gpu_memory_utilization, kv_dtype=kv_dtype), as_json)
+        from m3lab.serving.disagg import pd_estimate
+        print_pd_estimate(pd_estimate(d, calibration=cal, progress=True), as_json)
         return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ShortRunWarning)
-        est = estimate(model, hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=osl,
-                       concurrency=concurrency, num_requests=num_requests, calibration=cal, spec_tokens=spec_tokens,
-                       accept_len=accept_len, gpu_memory_utilization=gpu_memory_utilization)
-    for w in caught:
-        if issubclass(w.category, ShortRunWarning):
-            typer.secho(f"warning: {w.message}", err=True, fg="yellow")
+    est = estimate(d, calibration=cal, engine=engine, progress=True)
     s = est.summary()
+    table = _breakdown(d, est, cal, s) if breakdown else None
+    sens = _sensitivity(est, s)
     if as_json:
         echo_json(s)
         return
+    _print_summary(s)
+    if sens is not None:
+        from m3lab.cost.sensitivity import format_sensitivity
+        typer.echo(format_sensitivity(sens))
+    if table is not None:
+        from m3lab.serving.breakdown import format_breakdown
+        p = s["decode_step_point"]
+        typer.echo(format_breakdown(table, f"decode step at batch {p['batch']}, context {p['context']} "
+                                           f"({s['kind']}): where the time goes"))
+
+
+def _sensitivity(est, summary: dict):
+    """The calibrated estimate's sensitivity table, added to ``summary`` (none for a ceiling-only estimate)."""
+    from m3lab.cost.sensitivity import sensitivity
+
+    if est.kind != "calibrated":
+        return None
+    table = sensitivity(est)
+    summary["sensitivity"] = table.replace({float("nan"): None}).to_dict(orient="records")
+    return table
+
+
+def _breakdown(d, est, cal, summary: dict):
+    """The decode-step breakdown at the run's mean batch and context, added to ``summary`` (JSON-ready)."""
+    from m3lab.serving.breakdown import decode_step_breakdown, run_decode_point
+
+    batch, context = run_decode_point(est)
+    table = decode_step_breakdown(d, batch=batch, context=context, calibration=cal)
+    summary["decode_step_point"] = {"batch": batch, "context": context}
+    summary["decode_step_ops"] = table.replace({float("nan"): None}).to_dict(orient="records")
+    return table
+
+
+def _print_summary(s: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{s['model']} {s['quant']} (KV {s['kv_dtype']}) TP{s['tp']} EP{s['ep']} on {s['hardware']}: "
-                        f"{isl} in / {osl} out, concurrency {concurrency}, {s['num_requests']} requests")
+    table = Table(title=f"{s['deployment']}: {s['model']} {s['quant']} (KV {s['kv_dtype']}) TP{s['tp']} EP{s['ep']} "
+                        f"on {s['hardware']}: {s['isl']} in / {s['osl']} out, concurrency {s['concurrency']}, "
+                        f"{s['num_requests']} requests")
     calibrated = s["kind"] != "ceiling"
     table.add_column("figure", justify="left")
     for col in ([s["kind"], "ceiling"] if calibrated else ["ceiling"]):
         table.add_column(col, justify="right")
     for key, fmt in (("output_tokens_per_s_per_gpu", ".1f"), ("total_tokens_per_s_per_gpu", ".1f"),
-                     ("ttft_s", ".3f"), ("tpot_ms", ".2f")):
+                     ("ttft_s", ".3f"), ("ttft_p90_s", ".3f"), ("ttft_p99_s", ".3f"), ("queueing_s", ".3f"),
+                     ("prefill_s", ".3f"), ("tpot_ms", ".2f"), ("itl_ms", ".2f")):
         table.add_row(key, format(s[key], fmt), *([format(s["ceiling"][key], fmt)] if calibrated else []))
     console = Console()
     console.print(table)
+    for note in s.get("notes", ()):
+        console.print(f"note: {note}", style="yellow")
+    if s.get("host_time_sensitivity"):
+        console.print("host time (upper bounds, m3lab.cost.host_time) scaled: " + "; ".join(
+            f"x{r['host_scale']:g}: TTFT {r['ttft_s']:.3f} s, TPOT {r['tpot_ms']:.2f} ms"
+            for r in s["host_time_sensitivity"]))
+    chk = s.get("engine_check")
+    if chk:
+        console.print(f"vLLM's own Scheduler ran the schedule in {chk['vllm_s']:.1f} s against m3lab's "
+                      f"{chk['m3lab_s']:.2f} s ({chk['vllm_over_m3lab']:.0f}x slower, after {chk['vllm_import_s']:.1f} s "
+                      f"to import and build vLLM; wall time on this machine); same schedule: {chk['same_schedule']}")
     console.print(f"weights {s['weight_gb_per_gpu']:.1f} GB/GPU; KV capacity {s['kv_capacity_tokens']:,} tokens/GPU "
                   f"at gpu_memory_utilization {s['gpu_memory_utilization']}; largest concurrency that fits "
                   f"{s['max_concurrency']}")

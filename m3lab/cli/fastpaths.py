@@ -1,7 +1,7 @@
 """``m3lab fastpaths``: which code vLLM runs for each op of MiniMax M3, with every condition and its source line.
 
     m3lab fastpaths --model minimax-m3-mxfp8 --hardware mi355x --tp 4 --quant mxfp8 --tokens 32
-    m3lab fastpaths --preset mxfp8-tp4-optimised [--set aiter=0 ...] [--json]
+    m3lab fastpaths --preset mxfp8-tp4-optimised [--set VLLM_ROCM_USE_AITER=0 ...] [--json]
 
 vLLM's own selection code decides, on an emulated platform of the GPU (``m3lab.vllm.fastpaths``); each row
 says ``executed`` or ``restated``. The first run for a GPU starts vLLM on the emulated platform (10-15 s on an idle
@@ -10,57 +10,19 @@ is bad.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
+from m3lab.cli import deploy_options as opt
 from m3lab.cli.output import echo_json
-from m3lab.errors import M3LabError
 
 REFUSED_EXIT = 2
 
 
-def _settings(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise M3LabError(f"--set {item!r} is not KEY=VALUE", field="--set", hint="e.g. --set aiter=1")
-        key, value = item.split("=", 1)
-        out[key.strip()] = value.strip()
-    return out
-
-
-def build_deployment(model: str | None, hardware: str | None, tp: int | None, ep: int | None, quant: str | None,
-                     preset: str | None, settings: dict[str, str]):
-    """The Deployment the flags describe: a preset (flags override it) or vLLM defaults for the given names."""
-    from m3lab.spec.serving import deployment, load_preset
-    if preset:
-        d = load_preset(preset)
-        over = {k: str(v) for k, v in (("tp", tp), ("ep", ep)) if v is not None}
-        if model or hardware or quant:
-            import dataclasses
-
-            from m3lab.spec import load_hardware, load_model, load_quant
-            d = dataclasses.replace(d, model=load_model(model) if model else d.model,
-                                    hardware=load_hardware(hardware) if hardware else d.hardware,
-                                    quant=load_quant(quant).with_cache(d.quant.kv_dtype, d.quant.index_dtype)
-                                    if quant else d.quant)
-        return d.with_settings({**over, **settings})
-    d = deployment(model or "minimax-m3", hardware or "mi355x", quant or "bf16", tp=tp or 1, ep=ep or 1,
-                   fused_shared_expert=False)  # vLLM's default: VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS unset
-    return d.with_settings(settings) if settings else d
-
-
-def fastpaths_cmd(model: Optional[str] = typer.Option(None, "--model", help="model name or config.json "
-                                                                             "(default minimax-m3)"),
-                  hardware: Optional[str] = typer.Option(None, "--hardware", help="mi355x, mi325x, mi300x, h200, b200"),
-                  tp: Optional[int] = typer.Option(None, "--tp", help="tensor-parallel size (default 1)"),
-                  ep: Optional[int] = typer.Option(None, "--ep", help="expert-parallel size (default 1)"),
-                  quant: Optional[str] = typer.Option(None, "--quant", help="bf16, mxfp8, mxfp4 (default bf16)"),
-                  preset: Optional[str] = typer.Option(None, "--preset", help="a named deployment "
-                                                                               "(m3lab.spec.serving.PRESETS)"),
-                  set_: List[str] = typer.Option([], "--set", help="KEY=VALUE: a ServingConfig or plan field, "
-                                                                   "kv_dtype, index_dtype, index_topk_freq"),
+def fastpaths_cmd(preset: opt.Preset = None, model: opt.Model = None, hardware: opt.HardwareName = None,
+                  tp: opt.Tp = None, ep: opt.Ep = None, quant: opt.Quant = None, kv_dtype: opt.KvDtype = None,
+                  index_dtype: opt.IndexDtype = None, set_: opt.Settings = [],
                   tokens: int = typer.Option(32, "--tokens", help="tokens in the step (decode: rows)"),
                   context: int = typer.Option(8192, "--context", help="decode: tokens cached per request"),
                   phase: Optional[str] = typer.Option(None, "--phase", help="decode or prefill (default: prefill "
@@ -71,7 +33,8 @@ def fastpaths_cmd(model: Optional[str] = typer.Option(None, "--model", help="mod
 
     from m3lab.vllm.fastpaths import resolve
 
-    d = build_deployment(model, hardware, tp, ep, quant, preset, _settings(set_))
+    d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
+                  index_dtype=index_dtype)
     phase = phase or ("prefill" if d.plan.role == "prefill" else "decode")
     with Console(stderr=True).status(f"vLLM deciding on an emulated {d.hardware.name} (the first run per GPU "
                                      "starts vLLM: 10-15 s)"):

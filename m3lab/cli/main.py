@@ -83,11 +83,15 @@ def _register_all() -> None:
     from m3lab.cli import trace; trace.register(app)  # noqa: E702
     from m3lab.cli import gate; gate.register(app)  # noqa: E702
     from m3lab.cli import shapes; shapes.register(app)  # noqa: E702
+    from m3lab.cli import repetition; repetition.register(app)  # noqa: E702
+    from m3lab.cli import planes; planes.register(app)  # noqa: E702
     from m3lab.cli import env; env.register(app)  # noqa: E702
     from m3lab.cli import fastpaths; fastpaths.register(app)  # noqa: E702
     from m3lab.cli import pd; pd.register(app)  # noqa: E702
     from m3lab.cli import cache; cache.register(app)  # noqa: E702
     from m3lab.cli import vllm; vllm.register(app)  # noqa: E702
+    from m3lab.cli import ladder; ladder.register(app)  # noqa: E702
+    from m3lab.cli import advise; advise.register(app)  # noqa: E702
 
 
 _register_all()

@@ -59,6 +59,8 @@ def pd_plan_cmd(
     console.print(f"busiest prefill rank sends {summary['max_bytes_sent_per_prefill_rank']:,} B, busiest decode rank "
                   f"receives {summary['max_bytes_received_per_decode_rank']:,} B: transfer "
                   f"{summary['transfer_s'] * 1e3:.2f} ms at {bandwidth:g} GB/s per GPU ({summary['label']})")
+    if summary["warning"]:
+        typer.secho(f"warning: {summary['warning']}", err=True, fg="yellow")
 
 
 def print_pd_estimate(s: dict, as_json: bool) -> None:
@@ -77,15 +79,18 @@ def print_pd_estimate(s: dict, as_json: bool) -> None:
     if s["kind"] != "ceiling":
         t.add_column("ceiling", justify="right")
     for key, fmt in (("total_tokens_per_s_per_gpu", ".1f"), ("output_tokens_per_s_per_gpu", ".1f"),
-                     ("ttft_s", ".3f"), ("tpot_ms", ".2f"), ("prefill_utilisation", ".2f"),
+                     ("ttft_s", ".3f"), ("queueing_s", ".3f"), ("prefill_s", ".3f"), ("handoff_s", ".4f"),
+                     ("first_decode_s", ".3f"), ("tpot_ms", ".2f"), ("prefill_utilisation", ".2f"),
                      ("mean_decode_batch", ".1f")):
         row = [key, format(s[key], fmt)] + ([format(s["ceiling"][key], fmt)] if s["kind"] != "ceiling" else [])
         t.add_row(*row)
     console = Console()
     console.print(t)
+    for note in s.get("notes", ()):
+        console.print(f"note: {note}", style="yellow")
     console.print(f"KV hand-off {s['kv_handoff_bytes_per_request'] / 1e9:.2f} GB/request in "
                   f"{s['kv_handoff_descriptors_per_request']:,} descriptors: {s['kv_handoff_ms']:.2f} ms at "
-                  f"{s['kv_link_bw'] / 1e9:g} GB/s per GPU; decode instances hold at most "
+                  f"{s['kv_link_gbps']:g} GB/s per GPU; decode instances hold at most "
                   f"{s['max_num_seqs_per_decode_instance']} requests each")
     console.print(f"{s['kind']}: {s['label']}")
 

@@ -72,16 +72,24 @@ def sweep(
                                               help="The Ray cluster for --executor ray ('auto': a running one)."),
     executor: Optional[str] = typer.Option(None, "--executor", help="local or ray (default: the grid file's, else "
                                                                     "local; ray when --address is given)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", metavar="SWEEP_DIR",
+                                          help="Finish this sweep folder here (after Ctrl-C or a failure): resume "
+                                               "each unfinished point, then rebuild the comparison."),
     progress: bool = typer.Option(False, "--progress/--quiet", help="Show papermill's per-cell progress bars."),
 ) -> None:
     """Run a pipeline once per point of a parameter grid; end with one comparison table across the points."""
-    from m3lab.pipeline.runner import RunInterrupted
     from m3lab.pipeline.spec import DEFAULT_PIPELINE
-    from m3lab.pipeline.sweep import COMPARISON, SWEEP_REPORT, parse_axes, run_sweep
+    from m3lab.pipeline.sweep import SweepInterrupted, parse_axes, resume_sweep, run_sweep
+    from m3lab.pipeline.sweep_report import SWEEP_REPORT
 
     try:
         from m3lab.pipeline.grid_file import is_grid_file, load_grid
-        if pipeline and is_grid_file(pipeline):
+        if resume is not None:
+            if pipeline or grid or param:
+                raise M3LabError("--resume takes the sweep folder alone", field="resume",
+                                 hint="the folder keeps its pipeline, grid and parameters")
+            record = resume_sweep(resume, progress=progress)
+        elif pipeline and is_grid_file(pipeline):
             g = load_grid(pipeline)
             axes = {**g.axes, **(parse_axes(grid) if grid else {})}
             record = run_sweep(g.pipeline, axes, g.overrides + list(param), out, ray_address=ray_address or g.address,
@@ -91,15 +99,25 @@ def sweep(
                 raise M3LabError("a sweep needs a grid", field="--grid", hint="-g KEY=V1,V2, or a grid file")
             record = run_sweep(pipeline or DEFAULT_PIPELINE, parse_axes(grid), param, out, ray_address=ray_address,
                                progress=progress, executor=executor)
-    except RunInterrupted as stop:
-        typer.secho(f"interrupted: resume that point with: m3lab run --resume {stop.run_dir}", err=True, fg="yellow")
+    except SweepInterrupted as stop:
+        typer.secho(f"interrupted: the finished points are compared in {stop.folder / SWEEP_REPORT}; finish the "
+                    f"sweep with: m3lab sweep --resume {stop.folder}", err=True, fg="yellow")
         raise typer.Exit(INTERRUPTED_EXIT) from None
+    _sweep_summary(record)
+
+
+def _sweep_summary(record: dict) -> None:
+    from m3lab.pipeline.sweep_report import COMPARISON, SWEEP_REPORT
+
     failed = [p for p in record["points"] if p["status"] != "ok"]
     folder = Path(record["folder"])
     typer.echo(f"sweep folder: {folder} ({len(record['points']) - len(failed)} ok, {len(failed)} failed)")
+    for p in failed:
+        typer.secho(f"  {p['name']}: {p['status']}: {p.get('error') or 'no reason recorded'}", err=True, fg="red")
     typer.echo(f"comparison:   {folder / COMPARISON}")
     typer.echo(f"report:       {folder / SWEEP_REPORT}")
     if failed:
+        typer.echo(f"fix the cause, then: m3lab sweep --resume {folder}", err=True)
         raise typer.Exit(1)
 
 
@@ -149,10 +167,13 @@ def list_(
         typer.echo("\nChange a parameter with -p KEY=VALUE (every step declaring it) or -p STEP.KEY=VALUE.")
 
 
-def report(run_dir: Path = typer.Argument(..., help="A run folder made by 'm3lab run'.")) -> None:
-    """(Re)build report.html of a run folder."""
+def report(run_dir: Path = typer.Argument(..., metavar="RUN_OR_SWEEP_DIR",
+                                         help="A run folder made by 'm3lab run', or a sweep folder made by "
+                                              "'m3lab sweep'.")) -> None:
+    """(Re)build report.html of a run folder, or comparison.parquet and sweep.html of a sweep folder."""
     from m3lab.pipeline.report import build_report
-    typer.echo(str(build_report(run_dir)))
+    from m3lab.pipeline.sweep import is_sweep_folder, rebuild_comparison
+    typer.echo(str(rebuild_comparison(run_dir) if is_sweep_folder(run_dir) else build_report(run_dir)))
 
 
 def lab(

@@ -6,13 +6,7 @@ from typing import Optional
 
 import typer
 
-MODEL_HELP = "A named model (minimax-m3, minimax-m2, llama-3.1-8b, ...) or a path to a Hugging Face config.json."
-
-
-def _plan(model, tp: int, ep: int, fused_shared: bool, indexer_cp: bool = False):
-    from m3lab.spec import ParallelPlan
-
-    return ParallelPlan(tp=tp, ep=ep, fused_shared_expert=fused_shared, indexer_cp=indexer_cp).validate(model)
+from m3lab.cli import deploy_options as opt
 
 
 def _records(df) -> list[dict]:
@@ -24,46 +18,38 @@ def _records(df) -> list[dict]:
 
 
 def shapes(
-    model: str = typer.Option("minimax-m3", "--model", help=MODEL_HELP),
-    tp: int = typer.Option(4, "--tp", help="Tensor-parallel degree."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree (1: TP-MoE)."),
-    quant: str = typer.Option("bf16", "--quant", help="Weight quantisation: bf16, fp8, mxfp8, mxfp4."),
-    isl: int = typer.Option(8192, "--isl", help="Input (prompt) tokens per request."),
-    osl: int = typer.Option(1024, "--osl", help="Output tokens per request."),
-    concurrency: int = typer.Option(128, "--concurrency", help="Requests in flight (closed loop)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests",
-                                               help="Requests in total (default: REQUESTS_PER_SLOT x concurrency, "
-                                                    "m3lab.workload.scheduler)."),
-    max_num_seqs: int = typer.Option(256, "--max-num-seqs", help="vLLM max_num_seqs."),
-    max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens",
-                                               help="vLLM token budget per step."),
-    fused_shared: bool = typer.Option(False, "--fused-shared/--separate-shared",
-                                      help="Ask for shared-expert fusion (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=1): "
-                                           "the shared expert as an extra row of the routed grouped GEMM; vLLM "
-                                           "turns it off under EP and with differently quantised experts."),
-    index_topk_freq: int = typer.Option(1, "--index-topk-freq",
-                                        help="vLLM index sharing: top-k computed every N sparse layers."),
-    indexer_cp: bool = typer.Option(False, "--indexer-cp",
-                                    help="vLLM --attention-config minimax_m3_indexer_cp: every rank projects all "
-                                         "index q heads (the fused projection widens, 2944 columns at TP4)."),
-    routing: str = typer.Option("balanced", "--routing", help="Routing model: balanced or zipf:S."),
+    preset: opt.Preset = None, model: opt.Model = None, hardware: opt.HardwareName = None, tp: opt.Tp = None,
+    ep: opt.Ep = None, quant: opt.Quant = None, isl: opt.Isl = None, osl: opt.Osl = None,
+    concurrency: opt.Concurrency = None, num_prompts: opt.NumPrompts = None, set_: opt.Settings = [],
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", metavar="N", help="vLLM max_num_seqs."),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", metavar="N",
+                                                         help="vLLM token budget per step."),
+    fused_shared: Optional[bool] = typer.Option(None, "--fused-shared/--separate-shared",
+                                                help="Ask for shared-expert fusion "
+                                                     "(VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=1): the shared "
+                                                     "expert as an extra row of the routed grouped GEMM; vLLM "
+                                                     "turns it off under EP and with differently quantised experts."),
+    index_topk_freq: Optional[int] = typer.Option(None, "--index-topk-freq", metavar="N",
+                                                  help="vLLM index sharing: top-k computed every N sparse layers."),
+    indexer_cp: Optional[bool] = typer.Option(None, "--indexer-cp/--no-indexer-cp",
+                                              help="vLLM --attention-config minimax_m3_indexer_cp: every rank "
+                                                   "projects all index q heads."),
+    routing: str = typer.Option("balanced", "--routing", metavar="MODEL", help="Routing model: balanced or zipf:S."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Local shapes each kernel sees over a workload (projected): distinct GEMMs with their M values."""
-    from m3lab.spec import load_model
-    from m3lab.workload import SchedulerConfig, Workload
     from m3lab.workload.shapes import shape_histograms
 
-    spec = load_model(model)
-    if index_topk_freq != 1:
-        spec = spec.with_index_sharing(index_topk_freq)
-    plan = _plan(spec, tp, ep, fused_shared, indexer_cp)
-    wl = Workload(isl, osl, concurrency, num_requests)
-    cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-    rep = shape_histograms(spec, plan, quant, wl, cfg, routing=routing)
-    result = {"model": spec.name, "plan": plan.describe(), "quant": rep.meta["quant"],
+    d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl,
+                  concurrency=concurrency, num_prompts=num_prompts, max_num_seqs=max_num_seqs,
+                  max_num_batched_tokens=max_num_batched_tokens, fused_shared_expert=fused_shared,
+                  index_topk_freq=index_topk_freq, indexer_cp=indexer_cp)
+    rep = shape_histograms(d, routing=routing)
+    wl = d.workload
+    result = {"deployment": d.name, "model": d.model.name, "plan": d.plan.describe(), "quant": rep.meta["quant"],
               "shared_expert_fusion": rep.meta["shared_expert_fusion"],
-              "workload": {"isl": isl, "osl": osl, "concurrency": concurrency, "num_requests": wl.n_requests},
+              "workload": {"isl": wl.isl, "osl": wl.osl, "concurrency": wl.concurrency,
+                           "num_requests": rep.meta["num_requests"]},
               "num_steps": rep.num_steps, "kind": rep.meta["kind"],
               "distinct_gemms": _records(rep.distinct_gemms), "grouped_gemms": _records(rep.distinct_grouped)}
     if as_json:
@@ -72,50 +58,56 @@ def shapes(
     _print_shapes(result)
 
 
-def _print_shapes(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _plan_text(plan: dict) -> str:
+    """``{'tp': 4, 'ep': 1, 'dp': 1, 'role': 'both', ...}`` -> ``TP4 EP1`` (+ DP, role and switches that are on)."""
+    text = f"TP{plan.get('tp')} EP{plan.get('ep')}" + (f" DP{plan['dp']}" if plan.get("dp", 1) != 1 else "")
+    if plan.get("role", "both") != "both":
+        text += f" ({plan['role']})"
+    return text + "".join(f", {k}" for k, v in plan.items() if v is True)
 
-    con = Console()
-    con.print(f"[bold]{result['model']}[/] plan {result['plan']} quant {result['quant']}: "
-              f"{result['num_steps']} engine steps ({result['kind']})")
+
+def _print_shapes(result: dict) -> None:
+    """The shapes at the terminal's width: no op name cut, no line folded inside a word."""
+    import shutil
+
+    from m3lab.cli.columns import Column, render, wrap
+
+    width = shutil.get_terminal_size((100, 24)).columns
+    wl = result.get("workload", {})
+    name = result["model"] + (f" ({result['deployment']})" if result.get("deployment") else "")
+    head = (f"{name}, {_plan_text(result['plan'])}, {result['quant']} weights; {wl.get('isl')} in / {wl.get('osl')} "
+            f"out tokens, concurrency {wl.get('concurrency')}: {result['num_steps']:,} engine steps, {result['kind']}")
     fusion = result["shared_expert_fusion"]
-    con.print("shared expert: " + ("fused into the routed grouped GEMM" if fusion["fused"]
-                                   else f"separate MLP ({fusion['reason']})"))
-    t = Table("op", "kind", "N", "K", "dtype", "layers", "distinct M", "M range", title="Dense GEMMs (local shapes)")
-    for g in result["distinct_gemms"]:
-        ms = g["m_values"]
-        t.add_row(g["op"], g["kind"], str(g["n"]), str(g["k"]), g["dtype"], str(g["layers"]), str(len(ms)),
-                  f"{ms[0]}..{ms[-1]}")
-    con.print(t)
+    lines = wrap(head, width) + wrap("shared expert: " + ("fused into the routed grouped GEMM" if fusion["fused"]
+                                                          else f"separate MLP ({fusion['reason']})"), width)
+    dense = [{**g, "distinct_m": len(g["m_values"]), "m_range": f"{g['m_values'][0]}..{g['m_values'][-1]}"}
+             for g in result["distinct_gemms"]]
+    lines += [""] + render(dense, [Column("op"), Column("kind"), Column("n", "N", "d"), Column("k", "K", "d"),
+                                   Column("dtype"), Column("layers", fmt="d"), Column("distinct_m", "distinct M", "d"),
+                                   Column("m_range", "M range", "")], width, title="Dense GEMMs (local shapes)")
     if result["grouped_gemms"]:
-        t = Table("op", "experts", "top-k", "hidden", "inter", "dtype", "distinct T", title="Grouped GEMMs (MoE)")
-        for g in result["grouped_gemms"]:
-            t.add_row(g["op"], str(int(g["experts"])), str(int(g["topk"])), str(int(g["hidden"])),
-                      str(int(g["inter"])), g["dtype"], str(g["num_tokens"]))
-        con.print(t)
+        grouped = [{**g, **{k: int(g[k]) for k in ("experts", "topk", "hidden", "inter")}}
+                   for g in result["grouped_gemms"]]
+        lines += [""] + render(grouped, [Column("op"), Column("experts", fmt="d"), Column("topk", "top-k", "d"),
+                                         Column("hidden", fmt="d"), Column("inter", fmt="d"), Column("dtype"),
+                                         Column("num_tokens", "distinct T", "d")], width, title="Grouped GEMMs (MoE)")
+    typer.echo("\n".join(lines))
 
 
 def model_facts(
-    model: str = typer.Option("minimax-m3", "--model", help=MODEL_HELP),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree."),
-    ep: int = typer.Option(1, "--ep", help="Expert-parallel degree."),
-    quant: str = typer.Option("bf16", "--quant", help="Weight quantisation: bf16, fp8, mxfp8, mxfp4."),
-    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help="Main KV cache dtype: bf16 or fp8 (default bf16)."),
-    index_dtype: Optional[str] = typer.Option(None, "--index-dtype",
-                                              help="Index-key cache dtype: bf16 (vLLM default) or fp8."),
+    preset: opt.Preset = None, model: opt.Model = None, hardware: opt.HardwareName = None, tp: opt.Tp = None,
+    ep: opt.Ep = None, quant: opt.Quant = None, kv_dtype: opt.KvDtype = None, index_dtype: opt.IndexDtype = None,
+    set_: opt.Settings = [],
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Parameter counts, weight bytes per GPU and KV-cache bytes per token (whole model and per rank)."""
-    from m3lab.spec import load_model, load_quant
+    from m3lab.spec.hardware import list_hardware, load_hardware
     from m3lab.spec.memory import memory_facts
 
-    spec = load_model(model)
-    plan = _plan(spec, tp, ep, False)
-    q = load_quant(quant).with_cache(kv_dtype, index_dtype)
-    from m3lab.spec.hardware import list_hardware, load_hardware
-
-    facts = memory_facts(spec, plan, q)
+    d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
+                  index_dtype=index_dtype)
+    spec, q = d.model, d.quant
+    facts = memory_facts(d)
     facts["weight_bytes_per_gpu"] = int(facts["weight_bytes_per_gpu"])
     profiles = [load_hardware(name) for name in list_hardware()]
     facts["weights_fit_on"] = [h.name for h in profiles if facts["weight_bytes_per_gpu"] < h.hbm_bytes]
@@ -127,7 +119,7 @@ def model_facts(
 
     from m3lab.nb import format_bytes, is_bytes_column
 
-    t = Table("fact", "value", title=f"{spec.name} at TP{tp} EP{ep}, {q.name} weights, KV {q.kv_dtype}, "
+    t = Table("fact", "value", title=f"{spec.name} at TP{d.plan.tp} EP{d.plan.ep}, {q.name} weights, KV {q.kv_dtype}, "
                                      f"index {q.index_dtype}")
     for k, v in facts.items():
         if k == "weights_fit_on":

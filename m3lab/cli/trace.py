@@ -8,63 +8,48 @@ rocprofv3 CSV/JSON, AITER log; gzip or plain).
 """
 from __future__ import annotations
 
-import math
+import shutil
 from pathlib import Path
-from typing import Any, List
+from typing import List
 
 import typer
 
-from m3lab.cli.output import echo_json
+from m3lab.cli.columns import Column, cell, render, wrap
+from m3lab.cli.output import echo_json, progress, progress_wanted
 
 trace_app = typer.Typer(help="Read kernel/dispatch traces: per-kernel time shares, fast-path checks.",
                         no_args_is_help=True)
 
 
-def _cell(value: Any, fmt: str | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if fmt and isinstance(value, (int, float)):
-        return format(value, fmt)
-    return str(value)
+KINETO_COLUMNS = (Column("short_name", "kernel"), Column("count", fmt="d"), Column("total_us", fmt=",.1f"),
+                  Column("share", fmt=".1%"), Column("cpu_op", fmt="d"), Column("graph_launch", fmt="d"),
+                  Column("unattributed", fmt="d"))
+KINETO_OPTIONAL = ("graph_launch", "unattributed", "cpu_op")    # dropped in this order on a narrow terminal
+NAME_MIN = 40   # kernel-name characters kept beside the numbers before optional count columns are dropped
+DISPATCH_COLUMNS = (Column("op"), Column("path"), Column("calls", fmt="d"), Column("layers", fmt="d"),
+                    Column("share", fmt=".1%"), Column("kernels", detail=True),
+                    Column("rejected_paths", "rejected", detail=True))
 
 
-NAME_MIN = 32   # fewest characters the name column keeps before optional columns are dropped
-
-
-def _width(df, col: str, formats: dict[str, str]) -> int:
-    """Characters column ``col`` needs on one line: its header or its widest cell."""
-    return max(len(col), *(len(_cell(v, formats.get(col))) for v in df[col]))
-
-
-def _fit(df, columns: list[str], formats: dict[str, str], optional: list[str], width: int) -> list[str]:
-    """``columns`` minus as many of ``optional`` (dropped from its end) as needed for the first column to
-    keep NAME_MIN characters in ``width`` terminal columns."""
-    columns, optional = list(columns), list(optional)
-
-    while optional and len(df) and _others(df, columns, formats) + NAME_MIN > width:
-        columns.remove(optional.pop())
-    return columns
-
-
-def _others(df, columns: list[str], formats: dict[str, str]) -> int:
-    """Terminal columns every column but the first takes, borders and padding included."""
-    return sum(3 + _width(df, c, formats) for c in columns[1:]) + 4
-
-
-def _table(title: str, df, columns: list[str], formats: dict[str, str], width: int):
-    """One line per row in ``width`` terminal columns: cells never wrap, the first (name) column takes what
-    the others leave and ends in '…' when cut."""
-    from rich.table import Table
-
-    table = Table(title=title, show_lines=False)
-    name_width = max(8, width - _others(df, columns, formats)) if len(df) else None
-    for i, col in enumerate(columns):
-        table.add_column(col, no_wrap=True, overflow="ellipsis", justify="right" if col in formats else "left",
-                         max_width=name_width if i == 0 else None,
-                         min_width=None if i == 0 or not len(df) else _width(df, col, formats))
-    for row in df[columns].itertuples(index=False):
-        table.add_row(*(_cell(value, formats.get(col)) for col, value in zip(columns, row)))
-    return table
+def summary_lines(summary, totals: dict, title: str, width: int) -> list[str]:
+    """The summary table of a trace in ``width`` characters (no name cut or folded mid-word)."""
+    fmt = totals["format"]
+    rows = summary.to_dict("records")
+    if "total_us" in summary.columns and "short_name" in summary.columns:
+        columns = list(KINETO_COLUMNS)
+        for key in KINETO_OPTIONAL:   # keep the kernel name readable: drop counts nobody needs at 80 columns
+            rest = sum(max(len(c.title), *(len(cell(r.get(c.key), c.fmt)) for r in rows)) + 2
+                       for c in columns[1:]) if rows else 0
+            if width - rest >= NAME_MIN:
+                break
+            columns = [c for c in columns if c.key != key]
+    elif fmt == "m3lab.dispatch":
+        columns = list(DISPATCH_COLUMNS)
+        if summary["share"].isna().all():
+            columns = [c for c in columns if c.key != "share"]
+    else:
+        columns = [Column(c, fmt="d" if c in ("calls", "shapes") else None) for c in summary.columns]
+    return render(rows, columns, width, title=title)
 
 
 @trace_app.command("summarize")
@@ -73,36 +58,41 @@ def summarize_cmd(trace: Path = typer.Argument(..., help="trace file (dispatch J
                   top: int = typer.Option(20, "--top", min=1, help="rows to show"),
                   as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Per-kernel time shares (kernel traces) or per-(op, path) counts (dispatch traces)."""
-    from rich.console import Console
-
     from m3lab.traces import load_trace, summarize, summary_totals
 
-    table = load_trace(trace)
+    with progress("reading trace", unit="MB", scale=1e6, enabled=progress_wanted(as_json)) as update:
+        table = load_trace(trace, progress=update)
     summary = summarize(table)
     totals = summary_totals(table)
     if as_json:
         echo_json({"totals": totals, "rows": summary.head(top).to_dict("records")})
         return
-    console = Console()
-    fmt = totals["format"]
-    optional: list[str] = []
-    if "total_us" in summary.columns and "short_name" in summary.columns:
-        cols = ["short_name", "count", "total_us", "share", "cpu_op", "graph_launch", "unattributed"]
-        fmts = {"count": "d", "total_us": ",.1f", "share": ".1%", "cpu_op": "d", "graph_launch": "d",
-                "unattributed": "d"}
-        optional = ["cpu_op", "unattributed", "graph_launch"]      # dropped last to first on a narrow terminal
-    elif fmt == "m3lab.dispatch":
-        cols, fmts = ["op", "path", "calls", "layers", "kernels", "share", "rejected_paths"], \
-            {"calls": "d", "layers": "d", "share": ".1%"}
-    else:
-        cols, fmts = list(summary.columns), {"calls": "d", "shapes": "d"}
-    shown = summary.head(top)
-    cols = _fit(shown, cols, fmts, optional, console.width)
-    console.print(_table(f"{trace.name} ({fmt}, {len(table)} rows)", shown, cols, fmts, console.width))
+    width = shutil.get_terminal_size((100, 24)).columns
+    shown = f"top {top} of {len(summary)}" if len(summary) > top else f"{len(summary)}"
+    title = f"{trace.name}: {totals['format']}, {len(table):,} rows; {shown} summary rows"
+    for line in summary_lines(summary.head(top), totals, title, width) if len(summary) else wrap(title, width):
+        typer.echo(line)
+    for line in footer(summary.head(top), totals):
+        typer.echo("\n".join(wrap(line, width)))
+
+
+def footer(summary, totals: dict) -> list[str]:
+    """What the table's totals and labels mean, in sentences."""
+    out = []
+    if totals["rows"] == 0:
+        out.append("no events in this trace: a Kineto trace needs GPU kernel, memcpy or memset events (a profile "
+                   "of CPU activity only has none)" if totals["format"] == "kineto" else "no events in this trace")
     if "total_us" in totals:
         device = totals.get("device_name") or "device not recorded"
         by = ", ".join(f"{k} {v}" for k, v in totals["attribution"].items())
-        console.print(f"total GPU time {totals['total_us']:,.1f} µs (measured, {device})\nrows by attribution: {by}")
+        out += [f"total GPU time {totals['total_us']:,.1f} µs (measured, {device})", f"rows by attribution: {by}"]
+        if "short_name" in summary.columns and summary["short_name"].str.contains(r" #\d+$").any():
+            out.append("kernel #N: one of several template instances with that name (--json gives full names)")
+    header = totals.get("header") or {}
+    if header:
+        out.append(f"recorded on {header.get('device', 'an unnamed device')} at commit "
+                   f"{header.get('commit', 'unknown')}; {header.get('note', '')}".rstrip("; "))
+    return out
 
 
 @trace_app.command("verify")

@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import typer
 
+from m3lab.cli import deploy_options as opt
 from m3lab.cli.output import echo_json
 from m3lab.errors import M3LabError
 
@@ -20,39 +21,31 @@ vllm_app = typer.Typer(help="Plan a vLLM deployment's commands, collect its meas
                        no_args_is_help=True)
 
 
-def _deployments(preset: list[str], model, hardware, tp, ep, quant, set_) -> list:
-    from m3lab.cli.fastpaths import _settings, build_deployment
+def _deployments(presets: list[str], set_: list[str], **flags) -> list:
+    """(Deployment, replicas) for each ``--preset NAME[:REPLICAS]`` (the default deployment when none), with the
+    shared deployment flags and ``--set`` applied to each."""
     from m3lab.vllm.serve_command import parse_preset_spec
 
-    settings = _settings(set_)
-    if not preset:
-        return [(build_deployment(model, hardware, tp, ep, quant, None, settings), 1)]
-    return [(build_deployment(model, hardware, tp, ep, quant, name, settings), n)
-            for name, n in map(parse_preset_spec, preset)]
+    specs = [parse_preset_spec(text) for text in presets] or [(None, 1)]
+    return [(opt.build(name, set_, **flags), n) for name, n in specs]
 
 
 @vllm_app.command("plan")
 def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICAS]",
                                           help="a named deployment (m3lab.spec.serving.PRESETS); repeat with "
                                                "REPLICAS for P/D, e.g. pd-mxfp8-prefill-tp4:2 pd-mxfp8-decode-tp4:1"),
-         model: Optional[str] = typer.Option(None, "--model", help="model name or config.json (default minimax-m3)"),
-         hardware: Optional[str] = typer.Option(None, "--hardware", help="mi355x, mi325x, mi300x, h200, b200"),
-         tp: Optional[int] = typer.Option(None, "--tp", help="tensor-parallel size"),
-         ep: Optional[int] = typer.Option(None, "--ep", help="expert-parallel size"),
-         quant: Optional[str] = typer.Option(None, "--quant", help="bf16, mxfp8, mxfp4"),
-         set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE",
-                                        help="a ServingConfig or plan field, kv_dtype, index_dtype, index_topk_freq"),
-         model_path: Optional[str] = typer.Option(None, "--model-path", help="checkpoint to serve (default: the "
-                                                                              "model's Hugging Face id)"),
+         model: opt.Model = None, hardware: opt.HardwareName = None, tp: opt.Tp = None, ep: opt.Ep = None,
+         quant: opt.Quant = None, kv_dtype: opt.KvDtype = None, index_dtype: opt.IndexDtype = None,
+         isl: opt.Isl = None, osl: opt.Osl = None, concurrency: opt.Concurrency = None,
+         num_prompts: opt.NumPrompts = None, set_: opt.Settings = [],
+         model_path: Optional[str] = typer.Option(None, "--model-path", metavar="PATH",
+                                                  help="checkpoint to serve (default: the model's Hugging Face id)"),
          port: int = typer.Option(8000, "--port", help="server port (P/D: the proxy is on 8000)"),
-         profile_dir: Optional[str] = typer.Option(None, "--profile-dir", help="torch profiler output folder on the "
-                                                                                "GPU box; adds --profiler-config and "
-                                                                                "bench --profile"),
-         concurrency: int = typer.Option(32, "--concurrency", help="benchmark max concurrency"),
-         input_len: int = typer.Option(8192, "--input-len", help="benchmark prompt tokens"),
-         output_len: int = typer.Option(1024, "--output-len", help="benchmark output tokens"),
-         num_prompts: Optional[int] = typer.Option(None, "--num-prompts", help="default: 8 x concurrency, >= 64"),
-         result_dir: str = typer.Option("vllm-bench", "--result-dir", help="where bench writes its JSON"),
+         profile_dir: Optional[str] = typer.Option(None, "--profile-dir", metavar="DIR",
+                                                   help="torch profiler output folder on the GPU box; adds "
+                                                        "--profiler-config and bench --profile"),
+         result_dir: str = typer.Option("vllm-bench", "--result-dir", metavar="DIR",
+                                        help="where bench writes its JSON"),
          kv_connector: str = typer.Option("NixlConnector", "--kv-connector", help="P/D KV connector"),
          check: bool = typer.Option(False, "--check", help="parse every command with the installed vLLM's parser "
                                                            "and check the variables against vllm.envs"),
@@ -70,10 +63,13 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
                 typer.echo(f"{n:24s} {p.description}")
         return
 
+    parts = _deployments(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
+                         index_dtype=index_dtype, isl=isl, osl=osl, concurrency=concurrency, num_prompts=num_prompts)
+    wl = parts[0][0].workload
     launch = Launch(model_path=model_path, port=port, profile_dir=profile_dir, kv_connector=kv_connector,
-                    input_len=input_len, output_len=output_len, concurrency=concurrency, num_prompts=num_prompts,
+                    input_len=wl.isl, output_len=wl.osl, concurrency=wl.concurrency, num_prompts=wl.num_prompts,
                     result_dir=result_dir)
-    p = plan_commands(_deployments(preset, model, hardware, tp, ep, quant, set_), launch)
+    p = plan_commands(parts, launch)
     problems = check_with_vllm(p) if check else None
     if as_json:
         echo_json({**p.to_dict(), "check": problems})
@@ -89,12 +85,12 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
 
 @vllm_app.command("collect")
 def collect(run_dir: Path = typer.Argument(..., help="run folder to add the measurements to (created if absent)"),
-            bench: List[Path] = typer.Option([], "--bench", help="a vllm bench serve --save-result JSON, or its "
+            bench: List[Path] = typer.Option([], "--bench", metavar="FILE_OR_DIR", help="a vllm bench serve --save-result JSON, or its "
                                                                    "--result-dir; repeatable"),
-            profile: List[Path] = typer.Option([], "--profile", help="a profiler folder or trace file; repeatable"),
+            profile: List[Path] = typer.Option([], "--profile", metavar="DIR_OR_FILE", help="a profiler folder or trace file; repeatable"),
             preset: Optional[str] = typer.Option(None, "--preset", help="the deployment that ran: enables the "
                                                                          "fast-path verification"),
-            set_: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="adjust the preset (as in plan)"),
+            set_: opt.Settings = [],
             gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs of the deployment (default: the file's "
                                                                      "gpus metadata, else the preset's)"),
             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
@@ -103,8 +99,7 @@ def collect(run_dir: Path = typer.Argument(..., help="run folder to add the meas
 
     dep = None
     if preset:
-        from m3lab.cli.fastpaths import _settings, build_deployment
-        dep = build_deployment(None, None, None, None, None, preset, _settings(set_))
+        dep = opt.build(preset, set_)
     elif set_:
         raise M3LabError("--set adjusts a preset", field="--set", hint="give --preset NAME")
     summary = do_collect(run_dir, [str(b) for b in bench], [str(p) for p in profile], deployment=dep, gpus=gpus)
@@ -122,7 +117,7 @@ def collect(run_dir: Path = typer.Argument(..., help="run folder to add the meas
 
 @vllm_app.command("moe-tables")
 def moe_tables(ours: Optional[Path] = typer.Argument(None, help="a folder of vLLM-format fused-MoE tables "
-                                                                 "(default: vLLM's shipped ones)"),
+                                                                 "(default: m3lab's own, kernels/moe/configs)"),
                against: Optional[Path] = typer.Option(None, "--against", help="folder to compare with (default: "
                                                                               "the installed vLLM's shipped tables)"),
                every_table: bool = typer.Option(False, "--all", help="also list tables only the other side has"),
@@ -136,16 +131,29 @@ def moe_tables(ours: Optional[Path] = typer.Argument(None, help="a folder of vLL
     if as_json:
         echo_json({"ours": str(ours), "against": str(against), "rows": table.to_dict("records")})
         return
-    import pandas as pd
-    with pd.option_context("display.max_rows", 200, "display.width", 200, "display.max_columns", 20):
-        shown = table.drop(columns=["differs"]).copy()
-        for col in ("m_ours", "m_theirs"):
-            shown[col] = [f"{len(m)} M, {m[0]}-{m[-1]}" if m else "-" for m in shown[col]]
-        shown["theirs_other_devices"] = [", ".join(d) or "-" for d in shown["theirs_other_devices"]]
-        typer.echo(shown.to_string(index=False) if len(shown) else "no tables")
-        for row in table.itertuples():
-            if row.differs:
-                typer.echo(f"E={row.E},N={row.N} {row.device}: {row.differs}")
+    _print_moe_tables(table)
+
+
+def _print_moe_tables(table) -> None:
+    """One row per table (shape, device, the M values each side covers, same tiles), the first differing tile
+    under its row, then the finding in one sentence."""
+    import shutil
+
+    from m3lab.cli.columns import Column, render, wrap
+    from m3lab.vllm.moe_tables import finding
+
+    def span(ms):
+        return f"{len(ms)} M, {ms[0]}-{ms[-1]}" if ms else "none"
+    rows = [{"table": f"E={r['E']},N={r['N']}" + (f",{r['dtype']}" if r["dtype"] else "") + f" {r['device']}",
+             "ours": span(r["m_ours"]), "theirs": span(r["m_theirs"]), "same": f"{r['same_tile']}/{r['compared']}",
+             "other": ", ".join(r["theirs_other_devices"]), "differs": r["differs"]} for r in table.to_dict("records")]
+    columns = [Column("table"), Column("ours", "ours (M)"), Column("theirs", "theirs (M)"),
+               Column("same", "same tile", fmt=""), Column("other", "theirs on other devices", detail=True),
+               Column("differs", "first difference", detail=True)]
+    width = shutil.get_terminal_size((100, 24)).columns
+    for line in render(rows, columns, width, title="fused-MoE tables: ours against theirs, by shape and device"):
+        typer.echo(line)
+    typer.echo("\n".join(wrap(finding(table), width)))
 
 
 def register(app: typer.Typer) -> None:

@@ -9,9 +9,10 @@ the tokens, N·K the weight bytes, and together they fix the arithmetic intensit
 clamped to the measured range (no wild extrapolation). Residuals of every fit are kept
 (:meth:`Calibration.residuals`).
 
-A :class:`Calibration` holds one fit per measured weight dtype; a dtype without its own fit borrows its
-family's (``"fp8"`` for mxfp8 and, as an extrapolation, mxfp4; ``"bf16"`` for fp16) — plus launch
-floors, and names itself (with its fits) in every projection. Shipped calibrations (``CALIBRATIONS``) live in ``m3lab/cost/data`` (SOURCE.md).
+A :class:`Calibration` holds one fit per measured weight dtype (no dtype borrows another's: the cost source of
+each kernel, :mod:`m3lab.cost.sources`, names the table it reads) plus the measured launch floors, and names
+itself (with its fits) in every projection. Shipped calibrations (``CALIBRATIONS``) live in ``m3lab/cost/data``
+(SOURCE.md).
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from m3lab.cost import kernel_defaults
 from m3lab.cost.roofline import bound_times_us, compute_dtype, peak_flops
 from m3lab.errors import M3LabError
 from m3lab.optable.routing import balanced
@@ -31,8 +31,7 @@ from m3lab.spec.gemm_cost import dense_equivalent, gemm_cost
 
 DATA_DIR = Path(__file__).with_name("data")
 BANDWIDTH = 1.0          # kernel width in log2 units of M, N and K (chosen by the out-of-sample check)
-FAMILY = {"fp8": "fp8", "mxfp8": "fp8", "mxfp4": "fp8", "bf16": "bf16", "fp16": "bf16"}
-FALLBACK = {"fp8": ("mxfp8", "mxfp4"), "bf16": ("fp16",)}   # then the other low-precision formats
+FIT_DTYPES = ("fp8", "mxfp8", "mxfp4", "bf16", "fp16")   # weight dtypes a measured table can fit
 TORCH_DTYPES = {"torch.float8_e4m3fn": "fp8", "torch.float8_e4m3fnuz": "fp8", "torch.bfloat16": "bf16",
                 "torch.float16": "fp16", "torch.int8": "int8"}
 GFX_HARDWARE = {("gfx950", 256): "mi355x", ("gfx942", 304): "mi300x"}
@@ -213,7 +212,7 @@ def fit_gemm(table: pd.DataFrame, hw, bandwidth: float = BANDWIDTH) -> dict[str,
     rows fit ``"<dtype>_grouped"`` over their dense-equivalent regime (:func:`m3lab.spec.gemm_cost.dense_equivalent`)."""
     fits = {}
     op = table["op"] if "op" in table else pd.Series(["gemm"] * len(table), index=table.index)
-    known = table["w_dtype"].where(table["w_dtype"].isin(list(FAMILY)))
+    known = table["w_dtype"].where(table["w_dtype"].isin(list(FIT_DTYPES)))
     for fam, rows in table.assign(family=known, _op=op).dropna(subset=["family"]).groupby("family"):
         dense, moe = rows[rows["_op"] != "fused_moe"], rows[rows["_op"] == "fused_moe"]
         if len(dense):
@@ -223,7 +222,7 @@ def fit_gemm(table: pd.DataFrame, hw, bandwidth: float = BANDWIDTH) -> dict[str,
             fits[name] = GemmFit(name, grouped_regime(moe.drop(columns="_op").reset_index(drop=True), hw), bandwidth)
     if not fits:
         raise M3LabError("measured table has no GEMM rows of a known dtype", field="calibration",
-                         hint=f"dtypes known: {', '.join(FAMILY)}")
+                         hint=f"dtypes known: {', '.join(FIT_DTYPES)}")
     return fits
 
 
@@ -235,35 +234,13 @@ class Calibration:
     hardware: str
     source: str
     fits: dict = field(default_factory=dict)          # family -> GemmFit
-    floors_us: dict = field(default_factory=dict)     # kind -> µs (overrides kernel_defaults.FLOOR_US)
+    floors_us: dict = field(default_factory=dict)     # kind -> µs, the measured tables' least times
 
     @property
     def label(self) -> str:
         fams = ", ".join(sorted(self.fits))
-        return (f"calibrated on {self.hardware} by {self.name} (fits: {fams}; other kernels: "
-                f"default achievable fractions and floors)")
-
-    def family_for(self, w_dtype: str, suffix: str = "") -> str | None:
-        """The fit used for a weight dtype: its own, else its family's (mxfp8/mxfp4 -> fp8, fp16 -> bf16), else
-        another 1-byte-or-less format's; for dense GEMMs (no ``suffix``) any fit as the last resort."""
-        w = str(w_dtype)
-        order = [w, FAMILY.get(w, "bf16"), *FALLBACK.get(FAMILY.get(w, "bf16"), ())]
-        for cand in order:
-            if cand + suffix in self.fits:
-                return cand + suffix
-        dense = sorted(f for f in self.fits if not f.endswith("_grouped"))
-        return None if suffix else dense[0]
-
-    def gemm_efficiency(self, m, n, k, w_dtype: str) -> np.ndarray:
-        return self.fits[self.family_for(w_dtype)].efficiency(m, n, k)
-
-    def grouped_efficiency(self, m_eq, side, w_dtype: str) -> np.ndarray | None:
-        """Efficiency of a MoE grouped GEMM from a fused-MoE fit of its dtype family (None without one)."""
-        name = self.family_for(w_dtype, "_grouped")
-        return None if name is None else self.fits[name].efficiency(m_eq, side, side)
-
-    def floor_us(self, kind: str) -> float:
-        return self.floors_us.get(kind, kernel_defaults.floor_us(kind))
+        return (f"calibrated on {self.hardware} by {self.name} (tables: {fams}); each kernel costed by the source "
+                f"of the path vLLM runs (m3lab.cost.sources), assumptions in m3lab.cost.assumptions")
 
     def residuals(self) -> pd.DataFrame:
         """In-sample residuals: measured vs fitted µs for every calibration point."""

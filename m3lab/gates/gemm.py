@@ -58,6 +58,8 @@ def _cases(fmt: str, device: torch.device):
                 yield _case(fmt, m, n, k, device, name, config=cfg)
             if fmt == "fp8":
                 yield _case(fmt, m, n, k, device, "block_scales", block_scales=True)
+                yield _case(fmt, m, n, k, device, "block_scales,persistent", block_scales=True,
+                            config=CPU_CONFIGS["persistent"])
             if fmt.startswith("mx") and _interpreter_has_dot_scaled():
                 yield _case(fmt, m, n, k, device, "native_mx", config=CPU_CONFIGS["splitk"], use_native_mx=True)
         return
@@ -67,6 +69,8 @@ def _cases(fmt: str, device: torch.device):
             yield _case(fmt, m, n, k, device, "auto")
             other = "prefill" if regime_of(m) == "decode" else "decode"
             yield _case(fmt, m, n, k, device, f"{other}_tiles", regime=other)
+        if fmt == "fp8":          # block scales through the table's prefill kernel (the persistent one when tuned)
+            yield _case(fmt, GPU_MS[-1], n, k, device, "block_scales", block_scales=True)
 
 
 def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: str,

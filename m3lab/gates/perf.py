@@ -2,7 +2,9 @@
 
 The baseline is a benchmark table (the long format of m3lab.bench.table) under traces/gates/,
 named ``baseline_<device>.csv``; each op registers a timer that re-measures one of its rows.
-A row fails when the new median exceeds the baseline's by more than ``threshold`` (default 10%).
+A row fails when the new median exceeds the baseline's by more than ``threshold`` (default 10%) in two
+measurements one after the other (a point over the threshold is timed again, and the faster time counts:
+at the H200's 700 W power cap the clocks of compute-bound points move by up to 25% with the card's recent load).
 """
 from collections.abc import Callable
 from pathlib import Path
@@ -41,13 +43,17 @@ def perf_results(baseline: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
             out.append({**res, "value": float("nan"), "passed": False, "detail": f"no timer for op {row['op']!r}"})
             continue
         try:
-            new = timer(row).us_p50
+            times = [timer(row).us_p50]
+            if times[0] / float(row["us_p50"]) - 1.0 > threshold:     # a regression must show twice
+                times.append(timer(row).us_p50)
         except Exception as err:
             out.append({**res, "value": float("nan"), "passed": False, "detail": f"{type(err).__name__}: {err}"})
             continue
+        new = min(times)
         reg = new / float(row["us_p50"]) - 1.0
+        again = f" (re-measured: {', '.join(f'{t:.2f}' for t in times)} us)" if len(times) > 1 else ""
         out.append({**res, "value": reg, "passed": reg <= threshold,
-                    "detail": f"{new:.2f} us vs baseline {float(row['us_p50']):.2f} us"})
+                    "detail": f"{new:.2f} us vs baseline {float(row['us_p50']):.2f} us{again}"})
     return out
 
 

@@ -40,12 +40,14 @@ def _prepare(device: str) -> torch.device:
     return torch.device("cpu")
 
 
-def correctness_results(device: torch.device, names: list[str] | None = None) -> list[dict]:
+def correctness_results(device: torch.device, names: list[str] | None = None, progress=None) -> list[dict]:
+    """``progress(done, total, gate_name)``, when given, is called before each gate runs."""
     from .registry import all_gates
     out = []
-    for gate in all_gates().values():
-        if names and not any(fnmatch.fnmatch(gate.name, pat) for pat in names):
-            continue
+    gates = [g for g in all_gates().values() if not names or any(fnmatch.fnmatch(g.name, p) for p in names)]
+    for done, gate in enumerate(gates):
+        if progress is not None:
+            progress(done, len(gates), gate.name)
         for case in gate.cases(device):
             metric = "mismatch" if case.exact else "rel_rms"
             limit = 0.0 if case.exact else checks.TOLERANCES[case.dtype]
@@ -64,12 +66,13 @@ def correctness_results(device: torch.device, names: list[str] | None = None) ->
 
 
 def run_gates(device: str = "cpu", names: list[str] | None = None, perf: bool = True,
-              baseline: Path | str | None = None, threshold: float | None = None) -> pd.DataFrame:
-    """All gates on ``device`` -> results DataFrame (see module doc). ``names``: fnmatch patterns."""
+              baseline: Path | str | None = None, threshold: float | None = None, progress=None) -> pd.DataFrame:
+    """All gates on ``device`` -> results DataFrame (see module doc). ``names``: fnmatch patterns;
+    ``progress(done, total, gate_name)``: called before each correctness gate."""
     from . import perf as perf_mod
     dev = _prepare(device)
     from ..kernels.gemm.tables import device_name   # after _prepare: the interpreter must be on first
-    rows = correctness_results(dev, names)
+    rows = correctness_results(dev, names, progress)
     if perf:
         threshold = perf_mod.DEFAULT_THRESHOLD if threshold is None else threshold
         if threshold < 0:

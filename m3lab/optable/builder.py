@@ -6,42 +6,26 @@ index-sharing reuse layers skip the index q/k norm, index RoPE and index-key cac
 index columns; per layer two all-reduces at TP > 1: the post-attention one fused with the post-attention
 Gemma norm (``fused_allreduce_gemma_rms_norm``, column ``fused_into`` on ``post_attn_norm``) and an explicit FFN
 one, followed by the next layer's fused residual add + norm (``input_norm``, its own kernel).
+
+With a :class:`~m3lab.optable.dispatch.Dispatch` (what vLLM runs for the deployment) every row carries the
+resolver's ``decision``, ``path`` and ``kernel``, and the structure follows vLLM's decisions (see
+:mod:`m3lab.optable.dispatch`): fused shared expert, index-sharing reuse layers, the page-table builder, the routing
+top-k kernel, and per-phase attention / indexer rows (``phase``) in a step with decodes and prefill chunks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from m3lab.errors import M3LabError
 from m3lab.optable import ops
 from m3lab.optable.ops import COLUMNS
+from m3lab.optable.context import StepContext, gemm_rows
 from m3lab.optable.counts import AttentionCounts, attention_counts
-from m3lab.optable.routing import Routing, make_routing
+from m3lab.optable.dispatch import OP_DECISION, PHASED_OPS, Dispatch, layer_kind
+from m3lab.optable.families import linear_attention_rows, mla_rows
+from m3lab.optable.routing import make_routing
 from m3lab.spec.model import ATTN_LINEAR, ATTN_SPARSE, MLP_MOE, ModelSpec, load_model
 from m3lab.spec.plan import ParallelPlan
 from m3lab.spec.quant import QuantScheme, dtype_bytes, load_quant
 from m3lab.workload.step import EngineStep
-
-
-@dataclass(frozen=True)
-class _Ctx:
-    """Everything a layer's rows depend on, computed once per step."""
-
-    model: ModelSpec
-    plan: ParallelPlan
-    quant: QuantScheme
-    step: EngineStep
-    counts: AttentionCounts
-    routing: Routing | None
-    topk_source: dict  # sparse layer -> layer whose top-k it uses
-
-    @property
-    def T(self) -> int:
-        return self.step.num_tokens
-
-
-def _gemm(op: str, m: float, n: int, k: int, w_dtype: str, kind: str = "gemm") -> list[dict]:
-    """A GEMM, preceded by its dynamic activation quantisation where the weights are quantised."""
-    quant = [ops.act_quant(op, m, k, w_dtype)] if ops.needs_act_quant(w_dtype) else []
-    return quant + [ops.gemm(op, m, n, k, w_dtype, kind=kind)]
 
 
 def _qk_norm_weights(m: ModelSpec, p: ParallelPlan, own_index: bool) -> int:
@@ -51,7 +35,7 @@ def _qk_norm_weights(m: ModelSpec, p: ParallelPlan, own_index: bool) -> int:
     return w + (2 * m.sparse.index_dim if own_index else 0)
 
 
-def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
+def _attention_rows(c: StepContext, sparse: bool, computes_topk: bool) -> list[dict]:
     m, p, q, T = c.model, c.plan, c.quant, c.T
     H, hd = m.hidden, m.head_dim
     hq, hkv = p.heads_q_local(m), p.heads_kv_local(m)
@@ -60,13 +44,13 @@ def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
     rows = [ops.elementwise("input_norm", "norm", T * H, reads=2, writes=2, flops_per=4, m=T, hidden=H,
                             weight_elems=H)]
     if m.mla is not None:
-        return rows + _mla_rows(c, sparse, computes_topk)
+        return rows + mla_rows(c, sparse, computes_topk)
     ih = p.index_heads_local(m) if sparse else 0
     own_index = sparse and computes_topk   # reuse layers skip index norm, RoPE, cache write (amd/model.py:1024-1101)
     idx_w = (ih + 1) * m.sparse.index_dim if own_index else 0
     gate = hq * hd if m.attn_output_gate else 0   # Qwen3.5: q_proj also emits a per-channel sigmoid gate
     # ONE GEMM, one weight format: q, k, v (+ index q, index k on every sparse layer, reuse layers included)
-    rows += _gemm("qkv_proj", T, sum(p.qkv_widths(m, sparse)) + gate, H, w_qkv)
+    rows += gemm_rows("qkv_proj", T, sum(p.qkv_widths(m, sparse)) + gate, H, w_qkv)
     normed = (hq + hkv) * hd + idx_w
     if m.qk_norm:
         rows.append(ops.elementwise("qk_norm", "norm", T * normed, reads=1, writes=1, flops_per=4, m=T,
@@ -79,19 +63,41 @@ def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
     idx_write = m.sparse.index_dim if own_index else 0   # the index cache exists on every sparse layer (memory)
     rows.append(ops.row("cache_write", "cache_write", m=T, act_dtype="bf16", w_dtype=q.kv_dtype, flops=0.0,
                         bytes_compute=T * (2 * hkv * hd + idx_write) * 2.0, bytes_weight=0.0,
-                        bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0))
-    cnt = c.counts
+                        bytes_kv=T * (kv_tok + (idx_tok if own_index else 0)), bytes_comm=0.0,
+                        bytes_compute_written=0.0, bytes_kv_written=T * (kv_tok + (idx_tok if own_index else 0))))
+    kind = layer_kind(ATTN_SPARSE if sparse else "dense", ATTN_SPARSE, computes_topk)
+    for phase, cnt, t, r in c.parts():
+        attend = _attend_rows(c, cnt, t, r, sparse, computes_topk, kind, phase)
+        rows += [dict(x, phase=phase, requests=r) for x in attend]
+    if gate:
+        rows.append(ops.elementwise("attn_gate", "activation", T * gate, reads=2, writes=1, flops_per=5, m=T))
+    rows += gemm_rows("o_proj", T, H, hq * hd, q.weight_dtype("attn_o"))
+    return rows
+
+
+def _attend_rows(c: StepContext, cnt: AttentionCounts, T: int, R: int, sparse: bool, computes_topk: bool, kind: str,
+                 phase: str | None) -> list[dict]:
+    """Indexer, top-k, page-table builder and attention rows of ``T`` query tokens of ``R`` requests (one phase)."""
+    m, p, q = c.model, c.plan, c.quant
+    hd, hq, hkv = m.head_dim, p.heads_q_local(m), p.heads_kv_local(m)
+    ih = p.index_heads_local(m) if sparse else 0
+    kv_tok = 2 * hkv * hd * dtype_bytes(q.kv_dtype)
+    idx_tok = m.sparse.index_dim * dtype_bytes(q.index_dtype) if sparse else 0
+    ib = dtype_bytes(q.index_dtype)
+    rows = []
     if sparse and computes_topk:
         sp = m.sparse
         rows.append(ops.row("indexer", "indexer", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens,
                             keys_attended=cnt.dense_keys, heads_q=ih, heads_kv=1, head_dim=sp.index_dim,
                             act_dtype=q.index_dtype, flops=2.0 * ih * sp.index_dim * cnt.dense_keys,
                             bytes_compute=T * ih * sp.index_dim * ib + cnt.scored_blocks * ih * 4.0,
-                            bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0))
+                            bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0,
+                            bytes_compute_written=cnt.scored_blocks * ih * 4.0, bytes_kv_written=0.0))
         rows.append(ops.row("topk", "topk", m=T, q_tokens=T, selected_blocks=cnt.selected_blocks * hkv,
                             heads_kv=hkv, act_dtype="fp32", flops=float(cnt.scored_blocks * ih),
                             bytes_compute=cnt.scored_blocks * ih * 4.0 + T * ih * sp.topk_blocks * 4.0,
-                            bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0))
+                            bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0,
+                            bytes_compute_written=T * ih * sp.topk_blocks * 4.0, bytes_kv_written=0.0))
     keys = cnt.sparse_keys if sparse else cnt.dense_keys
     read_tok = cnt.sparse_read_tokens if sparse else cnt.ctx_tokens
     rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens, keys_attended=keys,
@@ -99,120 +105,24 @@ def _attention_rows(c: _Ctx, sparse: bool, computes_topk: bool) -> list[dict]:
                         heads_q=hq, heads_kv=hkv, head_dim=hd, act_dtype="bf16", w_dtype=q.kv_dtype,
                         flops=4.0 * hq * hd * keys,
                         bytes_compute=2.0 * T * hq * hd * 2 + (T * hkv * m.sparse.topk_blocks * 4.0 if sparse else 0),
-                        bytes_weight=0.0, bytes_kv=read_tok * kv_tok, bytes_comm=0.0))
-    if gate:
-        rows.append(ops.elementwise("attn_gate", "activation", T * gate, reads=2, writes=1, flops_per=5, m=T))
-    rows += _gemm("o_proj", T, H, hq * hd, q.weight_dtype("attn_o"))
+                        bytes_weight=0.0, bytes_kv=read_tok * kv_tok, bytes_comm=0.0,
+                        bytes_compute_written=T * hq * hd * 2.0, bytes_kv_written=0.0))
+    if sparse and c.runs("page_table", kind, phase):
+        rows.insert(len(rows) - 1, _page_table_row(m, cnt, T, R, hkv))
     return rows
 
 
-def _mla_rows(c: _Ctx, sparse: bool = False, computes_topk: bool = False) -> list[dict]:
-    """DeepSeek MLA. Dense: the non-absorbed prefill form (an approximation for decode). Sparse (DSA, GLM-5.x):
-    the absorbed form vLLM's sparse MLA kernels use: queries are mapped into the latent space (W_UK) and the
-    output back (W_UV) by per-head batched GEMMs whose FLOPs and weight bytes equal ``kv_b_proj`` on the new
-    tokens; attention reads the selected latent rows [kv_lora + rope] of each query's top-k tokens."""
-    m, p, q, T = c.model, c.plan, c.quant, c.T
-    a, H, hq = m.mla, m.hidden, p.heads_q_local(m)
-    w = q.weight_dtype("attn_qkv")
-    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-    rows = []
-    if a.q_lora_rank:
-        rows += [*_gemm("q_a_proj", T, a.q_lora_rank, H, w),
-                 ops.elementwise("q_a_norm", "norm", T * a.q_lora_rank, reads=1, writes=1, flops_per=4, m=T,
-                                 weight_elems=a.q_lora_rank),
-                 *_gemm("q_b_proj", T, hq * qk, a.q_lora_rank, w)]
-    else:
-        rows += _gemm("q_proj", T, hq * qk, H, w)
-    lat = a.kv_lora_rank + a.qk_rope_head_dim
-    kvb = dtype_bytes(q.kv_dtype)
-    cnt = c.counts
-    rows += [*_gemm("kv_a_proj", T, lat, H, w),
-             ops.elementwise("kv_a_norm", "norm", T * a.kv_lora_rank, reads=1, writes=1, flops_per=4, m=T,
-                             weight_elems=a.kv_lora_rank),
-             *_gemm("kv_b_proj", T, hq * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, w)]
-    sp = m.sparse if sparse else None
-    own_idx = sp is not None and computes_topk
-    idx_tok = sp.index_dim * dtype_bytes(q.index_dtype) if own_idx else 0
-    rot = (hq + 1) * a.qk_rope_head_dim
-    if own_idx:
-        rows += _dsa_indexer_rows(c, idx_tok)
-        rot += (p.index_heads_local(m) + 1) * a.qk_rope_head_dim
-    rows += [ops.elementwise("rope", "rope", T * rot, reads=1, writes=1, flops_per=3, m=T),
-             ops.row("cache_write", "cache_write", m=T, act_dtype="bf16", w_dtype=q.kv_dtype, flops=0.0,
-                     bytes_compute=T * (lat + (sp.index_dim if own_idx else 0)) * 2.0, bytes_weight=0.0,
-                     bytes_kv=T * (lat * kvb + idx_tok), bytes_comm=0.0)]
-    if sp is None:
-        rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens,
-                            keys_attended=cnt.dense_keys, heads_q=hq, heads_kv=1, head_dim=qk, act_dtype="bf16",
-                            w_dtype=q.kv_dtype, flops=2.0 * hq * (qk + a.v_head_dim) * cnt.dense_keys,
-                            bytes_compute=T * hq * (qk + a.v_head_dim) * 2.0, bytes_weight=0.0,
-                            bytes_kv=cnt.ctx_tokens * lat * kvb, bytes_comm=0.0))
-    else:
-        keys = cnt.sparse_keys
-        rows.append(ops.row("attention", "attention", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens, keys_attended=keys,
-                            selected_blocks=cnt.selected_blocks, heads_q=hq, heads_kv=1, head_dim=lat,
-                            act_dtype="bf16", w_dtype=q.kv_dtype, flops=2.0 * hq * (lat + a.kv_lora_rank) * keys,
-                            bytes_compute=T * hq * (lat + a.kv_lora_rank) * 2.0 + T * sp.topk_blocks * 4.0,
-                            bytes_weight=0.0, bytes_kv=cnt.sparse_read_tokens * lat * kvb, bytes_comm=0.0))
-    rows += _gemm("o_proj", T, H, hq * a.v_head_dim, q.weight_dtype("attn_o"))
-    return rows
+def _page_table_row(m: ModelSpec, cnt: AttentionCounts, T: int, R: int, hkv: int) -> dict:
+    """The sparse page adapter's table builder: 128-token blocks -> page-16 ids (8 pages a block). Reads the
+    top-k ids [T, hkv, K] int32, the requests' block tables and lengths; writes [T x hkv, 8K] int32."""
+    i32, k = dtype_bytes("int32"), m.sparse.topk_blocks
+    reads, writes = T * hkv * k * i32 + cnt.ctx_tokens / m.sparse.block_size * i32 + R * i32, T * hkv * k * 8 * i32
+    return ops.row("page_table", "page_table", m=T, q_tokens=T, heads_kv=hkv, act_dtype="int32", flops=0.0,
+                   bytes_compute=reads + writes, bytes_weight=0.0, bytes_kv=0.0, bytes_comm=0.0,
+                   bytes_compute_written=writes, bytes_kv_written=0.0)
 
 
-def _dsa_indexer_rows(c: _Ctx, idx_tok: float) -> list[dict]:
-    """DeepSeek sparse attention's lightning indexer on a layer that computes its own top-k: index q from the
-    q latent (wq_b), index k and per-head weights from the hidden state (wk + weights_proj, one GEMM), a
-    LayerNorm on k, head-weighted ReLU scores of every cached key, and a token-level top-k."""
-    m, p, q, T = c.model, c.plan, c.quant, c.T
-    sp, a, cnt = m.sparse, m.mla, c.counts
-    ih, d = p.index_heads_local(m), sp.index_dim
-    w_idx = q.weight_dtype("indexer_qk")
-    q_in = a.q_lora_rank or m.hidden
-    return [*_gemm("indexer_q_proj", T, ih * d, q_in, w_idx),
-            *_gemm("indexer_k_proj", T, d + ih, m.hidden, w_idx),
-            ops.elementwise("indexer_k_norm", "norm", T * d, reads=1, writes=1, flops_per=5, m=T, weight_elems=2 * d),
-            ops.row("indexer", "indexer", m=T, q_tokens=T, ctx_tokens=cnt.ctx_tokens, keys_attended=cnt.dense_keys,
-                    heads_q=ih, heads_kv=1, head_dim=d, act_dtype=q.index_dtype,
-                    flops=2.0 * ih * d * cnt.dense_keys + 2.0 * ih * cnt.dense_keys,
-                    bytes_compute=T * ih * (d * dtype_bytes(q.index_dtype) + 4.0) + cnt.scored_blocks * 4.0,
-                    bytes_weight=0.0, bytes_kv=cnt.ctx_tokens * idx_tok, bytes_comm=0.0),
-            ops.row("topk", "topk", m=T, q_tokens=T, selected_blocks=cnt.selected_blocks, act_dtype="fp32",
-                    flops=float(cnt.scored_blocks),
-                    bytes_compute=cnt.scored_blocks * 4.0 + T * sp.topk_blocks * 4.0, bytes_weight=0.0,
-                    bytes_kv=0.0, bytes_comm=0.0)]
-
-
-def _linear_attention_rows(c: _Ctx) -> list[dict]:
-    """Gated DeltaNet (Qwen3.5 linear-attention layer) on one rank: in_proj_qkvz and in_proj_ba GEMMs (vLLM's
-    Qwen3.5 model runs them as four projections in_proj_qkv, in_proj_z, in_proj_b, in_proj_a of the same total
-    FLOPs and bytes; Qwen3-Next's fused layout is counted), the causal depthwise conv1d over the q/k/v channels,
-    the decay/beta gating kernel, the gated delta rule, the gated RMSNorm, out_proj. The recurrent
-    state [vh, kd, vd] and the conv state [kernel - 1, conv_dim] of every request are read and written once per
-    step (``bytes_kv``: the persistent-state plane; their size does not grow with the context)."""
-    m, p, q, T, R = c.model, c.plan, c.quant, c.T, c.step.num_reqs
-    a, H = m.linear, m.hidden
-    kh, vh = p.linear_heads_local(m)
-    kd, vd = a.key_dim, a.value_dim
-    conv_dim = 2 * kh * kd + vh * vd
-    w = q.weight_dtype("attn_qkv")
-    state = vh * kd * vd * dtype_bytes(a.state_dtype)
-    conv_state = (a.conv_kernel - 1) * conv_dim * 2.0
-    return [ops.elementwise("input_norm", "norm", T * H, reads=2, writes=2, flops_per=4, m=T, hidden=H,
-                            weight_elems=H),
-            *_gemm("in_proj_qkvz", T, 2 * kh * kd + 2 * vh * vd, H, w),
-            *_gemm("in_proj_ba", T, 2 * vh, H, w),
-            ops.row("conv1d", "conv", m=T, act_dtype="bf16", w_dtype="bf16", flops=2.0 * T * conv_dim * a.conv_kernel,
-                    bytes_compute=2.0 * T * conv_dim * 2.0, bytes_weight=conv_dim * a.conv_kernel * 2.0,
-                    bytes_kv=2.0 * R * conv_state, bytes_comm=0.0),
-            ops.elementwise("gdn_gating", "activation", T * vh, reads=2, writes=2, flops_per=10, m=T),
-            ops.row("gated_delta_rule", "linear_attention", m=T, q_tokens=T, heads_q=vh, heads_kv=kh, head_dim=kd,
-                    act_dtype="bf16", w_dtype=a.state_dtype, flops=8.0 * T * vh * kd * vd,
-                    bytes_compute=T * (2 * kh * kd + 2 * vh * vd + 2 * vh) * 2.0,
-                    bytes_weight=2 * vh * 4.0, bytes_kv=2.0 * R * state, bytes_comm=0.0),
-            ops.elementwise("gated_norm", "norm", T * vh * vd, reads=2, writes=1, flops_per=8, m=T, weight_elems=vd),
-            *_gemm("out_proj", T, H, vh * vd, q.weight_dtype("attn_o"))]
-
-
-def _ffn_rows(c: _Ctx, moe: bool) -> list[dict]:
+def _ffn_rows(c: StepContext, moe: bool) -> list[dict]:
     m, p, q, T = c.model, c.plan, c.quant, c.T
     H = m.hidden
     # on AMD the post-attention all-reduce runs fused with this norm (fused_allreduce_gemma_rms_norm,
@@ -223,14 +133,21 @@ def _ffn_rows(c: _Ctx, moe: bool) -> list[dict]:
     if not moe:
         inter = m.dense_inter // p.tp
         w = q.weight_dtype("dense_mlp")
-        return rows + [*_gemm("gate_up_proj", T, 2 * inter, H, w),
+        return rows + [*gemm_rows("gate_up_proj", T, 2 * inter, H, w),
                        ops.elementwise("act", "activation", T * inter, reads=2, writes=1, flops_per=8, m=T),
-                       *_gemm("down_proj", T, H, inter, w)]
+                       *gemm_rows("down_proj", T, H, inter, w)]
     r = c.routing
     rows.append(ops.gemm("router", T, m.experts, H, m.router_dtype if m.router_dtype == "fp32"
                          else q.weight_dtype("router"), kind="router"))
     w_routed, w_shared = q.weight_dtype("routed_expert"), q.weight_dtype("shared_expert")
-    fused = p.fuses_shared(m, q)   # asked for, no EP, one expert format (ParallelPlan.shared_fusion_reason)
+    # the shared expert as extra grouped-GEMM rows: as vLLM resolved it, else ParallelPlan's rule (asked for, no
+    # EP, one expert format: ParallelPlan.shared_fusion_reason)
+    fused = c.dispatch.fused_shared_expert if c.dispatch is not None else p.fuses_shared(m, q)
+    if c.dispatch is not None:  # the routing top-k kernel: reads the fp32 logits, writes ids and weights
+        rows.append(ops.row("routing", "topk", m=T, topk=m.topk, act_dtype="fp32", flops=4.0 * T * m.experts,
+                            bytes_compute=T * m.experts * 4.0 + T * (m.topk + 1) * 8.0, bytes_weight=0.0,
+                            bytes_kv=0.0, bytes_comm=0.0, bytes_compute_written=T * (m.topk + 1) * 8.0,
+                            bytes_kv_written=0.0))
     inter = p.expert_inter_local(m)
     routed = float(r.routed_tokens(T, p.ep)[0])
     active = float(r.active_experts(T, p.ep)[0])
@@ -255,9 +172,9 @@ def _ffn_rows(c: _Ctx, moe: bool) -> list[dict]:
     rows += [ops.grouped_gemm("moe_down", routed, H, inter, w_routed, **g), ops.moe_sum(routed, T, H, topk)]
     if m.n_shared and not fused:
         si = p.shared_inter_local(m)
-        rows += [*_gemm("shared_gate_up", T, 2 * si, H, w_shared),
+        rows += [*gemm_rows("shared_gate_up", T, 2 * si, H, w_shared),
                  ops.elementwise("shared_act", "activation", T * si, reads=2, writes=1, flops_per=8, m=T),
-                 *_gemm("shared_down", T, H, si, w_shared)]
+                 *gemm_rows("shared_down", T, H, si, w_shared)]
     if p.ep > 1 and p.dp > 1:  # tokens travel to the experts' ranks and back
         rows += [ops.all2all("moe_dispatch", T * m.topk, H, p.ep), ops.all2all("moe_combine", T * m.topk, H, p.ep)]
     return rows
@@ -269,12 +186,51 @@ def _layer_key(m: ModelSpec, topk_source: dict, layer: int) -> tuple:
     return attn, attn == ATTN_SPARSE and topk_source.get(layer) == layer, m.mlp_types[layer] == MLP_MOE
 
 
-def _class_rows(c: _Ctx, key: tuple) -> list[dict]:
-    """Rows of one layer of structure class ``key`` (see :func:`_layer_key`)."""
+def topk_sources(model: ModelSpec, dispatch: Dispatch | None = None) -> dict:
+    """Sparse layer -> the layer whose top-k it uses: the model's index-sharing schedule, unless a Dispatch says
+    vLLM runs no reuse layers for this deployment (then every sparse layer computes its own)."""
+    if model.sparse is None:
+        return {}
+    if dispatch is not None and not dispatch.index_sharing:
+        return {layer: layer for layer in model.sparse_layers}
+    return model.topk_source()
+
+
+def _annotate(c: StepContext, rows: list[dict], kind: str) -> list[dict]:
+    """Add the resolver's decision, path id and kernels to every row that a decision covers (with a Dispatch).
+    A row whose decision does not run (or is missing) means the OpTable and vLLM disagree: raise."""
+    if c.dispatch is None:
+        return rows
+    out = []
+    for r in rows:
+        op = OP_DECISION.get(r["op"])
+        if op is None:
+            out.append(r)
+            continue
+        phase = r.get("phase") if r["op"] in PHASED_OPS and r.get("phase") else c.phase
+        ch = c.dispatch.choice(op, kind, phase) or (c.dispatch.choice(op, "dense", phase) if kind == "model" else None)
+        mono = c.dispatch.choice("monokernel", kind, phase)
+        if (ch is None or not ch.runs) and mono is not None and mono.runs and mono.path == "mono_ffn":
+            ch = mono   # the persistent FFN kernel runs the op it replaced
+        if ch is None or not ch.runs:
+            raise M3LabError(f"OpTable row {r['op']!r} on {kind} layers has no running vLLM decision "
+                             f"({op}: {ch.status if ch else 'none'}) in the {phase} phase", field="dispatch",
+                             hint="the OpTable builder and the fast-path resolver disagree; report this")
+        out.append(dict(r, decision=ch.decision, path=ch.path, kernel=", ".join(ch.kernels)))
+    return out
+
+
+def _class_rows(c: StepContext, key: tuple) -> list[dict]:
+    """Rows of one layer of structure class ``key`` (see :func:`_layer_key`), annotated from the Dispatch."""
+    attn, computes_topk, moe = key
+    return _annotate(c, _stock_class_rows(c, key), layer_kind(attn, ATTN_SPARSE, computes_topk))
+
+
+def _stock_class_rows(c: StepContext, key: tuple) -> list[dict]:
     attn, computes_topk, moe = key
     m = c.model
     if attn == ATTN_LINEAR:
-        rows = _linear_attention_rows(c)
+        rows = linear_attention_rows(c)
     else:
         rows = _attention_rows(c, attn == ATTN_SPARSE, computes_topk)
     if c.plan.tp > 1:  # post-attention all-reduce (o_proj reduce_results=False), fused with post_attn_norm
@@ -285,7 +241,7 @@ def _class_rows(c: _Ctx, key: tuple) -> list[dict]:
     return rows
 
 
-def _edge_rows(c: _Ctx) -> tuple[list[dict], list[dict]]:
+def _edge_rows(c: StepContext) -> tuple[list[dict], list[dict]]:
     """Embedding (+ its all-reduce) before the layers; final norm, LM head, logits gather after."""
     m, p, q, T = c.model, c.plan, c.quant, c.T
     H, R, v_local = m.hidden, c.step.num_reqs, p.vocab_local(m)
@@ -295,7 +251,7 @@ def _edge_rows(c: _Ctx) -> tuple[list[dict], list[dict]]:
     # result, zeros elsewhere, that the all-reduce sums).
     head = [ops.row("embedding", "embedding", m=T, n=H, act_dtype="bf16", w_dtype=w_emb, flops=0.0,
                     bytes_compute=T * H * 2.0 + T * 8.0, bytes_weight=T / p.tp * H * dtype_bytes(w_emb),
-                    bytes_kv=0.0, bytes_comm=0.0)]
+                    bytes_kv=0.0, bytes_comm=0.0, bytes_compute_written=T * H * 2.0, bytes_kv_written=0.0)]
     if p.tp > 1:
         head.append(ops.allreduce("allreduce_embed", T, H, p.tp))
     tail = [ops.elementwise("final_norm", "norm", T * H, reads=2, writes=1, flops_per=4, m=T, hidden=H,
@@ -305,10 +261,10 @@ def _edge_rows(c: _Ctx) -> tuple[list[dict], list[dict]]:
         tail.append(ops.gather("logits_gather", R, v_local * p.tp, p.tp))
     for r in head + tail:
         r["layer"] = -1
-    return head, tail
+    return _annotate(c, head, "model"), _annotate(c, tail, "model")
 
 
-_TEXT_COLUMNS = ("op", "kind", "act_dtype", "w_dtype", "comm_algo", "fused_into")
+_TEXT_COLUMNS = ("op", "kind", "act_dtype", "w_dtype", "comm_algo", "fused_into", "phase", "decision", "path", "kernel")
 
 
 def _frame(templates: list[dict], index, layers):
@@ -329,12 +285,13 @@ def _frame(templates: list[dict], index, layers):
 
 
 def build_optable(model, plan: ParallelPlan | None = None, quant="bf16", step: EngineStep | None = None,
-                  routing=None):
+                  routing=None, dispatch: Dispatch | None = None):
     """OpTable of one engine step on one GPU: a pandas DataFrame with the columns of :data:`COLUMNS`.
 
     ``model``: ModelSpec or name; ``plan``: ParallelPlan (default TP1); ``quant``: QuantScheme or name;
-    ``step``: EngineStep (default one decode at context 1); ``routing``: see ``routing.make_routing``.
-    Each layer structure class is built once (the top-k source map once per build) and repeated column-wise.
+    ``step``: EngineStep (default one decode at context 1); ``routing``: see ``routing.make_routing``;
+    ``dispatch``: what vLLM runs for the deployment (:mod:`m3lab.optable.dispatch`; None: the spec's structure,
+    no decision columns). Each layer structure class is built once and repeated column-wise.
     """
     import numpy as np
 
@@ -346,7 +303,10 @@ def build_optable(model, plan: ParallelPlan | None = None, quant="bf16", step: E
     counts = attention_counts(step.new_tokens, step.context_lens, sp.block_size if sp else 0,
                               sp.topk_blocks if sp else 0)
     rt = make_routing(routing, model.experts, model.topk) if model.is_moe else None
-    c = _Ctx(model, plan, quant, step, counts, rt, model.topk_source() if sp else {})
+    if dispatch is not None and model.sparse is None:
+        raise M3LabError(f"a Dispatch describes MiniMax M3's kernels; {model.name!r} has no block-sparse attention",
+                         field="dispatch")
+    c = StepContext(model, plan, quant, step, counts, rt, topk_sources(model, dispatch), dispatch)
     head, tail = _edge_rows(c)
     templates = list(head)
     spans: dict = {}  # class key -> (first template index, row count)

@@ -261,6 +261,23 @@ def handoff_summary(plan: pd.DataFrame, isl: int, bandwidth: float | None = None
     return out
 
 
+DESCRIPTOR_RATE = 10e6   # descriptors a link can issue per second: assumed (an RDMA NIC's message rate, order of)
+
+
+def descriptor_warning(summary: dict) -> str | None:
+    """A warning when issuing a request's descriptors would take longer than moving its bytes: ``transfer_s``
+    (bytes / bandwidth) then understates the hand-off, e.g. 534,802,944 descriptors of 4 B between the Triton
+    and AITER layouts. None when the descriptors are few and large enough."""
+    n, seconds = summary["descriptors_per_request"], summary.get("transfer_s")
+    issue_s = n / DESCRIPTOR_RATE
+    if seconds is None or issue_s <= seconds:
+        return None
+    return (f"{n:,} descriptors per request (mean {summary['mean_descriptor_bytes']:,.0f} B): at an assumed "
+            f"{DESCRIPTOR_RATE:,.0f} descriptors/s issuing them takes {issue_s:,.3g} s, more than the "
+            f"{seconds * 1e3:,.3g} ms the bytes take; the hand-off is descriptor-bound (same KV layout on both "
+            f"sides, or a layout conversion before the transfer, keeps descriptors large)")
+
+
 def pd_plan(model, prefill_tp: int, decode_tp: int, isl: int, *, kv_dtype: str = "bf16", index_dtype: str = "bf16",
             prefill_layout: str = "triton", decode_layout: str = "triton", scales: str = "none",
             tables: str = "scattered", bandwidth: float | None = None) -> tuple[dict, pd.DataFrame]:
@@ -273,6 +290,7 @@ def pd_plan(model, prefill_tp: int, decode_tp: int, isl: int, *, kv_dtype: str =
                "decode_layout": decode_layout, "kv_dtype": pre.kv_dtype, "index_dtype": pre.index_dtype,
                "scales": pre.scales, "tables": tables, **handoff_summary(plan, isl, bandwidth),
                "label": "projected (exact byte geometry; time = bytes / link bandwidth)"}
+    summary["warning"] = descriptor_warning(summary)
     return summary, per_layer(plan)
 
 

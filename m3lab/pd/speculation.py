@@ -25,6 +25,7 @@ import math
 import torch
 
 from m3lab.errors import M3LabError
+from m3lab.workload.deployed import chain_acceptance
 
 EAGLE3_SOURCE = ("Inferact/MiniMax-M3-EAGLE3 model card (EAGLE3 draft of MiniMax M3, TP4, 3 speculative tokens), "
                  "as cited in reference minimax_m3.md §6 [S19]")
@@ -75,14 +76,9 @@ def geometric_accept_len(a: float, k: int) -> float:
 
 
 def fit_acceptance_rate(accept_len: float, k: int) -> float:
-    """The per-position acceptance probability a with geometric_accept_len(a, k) == accept_len (bisection)."""
-    if not 1 <= accept_len <= k + 1:
-        raise M3LabError(f"accept_len {accept_len} must lie in [1, k + 1 = {k + 1}]", field="accept_len")
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if geometric_accept_len(mid, k) < accept_len else (lo, mid)
-    return (lo + hi) / 2
+    """The per-position acceptance probability a with geometric_accept_len(a, k) == accept_len (the step
+    generator's fake model uses the same chain: :func:`m3lab.workload.deployed.chain_acceptance`)."""
+    return chain_acceptance(accept_len, k)
 
 
 def projected_accept_len(k: int, dataset: str = "MT-Bench") -> float:
@@ -101,7 +97,7 @@ def bench_acceptance(path) -> dict | None:
     import json
     from pathlib import Path
 
-    from m3lab.serving.vllm_bench import read_bench_result
+    from m3lab.serving.vllm_bench import cited, read_bench_result
 
     res = read_bench_result(path)
     raw = json.loads(Path(path).read_text())
@@ -112,11 +108,11 @@ def bench_acceptance(path) -> dict | None:
         return {**row, "method": "speculative", "k": round(k) if k else None,
                 "accept_len": float(raw["spec_decode_acceptance_length"]),
                 "acceptance_rate": raw.get("spec_decode_acceptance_rate"),
-                "kind": "measured (spec_decode_acceptance_length)", "source": str(path)}
+                "kind": "measured (spec_decode_acceptance_length)", "source": cited(path)}
     itl, tpot = res.stat("itl", "mean"), res.stat("tpot", "mean")
     if math.isfinite(itl) and math.isfinite(tpot) and tpot > 0 and itl / tpot > 1.05:
         return {**row, "method": "speculative", "k": None, "accept_len": itl / tpot, "acceptance_rate": None,
-                "kind": "inferred (mean ITL / mean TPOT)", "source": str(path)}
+                "kind": "inferred (mean ITL / mean TPOT)", "source": cited(path)}
     return None
 
 
@@ -138,11 +134,11 @@ def acceptance_table(bench_paths=None) -> "pandas.DataFrame":  # noqa: F821
     return pd.DataFrame(rows)[cols]
 
 
-def spec_sweep(model, hardware, draft_lengths, *, dataset: str = "MT-Bench",
-               **estimate_kwargs) -> "pandas.DataFrame":  # noqa: F821
-    """Serving estimates against the draft length k: acceptance length projected from the published M3 EAGLE3
-    point on ``dataset`` (:func:`projected_accept_len`), one row per (k, mode); ``estimate_kwargs`` as for
-    :func:`m3lab.serving.estimate.estimate`."""
+def spec_sweep(deployment, draft_lengths, *, dataset: str = "MT-Bench",
+               calibration="default") -> "pandas.DataFrame":  # noqa: F821
+    """Serving estimates of ``deployment`` with EAGLE3 against the draft length k (0: off): acceptance length
+    projected from the published M3 EAGLE3 point on ``dataset`` (:func:`projected_accept_len`), one row per
+    (k, mode)."""
     import pandas as pd
 
     from m3lab.serving.estimate import estimate
@@ -150,7 +146,9 @@ def spec_sweep(model, hardware, draft_lengths, *, dataset: str = "MT-Bench",
     rows = []
     for k in draft_lengths:
         a = projected_accept_len(int(k), dataset) if k else None
-        est = estimate(model, hardware, spec_tokens=int(k), accept_len=a, **estimate_kwargs)
+        spec = {"spec_method": "eagle3" if k else None, "spec_tokens": int(k), "accept_len": a,
+                "accept_dataset": f"{dataset} (projected to k={int(k)})" if k else "assumed"}
+        est = estimate(deployment.with_settings(spec), calibration=calibration)
         for mode, res in est.results.items():
             rows.append({"k": int(k), "accept_len": a or 1.0, "mode": mode,
                          **{key: res[key] for key in ("output_tokens_per_s_per_gpu", "ttft_s", "tpot_ms", "label")}})

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from m3lab.errors import M3LabError
+from m3lab.pipeline.spec import read_yaml
 
 FIELDS = ("pipeline", "axes", "overrides", "executor", "address", "ray", "description")
 EXECUTORS = ("local", "ray")
@@ -47,14 +48,12 @@ def _value_text(value: Any) -> str:
 
 
 def is_grid_file(path: str | Path) -> bool:
-    """True for a YAML file with an ``axes`` mapping (a pipeline file has ``steps`` instead)."""
+    """True for a YAML file with an ``axes`` mapping (a pipeline file has ``steps`` instead). A YAML file that
+    cannot be read (not UTF-8, not YAML) raises the one-line error that says why."""
     p = Path(path)
     if p.suffix not in (".yaml", ".yml") or not p.is_file():
         return False
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
-        return False
+    raw = read_yaml(p, "YAML file")
     return isinstance(raw, dict) and "axes" in raw
 
 
@@ -63,10 +62,7 @@ def load_grid(path: str | Path) -> GridFile:
     p = Path(path)
     if not p.is_file():
         raise M3LabError(f"grid file {str(p)!r} does not exist", field="GRID")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise M3LabError(f"grid file {p}: not valid YAML ({str(err).splitlines()[0]})", field="GRID") from None
+    raw = read_yaml(p, "grid file")
     if not isinstance(raw, dict):
         raise M3LabError(f"grid file {p}: must be a mapping with 'pipeline' and 'axes'", field="GRID")
     unknown = sorted(set(raw) - set(FIELDS))

@@ -4,7 +4,8 @@ An override is ``KEY=VALUE`` (every step whose parameters cell declares KEY) or
 ``STEP.KEY=VALUE`` (one step). VALUE is parsed as YAML (``32``, ``0.9``, ``true``, ``bf16``,
 ``[1, 8, 32]``) and must have the type of the notebook's default (an int is accepted where the
 default is a float; any value where the default is None); ``None``, ``none`` and ``null`` all mean null.
-Values are then checked by the library's own validators (:mod:`m3lab.pipeline.validate`). Everything is
+Values are then checked by the library's own validators (:mod:`m3lab.pipeline.validate`, and
+:mod:`m3lab.pipeline.list_values` for the elements of list parameters). Everything is
 checked before a step runs.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Iterable
 import yaml
 
 from m3lab.errors import M3LabError
+from m3lab.pipeline.list_values import validate_lists
 from m3lab.pipeline.validate import is_null, validate_step
 
 
@@ -120,7 +122,15 @@ def resolve_parameters(pipeline, overrides: Iterable[str], *, check_values: bool
         for name, params in declared.items():
             values = {k: p.default for k, p in params.items()} | resolved[name]
             validate_step(name, values, set(resolved[name]))
+            validate_lists(name, values, set(resolved[name]))
     return resolved
+
+
+def parameter_values(pipeline, resolved: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every parameter value each step runs with: its notebook's defaults, then what ``resolved`` sets
+    (:func:`resolve_parameters`)."""
+    return {s.name: {k: p.default for k, p in notebook_parameters(s.notebook).items()} | resolved.get(s.name, {})
+            for s in pipeline.steps}
 
 
 def _assign(resolved, declared, step: str, key: str, value: Any, where: str) -> None:
@@ -147,6 +157,8 @@ def coerce(param: Parameter, value: Any, where: str) -> Any:
         value = float(value) if ok else value
     elif isinstance(default, (list, tuple)):
         ok = isinstance(value, (list, tuple))
+        if ok:
+            _check_elements(param, value, where)
     elif isinstance(default, dict):
         ok = isinstance(value, dict)
     elif isinstance(default, str):
@@ -159,3 +171,32 @@ def coerce(param: Parameter, value: Any, where: str) -> Any:
         raise M3LabError(f"{where}: parameter {param.name!r} takes {article} {param.type_name} "
                          f"(default {default!r}), got {value!r} ({type(value).__name__})")
     return value
+
+
+def _kind(value: Any) -> str:
+    """The element kind a list parameter's default shows: int, float, str, list or None."""
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+def _check_elements(param: Parameter, value: Any, where: str) -> None:
+    """The elements of a list value have the kind of the default's elements (an int where floats are; null
+    where the default holds one), so ``-p concurrencies=[1,x]`` fails here, not in the notebook."""
+    kinds = {_kind(v) for v in param.default} - {"None"}
+    if len(kinds) != 1:
+        return
+    (kind,) = kinds
+    allowed = {kind, "int"} if kind == "float" else {kind}
+    if None in param.default:
+        allowed.add("None")
+    for i, v in enumerate(value):
+        if _kind(v) not in allowed:
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise M3LabError(f"{where}: parameter {param.name!r} takes a list of {kind} values (default "
+                             f"{param.default!r}); element {i} is {v!r} ({_kind(v)}), not {article} {kind}",
+                             field=param.name)

@@ -14,6 +14,8 @@ image, as on a Ray cluster launched from one container); paths handed to them sh
 """
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -42,11 +44,35 @@ def require_ray():
     return ray
 
 
+CONNECT_TIMEOUT_S = 5.0   # a cluster's address must answer a TCP connection within this long
+
+
+def check_reachable(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise M3LabError unless something listens at ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``): ray.init
+    itself retries an address that does not answer for minutes. None and 'auto' are left to ray.init."""
+    if not address or address == "auto":
+        return
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        raise M3LabError(f"--address {address!r} is not HOST:PORT", field="address",
+                         hint="e.g. --address 10.0.0.5:6379, or --address auto for a cluster started here")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        why = f"no answer within {timeout_s:g} s" if isinstance(err, TimeoutError) else \
+            (err.strerror or type(err).__name__).lower()
+        raise M3LabError(f"cannot join the Ray cluster at {address}: {why}", field="address",
+                         hint="check the address and that the cluster is up ('ray status' on its head node)") from None
+
+
 def connect(address: str | None = None) -> Any:
     """Join the Ray cluster at ``address`` (None: the one ``ray.init()`` finds, or a new local one); an already
-    initialised Ray is used as it is."""
+    initialised Ray is used as it is. An address where nothing answers fails within CONNECT_TIMEOUT_S."""
     ray = require_ray()
     if not ray.is_initialized():
+        check_reachable(address)
+        if address and address != "auto":   # something answers: one connection attempt, not ray's 20 retries
+            os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "10")
         try:
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
@@ -64,10 +90,13 @@ def _error_line(err: BaseException) -> str:
 
 def run_tasks(fn: Callable[..., Any], items: Sequence[Sequence[Any]], *, address: str | None = None,
               options: Mapping[str, Any] | None = None, labels: Sequence[str] | None = None,
-              echo: Callable[[str], None] = print) -> list[Outcome]:
+              echo: Callable[[str], None] = print,
+              on_done: Callable[[Outcome], str | None] | None = None) -> list[Outcome]:
     """``fn(*item)`` for every item, one Ray task each (``options``: ``num_cpus``, ``num_gpus``, ``resources``...).
 
-    Returns one :class:`Outcome` per item, in the items' order. Progress is printed as tasks finish.
+    Returns one :class:`Outcome` per item, in the items' order. Progress is printed as tasks finish;
+    ``on_done(outcome)``, called as each finishes, may return the text of its progress line (e.g. a task that
+    returned a failed run: ``failed: <why>``) in place of ``done``.
     """
     ray = connect(address)
     remote = ray.remote(fn).options(**dict(options or {"num_cpus": 1}))
@@ -83,10 +112,12 @@ def run_tasks(fn: Callable[..., Any], items: Sequence[Sequence[Any]], *, address
         took = time.monotonic() - start
         try:
             out[i] = Outcome(i, True, ray.get(ref), seconds=took)
-            echo(f"  [{len(out)}/{len(items)}] {labels[i]}: done ({took:.0f} s)")
+            text = "done"
         except Exception as err:  # a failing item is reported; the others go on
             out[i] = Outcome(i, False, error=_error_line(err), seconds=took)
-            echo(f"  [{len(out)}/{len(items)}] {labels[i]}: FAILED {out[i].error}")
+            text = f"FAILED {out[i].error}"
+        text = (on_done(out[i]) if on_done is not None else None) or text
+        echo(f"  [{len(out)}/{len(items)}] {labels[i]}: {text} ({took:.0f} s)")
     return [out[i] for i in range(len(items))]
 
 

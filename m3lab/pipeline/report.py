@@ -98,11 +98,21 @@ def render_notebook(nb: Any, anchor: str) -> tuple[str, list[tuple[str, str]]]:
     return "\n".join(parts), headings
 
 
+# What a batch kernel's progress bars leave behind: tqdm's warning where ipywidgets is missing (two lines: the
+# warning and the source line it quotes), and a widget whose state no executed notebook keeps (its text is a
+# frozen "0%" bar). Neither is a result; the report leaves them out.
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_TQDM_WARNING = re.compile(r"^[^\n]*TqdmWarning: IProgress not found[^\n]*\n(?:[ \t]+[^\n]*\n?)?", re.M)
+
+
 def _render_output(out: Any, div_id: str) -> str:
     kind = out.get("output_type")
     if kind == "stream":
         text = _ANSI.sub("", "".join(out.get("text", "")))
-        return f'<pre class="out">{html.escape(text)}</pre>'
+        text = _TQDM_WARNING.sub("", text) if out.get("name") == "stderr" else text
+        return f'<pre class="out">{html.escape(text)}</pre>' if text.strip() else ""
+    if WIDGET_VIEW in out.get("data", {}):
+        return ""
     if kind == "error":
         tb = _ANSI.sub("", "\n".join(out.get("traceback", [])))
         return f'<pre class="err">{html.escape(tb)}</pre>'
@@ -192,6 +202,7 @@ def _page(summary: dict, toc: str, body: str) -> str:
     env = summary.get("environment", {})
     rows = "".join(_summary_row(s) for s in summary["steps"])
     params = html.escape(json.dumps(summary.get("parameters", {}), indent=1))
+    values = html.escape(json.dumps(summary.get("parameter_values", {}), indent=1))
     title = f"m3lab run {summary.get('run_id', '')}"
     return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{_CSS}</style><script type="text/javascript">{get_plotlyjs()}</script></head><body>
@@ -202,5 +213,6 @@ def _page(summary: dict, toc: str, body: str) -> str:
 · device {html.escape(str(env.get('device')))} · commit {html.escape(str(env.get('git_commit')))}</p>
 <table><tr><th>step</th><th>status</th><th>duration</th><th>artifacts</th><th>error</th></tr>{rows}</table>
 <details><summary>parameters (non-default values injected per step)</summary><pre>{params}</pre></details>
+<details><summary>every parameter value each step ran with (defaults included)</summary><pre>{values}</pre></details>
 <details><summary>package versions</summary><pre>{html.escape(json.dumps(env.get('packages', {}), indent=1))}</pre></details>
 {body}</main></body></html>"""

@@ -4,7 +4,8 @@ Run folder ``runs/<pipeline>-<YYYYmmdd-HHMMSS>/`` (files: :mod:`m3lab.pipeline.r
 
 - ``NN_<notebook>.ipynb``: each executed notebook (a failed one keeps its traceback cell);
 - ``artifacts/<step>/<name>.parquet|json``: what steps saved through :mod:`m3lab.artifacts`;
-- ``summary.json``: parameters, environment (versions, git commit, device), each step's status,
+- ``summary.json``: parameters (what the pipeline file and ``-p`` set: what papermill injects), parameter_values
+  (every value each step ran with, defaults included), environment (versions, git commit, device), each step's status,
   duration and artifacts, and the run's status (``running``, ``ok``, ``failed`` or ``interrupted``);
 - ``report.html``: every executed notebook in one self-contained page (:mod:`m3lab.pipeline.report`);
 - ``kernel.log``: what the notebook kernels' processes printed to stderr (their logs, not cell output).
@@ -15,6 +16,7 @@ folder in use. Paths in ``summary.json`` are relative, so a run folder can be re
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -27,7 +29,8 @@ from m3lab import artifacts
 from m3lab.atomic import atomic_path, write_json
 from m3lab.errors import M3LabError
 from m3lab.pipeline import environment
-from m3lab.pipeline.params import resolve_parameters
+from m3lab.pipeline.notebook_stack import require_notebook_stack
+from m3lab.pipeline.params import parameter_values, resolve_parameters
 from m3lab.pipeline.report import build_report
 from m3lab.pipeline.run_folder import SUMMARY, RunLock, load_summary, new_run_dir, relative
 from m3lab.pipeline.spec import DEFAULT_PIPELINE, Pipeline, Step, list_pipelines, load_pipeline, notebooks_dir
@@ -79,8 +82,27 @@ def run_pipeline(pipeline: str | os.PathLike | Pipeline = DEFAULT_PIPELINE, over
     pipe = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
     overrides = list(overrides)
     params = resolve_parameters(pipe, overrides)
+    require_notebook_stack()
     run_dir = new_run_dir(Path(out_dir), folder_name or pipe.name, stamp=folder_name is None)
-    summary = {
+    summary = _new_summary(pipe, run_dir, overrides, params)
+    lock = RunLock(run_dir)
+    try:
+        lock.__enter__()
+        write_json(run_dir / SUMMARY, summary)
+    except OSError as err:   # a full or read-only disk before anything ran: leave no folder that cannot be resumed
+        lock.__exit__(None, None, None)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise M3LabError(f"could not start a run in {run_dir.parent}: {err.strerror or err}", field="out",
+                         hint="free some space or make the folder writable, then start the run again "
+                              "(no run folder was kept)") from None
+    try:
+        return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _new_summary(pipe: Pipeline, run_dir: Path, overrides: list[str], params: dict) -> dict:
+    return {
         "pipeline": pipe.name,
         "pipeline_file": relative(pipe.source, run_dir),
         "run_id": run_dir.name,
@@ -89,12 +111,10 @@ def run_pipeline(pipeline: str | os.PathLike | Pipeline = DEFAULT_PIPELINE, over
         "status": "running",
         "overrides": overrides,
         "parameters": params,
+        "parameter_values": parameter_values(pipe, params),
         "environment": environment.describe(),
         "steps": [_step_entry(i, s) for i, s in enumerate(pipe.steps)],
     }
-    with RunLock(run_dir):
-        _write_summary(run_dir, summary)
-        return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
 
 
 def resume_run(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, pipeline: str | None = None,
@@ -106,6 +126,7 @@ def resume_run(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, pip
     """
     run_dir = Path(run_dir)
     load_summary(run_dir)  # a clear error for a folder that is not a run folder, before taking the lock
+    require_notebook_stack()
     with RunLock(run_dir):
         summary = load_summary(run_dir)
         if pipeline is not None and pipeline not in (summary["pipeline"], summary.get("pipeline_file")):
@@ -131,7 +152,9 @@ def resume_run(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, pip
                 _clear_artifacts(run_dir, entry["name"])
             echo(f"parameters changed from step {summary['steps'][changed]['name']!r} on: re-running it and the "
                  f"steps after it")
+        _reopen_lost_steps(run_dir, summary, echo)
         summary["parameters"] = params
+        summary["parameter_values"] = parameter_values(pipe, params)
         summary["overrides"] = summary.get("overrides", []) + overrides
         summary["pipeline_file"] = relative(pipe.source, run_dir)
         summary["status"] = "running"
@@ -140,6 +163,30 @@ def resume_run(run_dir: str | os.PathLike, overrides: Iterable[str] = (), *, pip
         summary["environment"] = environment.describe()
         _write_summary(run_dir, summary)
         return _execute(pipe, run_dir, summary, progress=progress, echo=echo)
+
+
+def _reopen_lost_steps(run_dir: Path, summary: dict, echo) -> None:
+    """A finished step whose executed notebook is missing or unreadable (a partial copy of the run folder) is
+    run again: its entry goes back to pending, so the report and the summary never point at a lost notebook."""
+    for entry in summary["steps"]:
+        if entry["status"] != "ok":
+            continue
+        problem = notebook_problem(run_dir / entry["output"])
+        if problem:
+            echo(f"step {entry['name']!r}: its executed notebook {entry['output']} {problem}; running it again")
+            entry.update(status="pending", started=None, duration_s=None, error=None)
+
+
+def notebook_problem(path: Path) -> str | None:
+    """None when ``path`` is a readable notebook, else what is wrong with it ('is missing', 'cannot be read
+    (NotJSONError)')."""
+    if not path.is_file():
+        return "is missing"
+    try:
+        _check_complete(path)
+    except _Incomplete as err:
+        return f"cannot be read ({str(err).split(': ')[-1]})"
+    return None
 
 
 def _run_pipeline_of(summary: dict, run_dir: Path) -> Pipeline:
@@ -164,6 +211,7 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
+    _quiet_papermill_inspection()
     todo = [(i, s) for i, s in enumerate(pipe.steps) if summary["steps"][i]["status"] != "ok"]
     done = len(pipe.steps) - len(todo)
     if done:
@@ -221,6 +269,21 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         _write_summary(run_dir, summary)
     _report_quietly(run_dir, echo)
     return RunResult(run_dir, summary)
+
+
+class _UnparsedLine(logging.Filter):
+    """Drops papermill's "Unable to parse line N" and nothing else. papermill re-reads a parameters cell with a regex
+    only to warn about unknown parameters, which :mod:`m3lab.pipeline.params` has already checked with Python's own
+    parser; the regex fails on any line with '=' in its comment (``accept_len = 2.7  # with spec_tokens=3``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Unable to parse line")
+
+
+def _quiet_papermill_inspection() -> None:
+    log = logging.getLogger("papermill.translators")
+    if not any(isinstance(f, _UnparsedLine) for f in log.filters):
+        log.addFilter(_UnparsedLine())
 
 
 def _kernel_manager(stderr):

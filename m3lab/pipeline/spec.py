@@ -11,6 +11,7 @@ Built-in pipelines live in ``m3lab/pipelines/*.yaml``; a path to any other YAML 
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from m3lab.errors import M3LabError
 PIPELINES_DIR = Path(__file__).resolve().parents[1] / "pipelines"
 DEFAULT_PIPELINE = "checklist"
 _STEP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PIPELINE_FIELDS = ("name", "description", "steps")
+STEP_FIELDS = ("name", "notebook", "parameters")
 
 
 def notebooks_dir() -> Path:
@@ -73,25 +76,41 @@ def load_pipeline(name_or_path: str | os.PathLike) -> Pipeline:
                              hint=f"built-in pipelines: {', '.join(list_pipelines())}, or give a .yaml path")
     elif not path.is_file():
         raise M3LabError(f"pipeline file {str(path)!r} does not exist")
+    return _parse(read_yaml(path, "pipeline file"), path)
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """A YAML file's document; a file that is not UTF-8 text or not YAML is one line naming it and the place."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise M3LabError(f"{what} {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})",
+                         field=what.split()[0], hint="save the file as UTF-8") from None
     except yaml.YAMLError as err:
-        raise M3LabError(f"pipeline file {path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    return _parse(raw, path)
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise M3LabError(f"{what} {path}: not valid YAML{where} ({problem})", field=what.split()[0]) from None
 
 
 def _parse(raw: Any, path: Path) -> Pipeline:
     if not isinstance(raw, dict) or not isinstance(raw.get("steps"), list) or not raw["steps"]:
         raise M3LabError(f"pipeline file {path}: field 'steps' must be a non-empty list of steps")
-    unknown = set(raw) - {"name", "description", "steps"}
+    unknown = sorted(set(map(str, raw)) - set(PIPELINE_FIELDS))
     if unknown:
-        raise M3LabError(f"pipeline file {path}: unknown field(s) {sorted(unknown)}",
-                         hint="allowed: name, description, steps")
+        raise M3LabError(f"pipeline file {path}: unknown field(s) {unknown}", field=unknown[0],
+                         hint=f"allowed: {', '.join(PIPELINE_FIELDS)}")
     steps, seen = [], set()
     for i, s in enumerate(raw["steps"]):
         where = f"pipeline file {path}: steps[{i}]"
         if not isinstance(s, dict) or "notebook" not in s:
             raise M3LabError(f"{where}: each step needs a 'notebook' field")
+        unknown = sorted(set(map(str, s)) - set(STEP_FIELDS))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], STEP_FIELDS, n=1)
+            raise M3LabError(f"{where}: unknown field {unknown[0]!r}", field=f"steps[{i}].{unknown[0]}",
+                             hint=(f"did you mean {close[0]!r}? " if close else "") +
+                                  f"a step takes {', '.join(STEP_FIELDS)}")
         nb = _resolve_notebook(str(s["notebook"]), path)
         name = str(s.get("name") or _default_step_name(nb))
         if not _STEP_NAME.match(name):

@@ -2,42 +2,40 @@
 
     m3lab sweep checklist -g tp=4,8 -g concurrency=[1,32,128] --out runs/
     m3lab sweep checklist -g tp=4,8 --ray auto        # one Ray task per grid point
+    m3lab sweep --resume runs/sweep-checklist-...     # after Ctrl-C or a failure: finish it, rebuild the comparison
 
 Every grid point is validated before the first run starts. The sweep folder
 ``<out>/sweep-<pipeline>-<timestamp>/`` holds one run folder per point, named by the point's overrides
-(``tp=8,concurrency=32``), and:
+(``tp=8,concurrency=32``; list values ``concurrencies=1+8``), and:
 
-- ``sweep.json``: the grid, and each point's overrides, run folder (relative) and status, rewritten
-  atomically as points finish;
-- ``comparison.parquet``: one row per point: its overrides, status, and every number the points' JSON
-  artifacts hold (``<step>.<artifact>.<key>`` columns), so the points compare in one table;
-- ``sweep.html``: that table and a link to each point's report.
+- ``sweep.json``: the grid, and each point's overrides, run folder (relative), status and failure reason,
+  rewritten atomically as each point finishes;
+- ``comparison.parquet``: one row per point: its overrides, status, and every number (with its label) the
+  points' JSON artifacts hold (:mod:`m3lab.pipeline.sweep_report`), so the points compare in one table;
+- ``sweep.html``: the headline numbers charted, that table, each failure's reason, a link to each point's report.
 
 On Ray, workers must see the same m3lab checkout (a shared file system or the same image); each task runs
 :func:`~m3lab.pipeline.runner.run_pipeline` and writes its run folder where the workers' file system puts it.
 """
 from __future__ import annotations
 
-import html
 import itertools
 import json
-import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import yaml
 
-from m3lab.atomic import atomic_path, write_json, write_text
+from m3lab.atomic import write_json
 from m3lab.errors import M3LabError
 from m3lab.pipeline.params import resolve_parameters
-from m3lab.pipeline.run_folder import REPORT, new_run_dir, relative, safe_name
-from m3lab.pipeline.runner import run_pipeline
+from m3lab.pipeline.run_folder import SUMMARY, new_run_dir, relative
+from m3lab.pipeline.runner import resume_run, run_pipeline
 from m3lab.pipeline.spec import load_pipeline
-
-SWEEP = "sweep.json"
-COMPARISON = "comparison.parquet"
-SWEEP_REPORT = "sweep.html"
+from m3lab.pipeline.sweep_report import (COMPARISON, SWEEP, SWEEP_REPORT, comparison_table, point_name,  # noqa: F401
+                                         point_status, write_comparison)
 
 
 def parse_axes(items: Iterable[str]) -> dict[str, list[Any]]:
@@ -81,7 +79,9 @@ def run_sweep(pipeline: str | os.PathLike, axes: dict[str, list[Any]], overrides
     """Run ``pipeline`` once per grid point; returns the sweep record also written to ``sweep.json``.
 
     ``executor="ray"`` (or a ``ray_address``) runs each point as a Ray task (:mod:`m3lab.pipeline.ray_executor`;
-    ``ray_options``: what each task asks for, e.g. ``{"num_cpus": 1, "resources": {"gpu_slot": 1}}``)."""
+    ``ray_options``: what each task asks for, e.g. ``{"num_cpus": 1, "resources": {"gpu_slot": 1}}``).
+    ``sweep.json`` is rewritten as each point finishes; Ctrl-C writes the comparison of what finished and raises
+    :class:`SweepInterrupted` (continue with :func:`resume_sweep`)."""
     if executor not in (None, "local", "ray"):
         raise M3LabError(f"executor {executor!r} is unknown", field="executor", hint="local or ray")
     use_ray = executor == "ray" or (executor is None and ray_address is not None)
@@ -91,80 +91,128 @@ def run_sweep(pipeline: str | os.PathLike, axes: dict[str, list[Any]], overrides
     for p in points:  # validate everything before running anything
         resolve_parameters(pipe, p)
     if use_ray:
-        _require_ray()
+        from m3lab.pipeline.ray_executor import check_reachable, require_ray
+        require_ray()
+        check_reachable(ray_address)   # before a sweep folder is made: a wrong address leaves nothing behind
     folder = new_run_dir(out_dir, f"sweep-{pipe.name}")
-    names = [point_name(p[len(base):]) for p in points]
+    names = _unique([point_name(p[len(base):]) for p in points])
     record = {"pipeline": pipe.name, "pipeline_file": relative(pipe.source, folder), "axes": axes, "overrides": base,
               "executor": f"ray:{ray_address or 'default'}" if use_ray else "local",
-              "points": [{"overrides": p, "run_dir": None, "status": "pending", "error": None} for p in points]}
+              "points": [{"overrides": p, "name": n, "run_dir": n, "status": "pending", "error": None}
+                         for p, n in zip(points, names)]}
     write_json(folder / SWEEP, record)
-    if use_ray:
-        results = _run_on_ray(str(pipe.source), points, names, str(folder.resolve()), ray_address, ray_options, echo)
-    else:
-        results = _run_locally(str(pipe.source), points, names, folder, progress, echo)
-    for entry, (run_dir, status, error) in zip(record["points"], results):
-        entry.update(run_dir=relative(run_dir, folder), status=status, error=error)
-    write_json(folder / SWEEP, record)
-    table = comparison_table(folder, record)
-    with atomic_path(folder / COMPARISON) as tmp:
-        table.to_parquet(tmp, index=False)
-    write_text(folder / SWEEP_REPORT, _sweep_html(folder, record, table))
-    record["folder"] = str(folder)
+    finished = _recorder(folder, record)
+    todo = list(range(len(points)))
+    try:
+        if use_ray:
+            _run_on_ray(str(pipe.source), record, todo, str(folder.resolve()), ray_address, ray_options, echo,
+                        finished)
+        else:
+            _run_locally(str(pipe.source), record, todo, folder, progress, echo, finished)
+    except KeyboardInterrupt:
+        _interrupted(folder, record, echo)
+    return _finish(folder, record)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: sweep.json and the comparison of the finished points are written; ``folder``
+    resumes with ``m3lab sweep --resume FOLDER``."""
+
+    def __init__(self, folder: Path):
+        super().__init__(str(folder))
+        self.folder = folder
+
+
+def resume_sweep(folder: str | os.PathLike, *, progress: bool = False, echo: Callable[[str], None] = print) -> dict:
+    """Finish the sweep in ``folder`` here (locally): resume each point whose run did not finish, run each point
+    that never started, then rewrite sweep.json, comparison.parquet and sweep.html."""
+    folder = Path(folder)
+    record = load_sweep(folder)
     for entry in record["points"]:
-        entry["run_dir"] = str(folder / entry["run_dir"])
+        entry["status"], entry["error"] = point_status(folder, entry)
+    todo = [i for i, e in enumerate(record["points"]) if e["status"] != "ok"]
+    echo(f"resuming sweep: {len(record['points']) - len(todo)} finished point(s) kept, {len(todo)} to run")
+    pipeline_file = folder / record["pipeline_file"]
+    if todo and not pipeline_file.is_file():
+        raise M3LabError(f"cannot resume {folder}: its pipeline file {record['pipeline_file']!r} is not found",
+                         field="pipeline", hint="copy the pipeline file back beside the sweep folder as it was")
+    try:
+        _run_locally(str(pipeline_file), record, todo, folder, progress, echo, _recorder(folder, record))
+    except KeyboardInterrupt:
+        _interrupted(folder, record, echo)
+    return _finish(folder, record)
+
+
+def rebuild_comparison(folder: str | os.PathLike) -> Path:
+    """Rewrite comparison.parquet and sweep.html of a sweep folder from its points as they are now (statuses read
+    from each point's summary.json); returns the path of sweep.html."""
+    folder = Path(folder)
+    record = load_sweep(folder)
+    for entry in record["points"]:
+        entry["status"], entry["error"] = point_status(folder, entry)
+    write_json(folder / SWEEP, record)
+    write_comparison(folder, record)
+    return folder / SWEEP_REPORT
+
+
+def is_sweep_folder(path: str | os.PathLike) -> bool:
+    return (Path(path) / SWEEP).is_file()
+
+
+def load_sweep(folder: Path) -> dict:
+    """A sweep folder's sweep.json, checked (one-line M3LabError otherwise)."""
+    path = folder / SWEEP
+    if not path.is_file():
+        raise M3LabError(f"{folder} is not a sweep folder: it has no {SWEEP}", field="SWEEP",
+                         hint="pass a folder made by 'm3lab sweep', e.g. runs/sweep-checklist-20261201-120000")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert isinstance(record, dict) and isinstance(record["points"], list) and isinstance(record["axes"], dict)
+        for entry in record["points"]:
+            entry.setdefault("name", entry.get("run_dir") or point_name(entry["overrides"][len(record.get("overrides", [])):]))
+            entry.setdefault("run_dir", entry["name"])
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as err:
+        raise M3LabError(f"{path} is not a readable sweep record ({type(err).__name__})", field="SWEEP",
+                         hint="the sweep folder is damaged; each point's run folder can still be reported") from None
     return record
 
 
-def point_name(overrides: list[str]) -> str:
-    """The run folder name of a grid point: its overrides joined, ``tp=8,concurrency=32``."""
-    return safe_name(",".join(o.replace(" ", "") for o in overrides) or "defaults")
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n}-{seen[n]}")
+    return out
 
 
-def comparison_table(folder: str | os.PathLike, record: dict | None = None):
-    """One row per point of the sweep in ``folder``: its axis values, status, and the scalar numbers of
-    every JSON artifact of its run (columns ``<step>.<artifact>.<key>``)."""
-    import pandas as pd
+def _recorder(folder: Path, record: dict) -> Callable[[int, str, str, str | None], None]:
+    """``finished(i, run_dir, status, error)``: note point ``i``'s outcome and rewrite sweep.json at once."""
+    def finished(i: int, run_dir: str, status: str, error: str | None) -> None:
+        record["points"][i].update(run_dir=relative(run_dir, folder), status=status, error=error)
+        write_json(folder / SWEEP, record)
+    return finished
 
-    folder = Path(folder)
-    record = record or json.loads((folder / SWEEP).read_text(encoding="utf-8"))
-    rows = []
+
+def _interrupted(folder: Path, record: dict, echo) -> None:
     for entry in record["points"]:
-        run_dir = folder / entry["run_dir"] if entry.get("run_dir") else None
-        row = {"point": point_name(entry["overrides"][len(record.get("overrides", [])):]),
-               **{k: v for k, v in (o.split("=", 1) for o in entry["overrides"])},
-               "status": entry["status"], "run_dir": entry.get("run_dir")}
-        if run_dir is not None:
-            for path in sorted((run_dir / "artifacts").glob("*/*.json")):
-                try:
-                    data = json.loads(path.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    continue
-                if isinstance(data, dict):
-                    for key, value in data.items():
-                        if isinstance(value, (int, float)) and not isinstance(value, bool):
-                            row[f"{path.parent.name}.{path.stem}.{key}"] = value
-        rows.append(row)
-    return pd.DataFrame(rows)
+        entry["status"], entry["error"] = point_status(folder, entry)
+    write_json(folder / SWEEP, record)
+    try:
+        write_comparison(folder, record)
+    except OSError as err:
+        echo(f"comparison not written: {err.strerror or err}")
+    raise SweepInterrupted(folder) from None
 
 
-def _sweep_html(folder: Path, record: dict, table) -> str:
-    def cell(v):
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return "<td></td>" if isinstance(v, float) and math.isnan(v) else f'<td class="num">{v:,.4g}</td>'
-        return "<td></td>" if v is None else f"<td>{html.escape(str(v))}</td>"
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns if c != "run_dir") + "<th>report</th>"
-    body = []
-    for row in table.to_dict("records"):
-        link = (f'<a href="{html.escape(row["run_dir"])}/{REPORT}">report</a>' if row.get("run_dir") else "")
-        body.append("<tr>" + "".join(cell(v) for c, v in row.items() if c != "run_dir") + f"<td>{link}</td></tr>")
-    axes = ", ".join(f"{k} = {v}" for k, v in record["axes"].items())
-    return f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>sweep {html.escape(folder.name)}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:1.5rem;color:#1d2330}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #dde;padding:2px 6px;text-align:left}}td.num{{text-align:right}}</style></head><body>
-<h1>Sweep of pipeline {html.escape(record['pipeline'])}</h1><p>grid: {html.escape(axes)}; common parameters:
-{html.escape(' '.join(record.get('overrides', [])) or 'none')}</p><p>One row per point: the numbers every point's JSON
-artifacts hold, side by side (each labelled as its notebook labels it: projected, measured or published).</p>
-<div style="overflow-x:auto"><table><tr>{head}</tr>{''.join(body)}</table></div></body></html>"""
+def _finish(folder: Path, record: dict) -> dict:
+    write_json(folder / SWEEP, record)
+    write_comparison(folder, record)
+    out = json.loads(json.dumps(record))
+    out["folder"] = str(folder)
+    for entry in out["points"]:
+        entry["run_dir"] = str(folder / entry["run_dir"])
+    return out
 
 
 def _run_one(pipeline_file: str, overrides: list[str], name: str, out_dir: str, progress: bool = False,
@@ -174,24 +222,35 @@ def _run_one(pipeline_file: str, overrides: list[str], name: str, out_dir: str, 
     return str(res.run_dir), res.summary["status"], (f"{failed['name']}: {failed['error']}" if failed else None)
 
 
-def _run_locally(pipeline_file, points, names, folder, progress, echo):
-    out = []
-    for i, (p, name) in enumerate(zip(points, names), start=1):
-        echo(f"sweep point {i}/{len(points)}: {' '.join(p) or '(defaults)'}")
-        out.append(_run_one(pipeline_file, p, name, str(folder), progress, echo))
-        echo(f"  -> {out[-1][1]}: {out[-1][0]}")
-    return out
+def _outcome_text(status: str, error: str | None) -> str:
+    return "ok" if status == "ok" else f"{status.upper()}: {error or 'no reason recorded'}"
 
 
-def _require_ray():
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise M3LabError("--ray needs the ray package", field="ray", hint="pip install 'm3lab[ray]'") from None
+def _run_locally(pipeline_file, record, todo, folder, progress, echo, finished):
+    for n, i in enumerate(todo, start=1):
+        entry = record["points"][i]
+        echo(f"sweep point {n}/{len(todo)}: {' '.join(entry['overrides']) or '(defaults)'}")
+        run_dir = Path(folder) / entry["run_dir"]
+        if (run_dir / SUMMARY).is_file():   # a point a Ctrl-C or a failure stopped: carry on where it stopped
+            res = resume_run(run_dir, progress=progress, echo=echo)
+            failed = res.failed_step
+            outcome = (str(res.run_dir), res.summary["status"], f"{failed['name']}: {failed['error']}" if failed else None)
+        else:
+            if run_dir.is_dir() and not any(p.name != ".lock" for p in run_dir.iterdir()):
+                shutil.rmtree(run_dir)   # a folder a run could not start in
+            outcome = _run_one(pipeline_file, entry["overrides"], entry["name"], str(folder), progress, echo)
+        finished(i, *outcome)
+        echo(f"  -> {_outcome_text(outcome[1], outcome[2])}: {outcome[0]}")
 
 
-def _run_on_ray(pipeline_file, points, names, folder, address, options=None, echo=print):
+def _run_on_ray(pipeline_file, record, todo, folder, address, options, echo, finished):
     from m3lab.pipeline.ray_executor import run_tasks
-    outcomes = run_tasks(_run_one, [(pipeline_file, p, name, folder) for p, name in zip(points, names)],
-                         address=address, options=options, labels=names, echo=echo)
-    return [o.value if o.ok else (str(Path(folder) / name), "failed", o.error) for o, name in zip(outcomes, names)]
+    names = [record["points"][i]["name"] for i in todo]
+
+    def on_done(o) -> str:
+        i = todo[o.index]
+        outcome = o.value if o.ok else (str(Path(folder) / names[o.index]), "failed", o.error)
+        finished(i, *outcome)
+        return _outcome_text(outcome[1], outcome[2])
+    run_tasks(_run_one, [(pipeline_file, record["points"][i]["overrides"], names[k], folder) for k, i in enumerate(todo)],
+              address=address, options=options, labels=names, echo=echo, on_done=on_done)

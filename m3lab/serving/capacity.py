@@ -16,8 +16,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from m3lab.errors import M3LabError
+from m3lab.spec.limits import VLLM_GPU_MEMORY_UTILIZATION as GPU_MEMORY_UTILIZATION  # vLLM's default
 
-GPU_MEMORY_UTILIZATION = 0.9   # vLLM's default --gpu-memory-utilization
 RESERVE_BYTES = 4 * 2**30      # assumed activation peak + CUDA/HIP graph pools + workspace per GPU
 DEFAULT_BLOCK = 16             # vLLM's default KV block when the model does not fix one
 

@@ -4,24 +4,34 @@ A prefill instance (``tp`` GPUs) serves only prompts: its request rate and prefi
 :func:`m3lab.serving.estimate.estimate` with one output token (the scheduler's chunked prefill). A
 decode instance holds ``concurrency`` requests decoding from ``isl`` to ``isl + osl`` tokens: its
 TPOT is the mean cost of those decode steps. Each request's KV (every layer; ``kv_per_layer``)
-travels from prefill to decode over ``kv_link_bw`` (B/s per GPU; all ranks in parallel), together with a
+travels from prefill to decode over ``pd.kv_link_gbps`` (GB/s per GPU; all ranks in parallel), with a
 linear-attention model's fixed recurrent state per request (``state_bytes_per_request``; 0 otherwise).
 
 With P prefill and D decode instances the system serves ``min(P × prefill rate, D × decode rate)``
 requests/s; output tokens/s/GPU = that × osl / ((P + D) × tp); TTFT = prefill latency + KV hand-off
-(:func:`disaggregated`, a rate bound). :func:`pd_estimate` simulates the same deployment request by request
-(queues at both pools, the decode instances' batch limit, hand-offs one at a time per prefill instance): what
-``m3lab estimate --pd P:D`` prints. Both take the hand-off bytes from the exact geometry of
-:mod:`m3lab.pd.geometry` for M3-style caches.
+(:func:`disaggregated`, a rate bound). :func:`pd_serving` runs the deployment as vLLM serves it, every instance
+an engine of the step generator under vllm bench's closed loop behind vLLM's P/D proxy (:mod:`m3lab.serving.pd_sim`);
+:func:`pd_estimate` is its summary, what ``m3lab estimate --pd P:D`` prints. Both take the hand-off bytes from the
+exact geometry of :mod:`m3lab.pd.geometry` for M3-style caches.
 """
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from m3lab.cache.capacity import cache_capacity
+from m3lab.cost.host_time import step_host_us
+from m3lab.cost.model import cost_label, resolve_calibration
 from m3lab.errors import M3LabError
+from m3lab.pd.geometry import pd_plan
+from m3lab.serving.capacity import block_size_of
+from m3lab.serving.pd_sim import setup, simulate, whole_requests
+from m3lab.serving.step_cost import StepCoster
+from m3lab.workload.deployed import ACCEPTANCE_MODEL, acceptance, fake_outputs, fixed_contents
 
-KV_LINK_BW = 50e9     # assumed B/s per GPU between a prefill and a decode node (one 400 Gb/s NIC per GPU)
 DECODE_SAMPLES = 8    # decode contexts sampled between isl and isl + osl
 
 
@@ -40,7 +50,6 @@ def _handoff_bytes_per_rank(m, plan, quant, isl: int) -> float:
     from m3lab.spec.quant import load_quant
 
     if m.sparse is not None and m.sparse.style == "block" and m.linear is None and m.mla is None:
-        from m3lab.pd.geometry import pd_plan
         q = load_quant(quant)
         s, _ = pd_plan(m, plan.tp, plan.tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype)
         return float(max(s["max_bytes_sent_per_prefill_rank"], s["max_bytes_received_per_decode_rank"]))
@@ -48,29 +57,23 @@ def _handoff_bytes_per_rank(m, plan, quant, isl: int) -> float:
                  + state_bytes_per_request(m, plan))
 
 
-def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int, concurrency: int,
-                  ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3)), prefill_concurrency: int = 4,
-                  kv_link_bw: float = KV_LINK_BW, calibration="default", kv_dtype: str | None = None) -> pd.DataFrame:
-    """One row per (prefill:decode ratio, mode): request rates, TTFT (prefill + KV hand-off), TPOT and output
-    tokens/s/GPU; ``limited_by`` says which side sets the rate."""
+def disaggregated(deployment, *, ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3)), prefill_concurrency: int = 4,
+                  calibration="default") -> pd.DataFrame:
+    """One row per (prefill:decode ratio, mode) for ``deployment`` (both sides on its plan; its workload's
+    lengths and concurrency; its KV link): request rates, TTFT (prefill + KV hand-off), TPOT and output
+    tokens/s/GPU; ``limited_by`` says which side sets the rate. ``prefill_concurrency``: prompts in flight on a
+    prefill instance."""
     from m3lab.serving.estimate import estimate
 
-    if kv_link_bw <= 0:
-        raise M3LabError(f"kv_link_bw={kv_link_bw} must be positive (B/s per GPU)", field="kv_link_bw")
-    pre = estimate(model, hardware, tp=tp, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=1, concurrency=prefill_concurrency,
-                   calibration=calibration)
-    dec = estimate(model, hardware, tp=tp, quant=quant, kv_dtype=kv_dtype, isl=isl, osl=2, concurrency=concurrency,
+    d = deployment.validate()
+    wl, tp = d.workload, d.plan.tp
+    isl, osl, concurrency = wl.isl, wl.osl, wl.concurrency
+    pre = estimate(d.with_settings({"osl": 1, "concurrency": prefill_concurrency,
+                                    "num_prompts": 4 * prefill_concurrency}), calibration=calibration)
+    dec = estimate(d.with_settings({"osl": 2, "num_prompts": 4 * concurrency}),
                    calibration=calibration)  # checks the decode side's KV capacity
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-
-    m = load_model(model)
-    plan = ParallelPlan(tp=tp)
-    from m3lab.spec.quant import load_quant
-
-    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else quant
-    kv_bytes_rank = _handoff_bytes_per_rank(m, plan, q, isl)
-    kv_s = kv_bytes_rank / kv_link_bw
+    kv_bytes_rank = _handoff_bytes_per_rank(d.model, d.plan, d.quant, isl)
+    kv_s = kv_bytes_rank / (d.pd.kv_link_gbps * 1e9)
     rows = []
     for mode, res in pre.results.items():
         pre_rate = pre.config["num_requests"] / res["makespan_s"]            # requests/s per prefill instance
@@ -87,190 +90,114 @@ def disaggregated(model, hardware, *, tp: int, quant="bf16", isl: int, osl: int,
     return pd.DataFrame(rows)
 
 
-# ---- a simulated P:D deployment (``m3lab estimate ... --pd P:D``) ---------------------------------------------
-#
-# Closed loop at ``concurrency`` requests (as ``vllm bench serve --max-concurrency`` against a P/D proxy):
-# - a request enters, waits for the first free prefill instance (FIFO) and is prefilled there in chunks of at
-#   most ``max_num_batched_tokens`` (one prompt at a time; the prefill's own first token is discarded, as vLLM's
-#   P/D proxy does with ``max_tokens=1``);
-# - its KV then crosses the link: the busiest rank's bytes from the exact hand-off geometry
-#   (:func:`m3lab.pd.geometry.pd_plan`) over ``kv_link_bw``, one transfer at a time per prefill instance;
-# - it joins the least-loaded decode instance (at most ``max_num_seqs`` and its KV capacity at once) at the next
-#   step boundary; every decode step emits one token per request (``accept_len`` with speculative decoding), the
-#   first at the request's first step, so TTFT = queueing + prefill + hand-off + first decode step;
-# - when it finishes, the next request enters.
+def _role_blocks(d, role: str, block_size: int) -> int:
+    """vLLM's ``num_gpu_blocks`` of one instance of ``role`` (its plan, its memory setting)."""
+    lim = d.role_limits(role)
+    return cache_capacity(d.model, d.role_plan(role), d.quant, d.hardware,
+                          gpu_memory_utilization=lim.gpu_memory_utilization,
+                          spec_tokens=d.serving.spec_tokens).num_blocks
 
 
-def parse_ratio(text: str) -> tuple[int, int]:
-    """"P:D" -> (P, D), both positive integers."""
-    try:
-        p, d = (int(x) for x in str(text).split(":"))
-    except ValueError:
-        raise M3LabError(f"--pd {text!r} is not P:D", field="pd", hint="e.g. --pd 2:1 (2 prefill, 1 decode)") \
-            from None
-    if p < 1 or d < 1:
-        raise M3LabError(f"--pd {text!r} needs at least one prefill and one decode instance", field="pd")
-    return p, d
+#: The simulation's per-request times, as the ``requests`` table names them (seconds since the run's start).
+REQUEST_COLUMNS = {"send": "send_s", "pre_sched": "prefill_scheduled_s", "pre_out": "prefill_done_s",
+                   "kv_at": "kv_arrived_s", "dec_sched": "decode_scheduled_s", "first": "first_token_s",
+                   "finish": "finish_s", "ttft": "ttft_s"}
 
 
-def _simulate_pd(pre_coster, dec_coster, mode: str, *, prefill: int, decode: int, isl: int, osl_steps: int,
-                 concurrency: int, num_requests: int, handoff_s: float, max_seqs: int, chunk: int) -> dict:
-    import heapq
+@dataclass
+class PDServing:
+    """A simulated P:D run: ``summary()`` (figures, notes, hand-off, load), per-request times and TTFT parts
+    (``requests``: the :data:`REQUEST_COLUMNS` times, ``queueing_s, prefill_s, handoff_s, first_decode_s``,
+    ``tpot_ms``, ``prefill_instance``, ``decode_instance``), and each instance's steps (``engines``: name ->
+    DataFrame of start_s, end_s, ...)."""
 
-    from m3lab.workload.step import EngineStep
+    summary_: dict
+    requests: pd.DataFrame = field(repr=False)
+    engines: dict = field(repr=False)
 
-    t_pre, past = 0.0, 0
-    while past < isl:                                   # one prompt, chunked as the prefill scheduler does
-        n = min(chunk, isl - past)
-        t_pre += pre_coster.time_us(EngineStep.prefill(n, past=past), mode) * 1e-6
-        past += n
-    pre_free = [0.0] * prefill
-    link_free = [0.0] * prefill
-    waiting: list[list] = [[] for _ in range(decode)]     # (ready time, request) per decode instance
-    active: list[dict] = [{} for _ in range(decode)]      # request -> decode steps done
-    busy_until = [None] * decode
-    entered, first, finish = {}, {}, {}
-    events: list = []
-    issued = 0
-    batch_sum = steps = 0
-
-    def enter(t: float) -> None:
-        nonlocal issued
-        if issued >= num_requests:
-            return
-        r = issued
-        issued += 1
-        entered[r] = t
-        i = min(range(prefill), key=lambda j: pre_free[j])
-        done = max(t, pre_free[i]) + t_pre
-        pre_free[i] = done
-        sent = max(done, link_free[i]) + handoff_s
-        link_free[i] = sent
-        heapq.heappush(events, (sent, 0, r))
-
-    def start_step(j: int, t: float) -> None:
-        nonlocal batch_sum, steps
-        room = max_seqs - len(active[j])
-        ready = waiting[j][:room]
-        for r in ready:
-            waiting[j].remove(r)
-            active[j][r] = 0
-        if not active[j]:
-            busy_until[j] = None
-            return
-        b = len(active[j])
-        ctx = isl + 1 + int(np.mean(list(active[j].values())))
-        dt = dec_coster.time_us(EngineStep.decode(b, ctx), mode) * 1e-6
-        batch_sum, steps = batch_sum + b, steps + 1
-        busy_until[j] = t + dt
-        heapq.heappush(events, (t + dt, 1, j))
-
-    for _ in range(concurrency):
-        enter(0.0)
-    now = 0.0
-    while events:
-        now, kind, x = heapq.heappop(events)
-        if kind == 0:                                   # KV arrived: queue at the least-loaded decode instance
-            j = min(range(decode), key=lambda k: len(active[k]) + len(waiting[k]))
-            waiting[j].append(x)
-            if busy_until[j] is None:
-                start_step(j, now)
-        else:                                           # decode instance x finished a step
-            for r in list(active[x]):
-                active[x][r] += 1
-                if active[x][r] == 1:
-                    first[r] = now
-                if active[x][r] >= osl_steps:
-                    finish[r] = now
-                    del active[x][r]
-                    enter(now)
-            start_step(x, now)
-    n = len(finish)
-    ttft = np.array([first[r] - entered[r] for r in finish])
-    tpot = np.array([(finish[r] - first[r]) for r in finish])
-    return {"makespan_s": now, "completed": n, "ttft": ttft, "decode_span": tpot, "prefill_s": t_pre,
-            "prefill_busy": issued * t_pre / max(prefill * now, 1e-12),
-            "mean_decode_batch": batch_sum / max(steps, 1)}
+    def summary(self) -> dict:
+        return dict(self.summary_)
 
 
-def pd_estimate(model, hardware, *, prefill: int, decode: int, tp: int = 4, decode_tp: int | None = None,
-                ep: int = 1, quant="bf16", kv_dtype: str | None = None, isl: int, osl: int, concurrency: int,
-                num_requests: int | None = None,
-                calibration="default", kv_link_bw: float = KV_LINK_BW, spec_tokens: int = 0,
-                accept_len: float | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                prefill_layout: str = "triton", decode_layout: str = "triton",
-                gpu_memory_utilization: float = 0.9) -> dict:
-    """A P:D deployment (``prefill`` instances of ``tp`` GPUs, ``decode`` instances of ``decode_tp``) simulated as
-    described above. Returns the summary dict ``m3lab estimate --pd`` prints: the calibrated figures where a
-    calibration exists (else the ceiling), the ceiling under ``ceiling``, the hand-off and the pools' load."""
-    from m3lab.cost.model import cost_label, resolve_calibration
-    from m3lab.pd.geometry import pd_plan
-    from m3lab.serving.capacity import capacity
-    from m3lab.serving.estimate import spec_decode_steps
-    from m3lab.serving.step_cost import StepCoster
-    from m3lab.workload.scheduler import default_num_requests
-    from m3lab.spec.hardware import load_hardware
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-    from m3lab.spec.quant import load_quant
-
-    m, hw = load_model(model), load_hardware(hardware)
-    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else load_quant(quant)
-    decode_tp = decode_tp or tp
-    if kv_link_bw <= 0:
-        raise M3LabError(f"kv_link_bw={kv_link_bw} must be positive (B/s per GPU)", field="kv_link_bw")
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise M3LabError(f"concurrency={concurrency!r} must be a positive integer", field="concurrency")
-    pplan = ParallelPlan(tp=tp, ep=ep, role="prefill").validate(m)
-    dplan = ParallelPlan(tp=decode_tp, ep=ep, role="decode").validate(m)
-    cap = capacity(m, dplan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=gpu_memory_utilization,
-                   spec_tokens=spec_tokens)
-    max_seqs = min(max_num_seqs, cap.max_concurrency)
-    if max_seqs < 1:
-        cap.check(1)
-    osl_steps = spec_decode_steps(osl, spec_tokens, accept_len)
-    handoff, _ = pd_plan(m, tp, decode_tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype,
-                         prefill_layout=prefill_layout, decode_layout=decode_layout, bandwidth=kv_link_bw)
+def pd_serving(deployment, *, calibration="default", progress: bool = False) -> PDServing:
+    """``deployment`` served disaggregated (``pd.prefill.instances`` prefill and ``pd.decode.instances`` decode
+    instances on their roles' plans and limits) under vllm bench's closed loop, as :mod:`m3lab.serving.pd_sim`
+    simulates it: a :class:`PDServing` (its ``summary()`` is what ``m3lab estimate --pd`` prints: the calibrated
+    figures where a calibration exists, else the ceiling, the ceiling under ``ceiling``, TTFT's parts, notes, the
+    hand-off and the pools' load; ``requests``: per-request times and TTFT parts)."""
+    d = deployment.validate()
+    if not d.pd.enabled:
+        raise M3LabError("the P/D estimate needs prefill and decode instances", field="pd",
+                         hint="e.g. --pd 2:1 (2 prefill, 1 decode)")
+    fixed_contents(d, what="the P/D estimate")
+    m, hw, q, wl = d.model, d.hardware, d.quant, d.workload
+    pplan, dplan = d.role_plan("prefill"), d.role_plan("decode")
+    accept_len, accept_source = acceptance(d)
+    bs = block_size_of(m)
+    handoff, _ = pd_plan(m, pplan.tp, dplan.tp, wl.isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype,
+                         prefill_layout=d.pd.prefill.layout, decode_layout=d.pd.decode.layout,
+                         bandwidth=d.pd.kv_link_gbps * 1e9)
+    s = setup(d, prefill_blocks=_role_blocks(d, "prefill", bs), decode_blocks=_role_blocks(d, "decode", bs),
+              block_size=bs, handoff_s=handoff["transfer_s"], outputs=fake_outputs(d, accept_len))
+    for cfg, role in ((s.prefill_cfg, "prefill"), (s.decode_cfg, "decode")):
+        need = -(-(wl.isl + (1 if role == "prefill" else wl.osl) + cfg.lookahead_tokens) // bs)
+        if need > cfg.num_kv_blocks - 1:
+            raise M3LabError(f"one request needs {need:,} KV blocks but a {role} instance holds "
+                             f"{cfg.num_kv_blocks - 1:,}", field="isl", hint=f"raise the {role} role's tp")
     cal = resolve_calibration(hw, calibration)
-    pre = StepCoster(m, pplan, q, hw, cal)
-    dec = StepCoster(m, dplan, q, hw, cal, spec_tokens=spec_tokens)
-    n_req = default_num_requests(concurrency) if num_requests is None else num_requests
-    gpus = prefill * tp + decode * decode_tp
+    pre = StepCoster(dataclasses.replace(d, plan=pplan), cal)   # prefill steps only: no speculative rows
+    dec = StepCoster(dataclasses.replace(d, plan=dplan), cal)
+    host = step_host_us(m.layers)
     results = {}
     for mode in ("ceiling",) + (("calibrated",) if cal is not None else ()):
-        sim = _simulate_pd(pre, dec, mode, prefill=prefill, decode=decode, isl=isl, osl_steps=osl_steps,
-                           concurrency=concurrency, num_requests=n_req, handoff_s=handoff["transfer_s"],
-                           max_seqs=max_seqs, chunk=max_num_batched_tokens)
-        span, n = sim["makespan_s"], sim["completed"]
-        results[mode] = {
-            "output_tokens_per_s_per_gpu": n * osl / span / gpus,
-            "total_tokens_per_s_per_gpu": n * (isl + osl) / span / gpus,
-            "ttft_s": float(np.median(sim["ttft"])), "ttft_mean_s": float(np.mean(sim["ttft"])),
-            "tpot_ms": float(np.mean(sim["decode_span"]) / max(osl - 1, 1) * 1e3),
-            "prefill_s_per_request": sim["prefill_s"], "prefill_utilisation": min(sim["prefill_busy"], 1.0),
-            "mean_decode_batch": sim["mean_decode_batch"], "makespan_s": span,
-            "label": cost_label(hw, None if mode == "ceiling" else cal)}
+        results[mode] = simulate(s, lambda st, mode=mode: pre.time_us(st, mode),
+                                 lambda st, mode=mode: dec.time_us(st, mode),
+                                 host if mode == "calibrated" else None, progress=progress)
+        results[mode]["label"] = cost_label(hw, None if mode == "ceiling" else cal)
     kind = "calibrated" if "calibrated" in results else "ceiling"
-    figures = ("output_tokens_per_s_per_gpu", "total_tokens_per_s_per_gpu", "ttft_s", "ttft_mean_s", "tpot_ms",
-               "prefill_s_per_request", "prefill_utilisation", "mean_decode_batch", "makespan_s", "label")
-    return {"kind": kind, **{k: results[kind][k] for k in figures},
+    top = results[kind]
+    summary = _pd_summary(d, s, results, kind, handoff, cal)
+    summary.update(accept_len=accept_len, accept_len_source=accept_source,
+                   acceptance_model=ACCEPTANCE_MODEL if d.serving.spec_tokens else None)
+    req = pd.DataFrame(top["requests"]).rename(columns=REQUEST_COLUMNS).rename_axis("request").reset_index()
+    return PDServing(summary, req, top["engines"])
+
+
+def _pd_summary(d, s, results: dict, kind: str, handoff: dict, cal) -> dict:
+    """What ``m3lab estimate --pd`` prints of a simulated P:D run (figures of ``kind``, the ceiling's nested)."""
+    top, wl = results[kind], d.workload
+    pplan, dplan = d.role_plan("prefill"), d.role_plan("decode")
+    figures = [k for k in top if k not in ("notes", "requests", "engines")]
+    pc, dc = s.prefill_cfg, s.decode_cfg
+    return {"kind": kind, **{k: top[k] for k in figures}, "notes": top["notes"],
             "ceiling": {k: results["ceiling"][k] for k in figures},
-            "pd": f"{prefill}:{decode}", "prefill_instances": prefill, "decode_instances": decode,
-            "prefill_tp": tp, "decode_tp": decode_tp, "ep": ep, "gpus": gpus, "model": m.name, "hardware": hw.name,
-            "quant": q.name, "kv_dtype": q.kv_dtype, "isl": isl, "osl": osl, "concurrency": concurrency,
-            "num_requests": n_req, "max_num_seqs_per_decode_instance": max_seqs,
+            "pd": f"{s.prefill_instances}:{s.decode_instances}", "prefill_instances": s.prefill_instances,
+            "decode_instances": s.decode_instances, "prefill_tp": pplan.tp, "decode_tp": dplan.tp, "ep": dplan.ep,
+            "gpus": d.gpus, "model": d.model.name, "hardware": d.hardware.name, "deployment": d.name,
+            "deployment_key": d.key(), "quant": d.quant.name, "kv_dtype": d.quant.kv_dtype, "isl": wl.isl,
+            "osl": wl.osl, "concurrency": wl.concurrency, "num_requests": wl.num_prompts,
+            "routing": "round robin to prefill, then to decode (vLLM's P/D proxy)",
+            "prefill_max_num_seqs": pc.max_num_seqs, "prefill_max_num_batched_tokens": pc.max_num_batched_tokens,
+            "prefill_kv_blocks": pc.num_kv_blocks, "decode_max_num_seqs": dc.max_num_seqs,
+            "decode_max_num_batched_tokens": dc.max_num_batched_tokens, "decode_kv_blocks": dc.num_kv_blocks,
+            "max_num_seqs_per_decode_instance": min(dc.max_num_seqs, whole_requests(dc, wl.isl + wl.osl)),
             "kv_handoff_bytes_per_request": handoff["bytes_per_request"],
             "kv_handoff_descriptors_per_request": handoff["descriptors_per_request"],
-            "kv_handoff_ms": handoff["transfer_s"] * 1e3, "kv_link_bw": kv_link_bw,
-            "spec_tokens": spec_tokens, "accept_len": accept_len,
-            "calibration": cal.name if cal is not None else None}
+            "kv_handoff_ms": handoff["transfer_s"] * 1e3, "kv_link_gbps": d.pd.kv_link_gbps,
+            "spec_tokens": d.serving.spec_tokens, "calibration": cal.name if cal is not None else None}
 
 
-def pd_ratio_sweep(model, hardware, ratios, **kwargs) -> pd.DataFrame:
-    """:func:`pd_estimate` over ``ratios`` [(P, D)]: one row per (ratio, mode) with the four figures."""
+def pd_estimate(deployment, *, calibration="default", progress: bool = False) -> dict:
+    """:func:`pd_serving`'s summary (what ``m3lab estimate --pd P:D --json`` prints)."""
+    return pd_serving(deployment, calibration=calibration, progress=progress).summary()
+
+
+def pd_ratio_sweep(deployment, ratios, *, calibration="default") -> pd.DataFrame:
+    """:func:`pd_estimate` of ``deployment`` at each of ``ratios`` [(P, D)]: one row per (ratio, mode) with the
+    four figures."""
     rows = []
     for p, d in ratios:
-        s = pd_estimate(model, hardware, prefill=p, decode=d, **kwargs)
+        s = pd_estimate(deployment.with_settings({"pd": f"{p}:{d}"}), calibration=calibration)
         modes = {"ceiling": s["ceiling"]}
         if s["kind"] == "calibrated":
             modes["calibrated"] = {k: s[k] for k in s["ceiling"]}

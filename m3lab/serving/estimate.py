@@ -1,87 +1,105 @@
-"""Serving estimates: TTFT, TPOT and tokens/s/GPU from A's scheduler, timed by the cost model.
+"""Serving estimates: TTFT, TPOT and tokens/s/GPU as ``vllm bench serve`` measures them, timed by the cost model.
 
-``estimate(model, hardware, tp=, quant=, isl=, osl=, concurrency=, ...)`` runs the one engine-step
-generator (:class:`m3lab.workload.scheduler.Scheduler`, vLLM v1 continuous batching with chunked
-prefill; closed loop at ``concurrency`` like ``vllm bench serve --max-concurrency``) and times every
-step with :class:`~m3lab.serving.step_cost.StepCoster` under two labelled modes:
+``estimate(deployment)`` (a :class:`~m3lab.spec.serving.Deployment` with a fixed-length workload) runs vllm bench's
+closed loop (``--max-concurrency C --num-prompts N --request-rate inf``, :mod:`m3lab.serving.bench_load`) through
+the one engine-step generator (:meth:`m3lab.workload.scheduler.Scheduler.records`, proven equal to vLLM's own
+scheduler; ``engine="vllm"`` runs vLLM's class itself) on the deployment's engine (:func:`m3lab.workload.deployed.
+scheduler_config`: ``max_num_seqs``, ``max_num_batched_tokens``, chunked prefill, prefix caching, async scheduling,
+speculative method and k with exact draft verification, and the KV blocks its memory leaves), then times every
+step under two labelled modes:
 
-- ``ceiling``: the roofline bound of every op (efficiency 1, no launch floors) — an upper bound on
-  throughput that a measurement must not beat;
-- ``calibrated``: the bound divided by the calibrated achievable efficiency plus launch floors
-  (default: the hardware's shipped calibration, MI355X <- the AITER GEMM tables).
+- ``ceiling``: device time only, the roofline bound of every op (efficiency 1, no launch floors) — an upper
+  bound on throughput that a measurement must not beat;
+- ``calibrated``: each op timed by the cost source of the kernel vLLM runs for it (``m3lab/cost/README.md``:
+  measured tables and peers, named assumptions; default: the hardware's shipped calibration, MI355X <- AITER's),
+  plus the host time of each step (:mod:`m3lab.cost.host_time`: schedule, input preparation, launches, output
+  processing) overlapped with the device as the engine's sync or async scheduling allows
+  (:mod:`m3lab.serving.timeline`).
 
-Per request: TTFT = first token - entry into the system (queueing + chunked prefill), TPOT = (last
-token - first token) / (osl - 1). Throughput = all output tokens / makespan / GPUs (as vLLM bench
-computes it). Memory: weights per GPU, KV capacity in tokens at ``gpu_memory_utilization``, and the
-largest concurrency that fits; a concurrency whose KV does not fit raises M3LabError.
-
-Speculative decoding: ``spec_tokens`` K draft tokens per step, ``accept_len`` A tokens emitted per
-verification step (vLLM's acceptance length, 1 ≤ A ≤ K + 1): decode steps verify K + 1 tokens and a
-request needs ceil((osl - 1) / A) of them; the draft costs ``draft_cost`` × a plain decode step per
-draft token.
+Figures as vllm bench computes them (``calculate_metrics``): TTFT from send to first token with the server's
+queueing included (median, mean, p90, p99), TPOT mean (latency - TTFT) / (output - 1), ITL, throughput per GPU;
+``queueing_s`` is the median wait before a request's first scheduled chunk, ``prefill_s`` the median from there
+to its first token; ``makespan_s`` is vllm bench's duration and ``device_s`` the device's busy time in it (the sum
+of the step times the cost model gives: what per-op totals add up to). Notes say when C requests cannot run at
+once (slots or KV), when the run is too short for steady state and which TTFT percentiles the start-up burst
+sets. ``host_time_sensitivity`` re-times the same schedule with every host time scaled (the host constants are
+upper bounds: ``HOST_SCALES``).
 """
 from __future__ import annotations
 
-import math
-import warnings
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from m3lab.cost.host_time import step_host_us
 from m3lab.errors import M3LabError
-from m3lab.serving.capacity import GPU_MEMORY_UTILIZATION, Capacity, block_size_of, capacity
-from m3lab.serving.step_cost import DRAFT_COST, StepCoster
-from m3lab.workload.scheduler import (MIN_REQUESTS_PER_SLOT, Scheduler, SchedulerConfig, Workload,
-                                      default_num_requests)
-
+from m3lab.serving.bench_load import BenchRun, engine_steps, simulate_records, stretch_runs, time_records
+from m3lab.serving.capacity import Capacity, block_size_of, capacity
+from m3lab.serving.step_cost import StepCoster
+from m3lab.workload.deployed import ACCEPTANCE_MODEL, acceptance, fake_outputs, fixed_contents, scheduler_config
+from m3lab.workload.requests import first_divergence
+from m3lab.workload.step import EngineStep
 
 METRICS = (("output tokens/s/GPU", "tok/s/GPU", "output_tokens_per_s_per_gpu"), ("median TTFT", "s", "ttft_s"),
            ("mean TPOT", "ms", "tpot_ms"))
-
-
-class ShortRunWarning(UserWarning):
-    """The simulated run is too short to leave its start-up burst: its TTFT and throughput are not steady state."""
-
-
-class ArrivalRecordingScheduler(Scheduler):
-    """The project's Scheduler, recording the step index at which each request enters the system
-    (via the ``arrivals`` hook), so TTFT can include queueing."""
-
-    def __init__(self, config: SchedulerConfig | None = None):
-        super().__init__(config)
-        self.entered: dict[int, int] = {}
-
-    def arrivals(self, state, workload) -> None:
-        before = state.next_request
-        super().arrivals(state, workload)
-        for rid in range(before, state.next_request):
-            self.entered[rid] = state.step_index
+#: Host-time scales of the sensitivity: the constants as measured (upper bounds: a loaded 2-core box, a trace
+#: recorded with Python stacks) down to none (an engine whose host work never shows).
+HOST_SCALES = (0.0, 0.25, 1.0)
+#: The figures each mode reports (``ServingEstimate.summary``; the ceiling's nested under ``ceiling``).
+FIGURES = ("output_tokens_per_s_per_gpu", "total_tokens_per_s_per_gpu", "ttft_s", "ttft_mean_s", "ttft_p90_s",
+           "ttft_p99_s", "tpot_ms", "tpot_median_ms", "tpot_p90_ms", "tpot_p99_ms", "itl_ms", "itl_median_ms",
+           "e2el_s", "queueing_s", "prefill_s", "makespan_s", "device_s", "label")
 
 
 @dataclass
 class ServingEstimate:
-    """Result of :func:`estimate`: per-mode figures, the step timeline, per-request latencies, memory."""
+    """Result of :func:`estimate`: per-mode figures and vllm bench runs, the step table, per-request latencies."""
 
     config: dict
     capacity: Capacity
     results: dict                      # mode -> figures (see summary())
-    steps: pd.DataFrame                # one row per scheduler run of identical steps
-    requests: pd.DataFrame             # one row per request and mode
+    runs: dict = field(repr=False)     # mode -> BenchRun (per step and per request tables)
     coster: StepCoster = field(repr=False)
+    notes: list = field(default_factory=list)
+    host_sensitivity: list = field(default_factory=list)
+    engine_check: dict | None = None
+    step_keys: list = field(default_factory=list, repr=False)   # the coster's key of each step (None: none ran)
+
+    def retimed(self, key_us, mode: str = "calibrated") -> BenchRun:
+        """The same schedule under ``mode`` with each step's device µs from ``key_us(key)`` (a key of
+        ``step_keys``: e.g. the cost model with an assumption moved), through the same timeline and metrics: what
+        an estimate with that cost model would report, exactly."""
+        device = np.array([float(key_us(k)) if k is not None else 0.0 for k in self.step_keys])
+        return self.runs[mode].retime(1.0, device)
 
     @property
     def kind(self) -> str:
         return "calibrated" if "calibrated" in self.results else "ceiling"
 
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per executed step of the reported mode: ``index, repeat (1), decodes, prefill_tokens, start_s,
+        end_s, output_s, t_ms, running, waiting, kv_usage, ...`` (see :mod:`m3lab.serving.timeline`)."""
+        return self.runs[self.kind].steps
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request and mode: send, first scheduled, first token and finish times, TTFT, TPOT."""
+        return pd.concat([run.requests.assign(mode=mode) for mode, run in self.runs.items()], ignore_index=True)
+
     def summary(self) -> dict:
         """Top-level figures of the calibrated estimate where a calibration exists (else the ceiling), the
-        ceiling always nested under ``ceiling``, plus memory and labels (what ``--json`` prints)."""
+        ceiling always nested under ``ceiling``, plus notes, host-time sensitivity, memory and labels (what
+        ``--json`` prints)."""
         top = self.results[self.kind]
-        figures = ("output_tokens_per_s_per_gpu", "total_tokens_per_s_per_gpu", "ttft_s", "ttft_mean_s",
-                   "tpot_ms", "tpot_median_ms", "makespan_s", "label")
-        out = {"kind": self.kind, **{k: top[k] for k in figures}}
-        out["ceiling"] = {k: self.results["ceiling"][k] for k in figures}
+        out = {"kind": self.kind, **{k: top[k] for k in FIGURES}}
+        out["ceiling"] = {k: self.results["ceiling"][k] for k in FIGURES}
+        out["notes"] = list(self.notes)
+        out["host_time_sensitivity"] = list(self.host_sensitivity)
+        if self.engine_check is not None:
+            out["engine_check"] = dict(self.engine_check)
         cap = self.capacity
         out.update(weight_gb_per_gpu=cap.weight_bytes_per_gpu / 1e9, kv_capacity_tokens=cap.kv_capacity_tokens,
                    kv_bytes_per_token_per_gpu=cap.kv_bytes_per_token_per_gpu, max_concurrency=cap.max_concurrency,
@@ -90,154 +108,189 @@ class ServingEstimate:
         out.update({k: v for k, v in self.config.items() if k not in out})
         return out
 
+    def ttft_parts(self, mode: str | None = None) -> pd.DataFrame:
+        """Per request of ``mode``: ``send_s, queueing_s`` (to its first scheduled chunk), ``prefill_s`` (from there
+        to its first token), ``ttft_s, first_token_s, tpot_ms``."""
+        req = self.runs[mode or self.kind].requests
+        return req.assign(prefill_s=req["first_token_s"] - req["first_scheduled_s"])[
+            ["request", "send_s", "queueing_s", "prefill_s", "ttft_s", "first_token_s", "tpot_ms"]]
+
     def timeline(self, mode: str | None = None) -> pd.DataFrame:
-        """Runs of the schedule under ``mode``: ``[index, repeat, decodes, prefill_tokens, start_s, t_ms]``."""
-        mode = mode or self.kind
-        return self.steps.rename(columns={f"start_s_{mode}": "start_s", f"t_ms_{mode}": "t_ms"})[
-            ["index", "repeat", "decodes", "prefill_tokens", "start_s", "t_ms"]]
+        """Steps of the schedule under ``mode``: ``[index, repeat, decodes, prefill_tokens, start_s, t_ms]``."""
+        return self.runs[mode or self.kind].steps[["index", "repeat", "decodes", "prefill_tokens", "start_s", "t_ms"]]
 
     def op_totals(self, mode: str | None = None) -> pd.DataFrame:
         """Per-op time and bytes summed over the whole run (for the repetition view)."""
         return self.coster.op_totals(mode or self.kind)
 
 
-def _cumulative(t0: float, t1: float, repeat: int, j: np.ndarray) -> np.ndarray:
-    """Time from a run's start to the end of its step j (steps' times linear from t0 to t1)."""
-    slope = (t1 - t0) / (repeat - 1) if repeat > 1 else 0.0
-    return (j + 1) * t0 + slope * j * (j + 1) / 2
+def _figures(run: BenchRun, mode: str, label: str) -> dict:
+    s = run.summary()
+    return {"kind": mode, "label": label, **{k: s[k] for k in FIGURES if k in s}, "makespan_s": s["duration_s"],
+            "device_s": float(run.steps["device_us"].sum()) * 1e-6}
 
 
-def _simulate(coster: StepCoster, sched: ArrivalRecordingScheduler, workload: Workload, modes: tuple[str, ...],
-              osl_steps: int) -> tuple[pd.DataFrame, dict]:
-    """Walk the scheduler's runs once; time them under every mode. Returns (runs table, per-request times)."""
-    n = workload.n_requests
-    gen = np.zeros(n, np.int64)
-    first = {m: np.full(n, np.nan) for m in modes}
-    finish = {m: np.full(n, np.nan) for m in modes}
-    clock = {m: 0.0 for m in modes}
-    start_of: dict[int, dict] = {}
+def _kv_blocks(cap: Capacity, cfg, isl: int, osl: int) -> int:
+    """vLLM's ``num_gpu_blocks`` (null block included) of the KV capacity; refuses a request that never fits."""
+    blocks = cap.kv_capacity_tokens // cap.block_size
+    need = -(-(isl + osl + cfg.lookahead_tokens) // cap.block_size)
+    if need > blocks - 1:
+        raise M3LabError(f"one request of {isl} + {osl} tokens needs {need:,} KV blocks of {cap.block_size} per GPU "
+                         f"but only {blocks - 1:,} fit at gpu_memory_utilization {cap.gpu_memory_utilization} "
+                         f"(weights {cap.weight_bytes_per_gpu / 1e9:.1f} GB/GPU)", field="isl",
+                         hint="shorten the request, raise tp, or use an fp8 KV cache (--kv-dtype fp8); the largest "
+                              f"concurrency that fits whole is {cap.max_concurrency}")
+    return blocks
+
+
+def _engine_check(cfg, contents, conc: int, outputs, records: list, m3lab_s: float, progress: bool) -> tuple:
+    """vLLM's own scheduler on the same run: (its records, how much slower it is and whether it agrees)."""
+    from m3lab.vllm.scheduler_judge import warm_up     # heavy, optional (vLLM)
+
+    t0 = time.perf_counter()
+    warm_up()
+    t1 = time.perf_counter()
+    theirs = simulate_records(cfg, contents, conc, engine="vllm", outputs=outputs, progress=progress)
+    t2 = time.perf_counter()
+    diff = first_divergence(records, theirs)
+    return theirs, {"m3lab_s": m3lab_s, "vllm_s": t2 - t1, "vllm_import_s": t1 - t0,
+                    "vllm_over_m3lab": (t2 - t1) / max(m3lab_s, 1e-9), "same_schedule": diff is None,
+                    "first_divergence": diff, "measured_on": "this machine (wall time)"}
+
+
+def _device_us(coster: StepCoster, records: list, prompt, modes: tuple) -> tuple[dict, list]:
+    """Device µs of each record's step under each mode: the coster times each distinct step key once, weighted by
+    how many steps share it (its per-op totals and the sensitivity table count every step). Along a decode
+    stretch the key (decode count, bucket of the mean context) can only step up, so its boundaries are found by
+    bisection instead of keying every step (``tests/test_serving_estimate.py`` checks it against every step).
+    Returns ({mode: µs per record}, the coster's key of each record's step, None where nothing ran)."""
+    keys: list = [None] * len(records)
+    first: dict = {}
+    for i, k in stretch_runs(records):
+        if k - i == 1:
+            st = records[i].engine_step(prompt, i) if records[i].scheduled else None
+            keys[i] = coster.key(st) if st is not None else None
+            if st is not None:
+                first.setdefault(keys[i], st)
+        else:
+            _stretch_keys(coster, records[i].stretch, i, k, keys, first)
+    counts: dict = {}
+    for key in keys:
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+    out = {}
+    for mode in modes:
+        t = {key: coster.time_us(st, mode, weight=counts[key]) for key, st in first.items()}
+        out[mode] = np.array([t[key] if key is not None else 0.0 for key in keys])
+    return out, keys
+
+
+def _stretch_keys(coster: StepCoster, stretch: tuple, i: int, k: int, keys: list, first: dict) -> None:
+    """Keys of records ``i .. k - 1``, one decode stretch (requests ``ids`` computed ``c0 + j`` before step j)."""
+    ids, c0, j0 = stretch
+    n = len(ids)
+
+    def step(j: int) -> EngineStep:
+        return EngineStep(np.ones(n, np.int64), c0 + j + 1, decode_mask=np.ones(n, bool))
+
+    def fill(lo: int, hi: int, klo, khi) -> None:            # keys[lo] = klo and keys[hi] = khi are known
+        if klo == khi:
+            keys[lo:hi + 1] = [klo] * (hi - lo + 1)
+            return
+        if hi - lo == 1:
+            keys[lo], keys[hi] = klo, khi
+            return
+        mid = (lo + hi) // 2
+        st = step(j0 + mid - i)
+        kmid = coster.key(st)
+        first.setdefault(kmid, st)
+        fill(lo, mid, klo, kmid)
+        fill(mid, hi, kmid, khi)
+
+    s_lo, s_hi = step(j0), step(j0 + k - 1 - i)
+    k_lo, k_hi = coster.key(s_lo), coster.key(s_hi)
+    first.setdefault(k_lo, s_lo)
+    first.setdefault(k_hi, s_hi)
+    fill(i, k - 1, k_lo, k_hi)
+
+
+def _host_sensitivity(run: BenchRun) -> list[dict]:
     rows = []
-    for run in sched.runs(workload):
-        step, repeat = run.step, run.repeat
-        start_of[step.index] = dict(clock)
-        times = {}
-        for m in modes:
-            t0 = coster.time_us(step, m, weight=repeat if repeat == 1 else repeat / 2) * 1e-6
-            t1 = t0
-            if repeat > 1:
-                last = type(step)(step.new_tokens, step.context_lens + repeat - 1)
-                t1 = coster.time_us(last, m, weight=repeat / 2) * 1e-6
-            times[m] = (t0, t1)
-        rids = step.req_ids
-        decoding = gen[rids] >= 1
-        firsts = np.asarray(step.first_token, np.int64)
-        for m in modes:
-            t0, t1 = times[m]
-            if len(firsts):
-                first[m][firsts] = clock[m] + t0
-            need = osl_steps - gen[rids[decoding]]
-            done = need <= repeat
-            if done.any():
-                finish[m][rids[decoding][done]] = clock[m] + _cumulative(t0, t1, repeat, need[done] - 1)
-            if len(firsts):
-                one = firsts[osl_steps <= 1]
-                finish[m][one] = clock[m] + t0
-            clock[m] += repeat * (t0 + t1) / 2
-        gen[rids[decoding]] += repeat
-        if len(firsts):
-            gen[firsts] = 1
-        rows.append({"index": step.index, "repeat": repeat, "decodes": int(decoding.sum()),
-                     "prefill_tokens": int(step.new_tokens[~decoding].sum()),
-                     **{f"start_s_{m}": start_of[step.index][m] for m in modes},
-                     **{f"t_ms_{m}": 1e3 * sum(times[m]) / 2 for m in modes}})
-    entered = {m: np.array([start_of.get(sched.entered.get(r, 0), {m: 0.0})[m] for r in range(n)]) for m in modes}
-    return pd.DataFrame(rows), {"first": first, "finish": finish, "entered": entered, "makespan": clock}
+    for f in HOST_SCALES:
+        s = run.retime(f).summary() if f != 1.0 else run.summary()
+        rows.append({"host_scale": f, "ttft_s": s["ttft_s"], "tpot_ms": s["tpot_ms"], "itl_ms": s["itl_ms"],
+                     "output_tokens_per_s_per_gpu": s["output_tokens_per_s_per_gpu"]})
+    return rows
 
 
-def _figures(req: dict, mode: str, n: int, isl: int, osl: int, gpus: int, label: str) -> dict:
-    ttft = req["first"][mode] - req["entered"][mode]
-    tpot = (req["finish"][mode] - req["first"][mode]) / max(osl - 1, 1)
-    span = req["makespan"][mode]
-    return {"kind": mode, "label": label,
-            "output_tokens_per_s_per_gpu": n * osl / span / gpus, "total_tokens_per_s_per_gpu": n * (isl + osl) / span / gpus,
-            "ttft_s": float(np.nanmedian(ttft)), "ttft_mean_s": float(np.nanmean(ttft)),
-            "tpot_ms": float(np.nanmean(tpot) * 1e3), "tpot_median_ms": float(np.nanmedian(tpot) * 1e3),
-            "makespan_s": span}
-
-
-def spec_decode_steps(osl: int, spec_tokens: int, accept_len: float | None) -> int:
-    """Output steps a request needs with speculative decoding (``osl`` without); checks both settings."""
-    if not spec_tokens:
-        if accept_len not in (None, 1, 1.0):
-            raise M3LabError("accept_len needs spec_tokens > 0", field="accept_len", hint="pass --spec-tokens K")
-        return osl
-    if not isinstance(spec_tokens, int) or spec_tokens < 0:
-        raise M3LabError(f"spec_tokens={spec_tokens!r} must be a non-negative integer", field="spec_tokens")
-    if accept_len is None:
-        raise M3LabError(f"spec_tokens={spec_tokens} needs accept_len, the mean tokens accepted per step",
-                         field="accept_len", hint=f"set accept_len in [1, {spec_tokens + 1}], e.g. 2.7 for EAGLE3 "
-                                                  "with 3 draft tokens (estimate: --accept-len 2.7)")
-    if not isinstance(accept_len, (int, float)) or not 1 <= accept_len <= spec_tokens + 1:
-        raise M3LabError(f"accept_len={accept_len!r} must lie in [1, spec_tokens + 1 = {spec_tokens + 1}]",
-                         field="accept_len", hint="vLLM's mean acceptance length counts the bonus token")
-    return 1 + math.ceil((osl - 1) / accept_len)
-
-
-def estimate(model, hardware, *, tp: int = 1, ep: int = 1, quant="bf16", kv_dtype: str | None = None, isl: int,
-             osl: int, concurrency: int, num_requests: int | None = None, calibration="default", spec_tokens: int = 0,
-             accept_len: float | None = None, draft_cost: float = DRAFT_COST, routing=None,
-             gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, max_num_seqs: int = 256,
-             max_num_batched_tokens: int = 8192) -> ServingEstimate:
-    """Estimate serving a model on ``hardware`` (see module docstring). ``calibration``: "default" (the
-    hardware's shipped one, if any), None (ceiling only), a shipped name, a CSV path or a Calibration.
-    ``kv_dtype``: the KV cache dtype (bf16 or fp8; default the scheme's). ``num_requests``: requests simulated
-    (default :func:`~m3lab.workload.scheduler.default_num_requests`); fewer than ``MIN_REQUESTS_PER_SLOT`` x
-    concurrency warns (:class:`ShortRunWarning`): the run would not reach steady state."""
+def estimate(deployment, *, calibration="default", routing=None, engine: str = "m3lab",
+             progress: bool = False) -> ServingEstimate:
+    """Estimate serving ``deployment`` (a :class:`~m3lab.spec.serving.Deployment` with a fixed-length workload;
+    see the module docstring). ``calibration``: "default" (the hardware's shipped one, if any), None (ceiling
+    only), a shipped name, a CSV path or a Calibration. ``routing``: the MoE routing model (None: balanced).
+    ``engine``: ``m3lab`` (the step generator) or ``vllm`` (vLLM's own scheduler runs the schedule; the estimate
+    then says how much slower it is and whether both agree). ``progress``: a bar on long runs."""
     from m3lab.cost.model import cost_label, resolve_calibration
-    from m3lab.spec.hardware import load_hardware
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-    from m3lab.spec.quant import load_quant
 
-    m = load_model(model)
-    hw = load_hardware(hardware)
-    plan = ParallelPlan(tp=tp, ep=ep).validate(m)
-    q = load_quant(quant).with_cache(kv_dtype) if kv_dtype else load_quant(quant)
+    d = deployment.validate()
+    m, hw, plan, q, wl = d.model, d.hardware, d.plan, d.quant, d.workload
+    spec_tokens = d.serving.spec_tokens
+    accept_len, accept_source = acceptance(d)
+    contents = fixed_contents(d, what="the serving estimate")
+    limits = d.scheduler_limits()
     cal = resolve_calibration(hw, calibration)
-    cap = capacity(m, plan, q, hw, isl=isl, osl=osl, gpu_memory_utilization=gpu_memory_utilization,
-                   spec_tokens=spec_tokens if isinstance(spec_tokens, int) else 0)
-    if not isinstance(concurrency, int) or concurrency < 1:
-        raise M3LabError(f"concurrency={concurrency!r} must be a positive integer", field="concurrency")
-    cap.check(concurrency)
-    osl_steps = spec_decode_steps(osl, spec_tokens, accept_len)
-    n_req = default_num_requests(concurrency) if num_requests is None else num_requests
-    workload = Workload(isl=isl, osl=osl_steps, concurrency=concurrency, num_requests=n_req)
-    steady = n_req >= MIN_REQUESTS_PER_SLOT * concurrency
-    if not steady:
-        warnings.warn(ShortRunWarning(
-            f"num_requests {n_req} < {MIN_REQUESTS_PER_SLOT} x concurrency {concurrency}: the run does not reach "
-            f"steady state, so TTFT and throughput are start-up figures (leave num_requests unset for "
-            f"{default_num_requests(concurrency)})"), stacklevel=2)
-    sched = ArrivalRecordingScheduler(SchedulerConfig(max_num_seqs=max_num_seqs,
-                                                      max_num_batched_tokens=max_num_batched_tokens,
-                                                      block_size=block_size_of(m)))
-    coster = StepCoster(m, plan, q, hw, cal, routing, spec_tokens=spec_tokens, draft_cost=draft_cost)
+    cap = capacity(m, plan, q, hw, isl=wl.isl, osl=wl.osl, gpu_memory_utilization=limits.gpu_memory_utilization,
+                   spec_tokens=spec_tokens)
+    cfg = scheduler_config(d, block_size=block_size_of(m))
+    cfg = cfg.replace(num_kv_blocks=_kv_blocks(cap, cfg, wl.isl, wl.osl))
+    outputs = fake_outputs(d, accept_len)
+    conc = wl.concurrency
+    t0 = time.perf_counter()
+    records = simulate_records(cfg, contents, conc, outputs=outputs, progress=progress)
+    m3lab_s = time.perf_counter() - t0
+    check = None
+    if engine != "m3lab":
+        records, check = _engine_check(cfg, contents, conc, outputs, records, m3lab_s, progress)
+    coster = StepCoster(d, cal, routing)
     modes = ("ceiling",) + (("calibrated",) if cal is not None else ())
-    runs, req = _simulate(coster, sched, workload, modes, osl_steps)
-    gpus = plan.world
-    results = {mode: _figures(req, mode, n_req, isl, osl, gpus, cost_label(hw, None if mode == "ceiling" else cal))
-               for mode in modes}
-    requests = pd.concat([pd.DataFrame({"mode": mode, "request": np.arange(n_req), "entered_s": req["entered"][mode],
-                                        "first_token_s": req["first"][mode], "finish_s": req["finish"][mode]})
-                          for mode in modes], ignore_index=True)
-    requests["ttft_s"] = requests["first_token_s"] - requests["entered_s"]
-    requests["tpot_ms"] = (requests["finish_s"] - requests["first_token_s"]) / max(osl - 1, 1) * 1e3
-    config = {"model": m.name, "hardware": hw.name, "tp": tp, "ep": ep, "gpus": gpus, "quant": q.name,
-              "kv_dtype": q.kv_dtype, "isl": isl, "osl": osl, "concurrency": concurrency, "num_requests": n_req,
-              "steady_state": steady, "spec_tokens": spec_tokens, "accept_len": accept_len,
+    host = step_host_us(m.layers)
+    steps = engine_steps(records, contents.prompt, per_record=False)
+    device, keys = _device_us(coster, records, contents.prompt, modes)
+    runs, results = {}, {}
+    for mode in modes:
+        runs[mode] = time_records(records, cfg, contents, device[mode], max_concurrency=conc,
+                                  host_us=host if mode == "calibrated" else None, gpus=plan.world, engine=engine,
+                                  seconds=m3lab_s, steps=steps)
+        results[mode] = _figures(runs[mode], mode, cost_label(hw, None if mode == "ceiling" else cal))
+    top = runs["calibrated" if cal is not None else "ceiling"]
+    config = {"deployment": d.name, "deployment_key": d.key(), "model": m.name, "hardware": hw.name, "tp": plan.tp,
+              "ep": plan.ep, "gpus": plan.world, "quant": q.name, "kv_dtype": q.kv_dtype, "index_dtype": q.index_dtype,
+              "index_topk_freq": d.index_sharing_freq, "isl": wl.isl, "osl": wl.osl, "concurrency": conc,
+              "num_requests": wl.num_prompts, "steady_state": not any("steady state" in n for n in top.notes),
+              "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+              "num_kv_blocks": cfg.num_kv_blocks, "prefix_caching": cfg.prefix_caching,
+              "async_scheduling": cfg.async_scheduling, "spec_method": d.serving.spec_method,
+              "spec_tokens": spec_tokens, "accept_len": accept_len, "accept_len_source": accept_source,
+              "acceptance_model": ACCEPTANCE_MODEL if spec_tokens else None, "engine": engine,
+              "steps": top.config["steps"], "schedule_s": m3lab_s,
               "calibration": cal.name if cal is not None else None,
               "routing": "balanced" if routing is None else str(routing)}
-    return ServingEstimate(config=config, capacity=cap, results=results, steps=runs, requests=requests, coster=coster)
+    return ServingEstimate(config=config, capacity=cap, results=results, runs=runs, coster=coster,
+                           notes=list(top.notes) + _kv_dtype_hint(d, cap, limits), host_sensitivity=_host_sensitivity(runs["calibrated"])
+                           if "calibrated" in runs else [], engine_check=check, step_keys=keys)
+
+
+def _kv_dtype_hint(d, cap, limits) -> list[str]:
+    """A one-line hint when the KV cache holds fewer than C whole sequences and an fp8 KV cache would hold more."""
+    wl, q = d.workload, d.quant
+    if cap.max_concurrency >= wl.concurrency or q.kv_dtype == "fp8":
+        return []
+    fp8 = capacity(d.model, d.plan, q.with_cache(kv_dtype="fp8"), d.hardware, isl=wl.isl, osl=wl.osl,
+                   gpu_memory_utilization=limits.gpu_memory_utilization, spec_tokens=d.serving.spec_tokens)
+    if fp8.max_concurrency <= cap.max_concurrency:
+        return []
+    return [f"with an fp8 KV cache (--kv-dtype fp8, or --set kv_dtype=fp8) about {fp8.max_concurrency} whole "
+            f"sequences fit instead of {cap.max_concurrency}"]
 
 
 def compare_with_measured(est: ServingEstimate, measured: dict | None) -> pd.DataFrame:
@@ -284,12 +337,12 @@ def comparison_title(est: ServingEstimate) -> str:
             f"deployment exists")
 
 
-def sweep(model, hardware, concurrencies, **kwargs) -> pd.DataFrame:
-    """Estimates over concurrencies: one row per (concurrency, mode) with ``source`` = the mode's name
-    (for ``m3lab.plots.serving``); ``kwargs`` as for :func:`estimate` (``num_requests`` is per point's default)."""
+def sweep(deployment, concurrencies, *, calibration="default", routing=None) -> pd.DataFrame:
+    """Estimates of ``deployment`` at each of ``concurrencies``: one row per (concurrency, mode) with ``source`` =
+    the mode's name (for ``m3lab.plots.serving``)."""
     rows = []
     for c in concurrencies:
-        est = estimate(model, hardware, concurrency=int(c), **kwargs)
+        est = estimate(deployment.with_settings({"concurrency": int(c)}), calibration=calibration, routing=routing)
         for mode, res in est.results.items():
             rows.append({"source": mode, "concurrency": int(c), **{k: v for k, v in res.items() if k != "kind"}})
     return pd.DataFrame(rows)

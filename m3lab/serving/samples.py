@@ -44,13 +44,18 @@ def sample_deployment(name: str) -> dict:
 
 def estimate_sample(name: str, calibration="default", num_requests: int | None = None):
     """The :class:`~m3lab.serving.estimate.ServingEstimate` of a shipped sample's model and deployment
-    (``num_requests``: the estimate's default per concurrency unless given)."""
+    (``num_requests``: requests simulated; default: the prompts the sample's run sent)."""
     from m3lab.serving.estimate import estimate
 
+    from m3lab.spec.serving import make_deployment
+
     d = sample_deployment(name)
-    return estimate(d["model"], d["hardware"], tp=d["tp"], quant=d["quant"], isl=d["isl"], osl=d["osl"],
-                    concurrency=d["concurrency"], num_requests=num_requests,
-                    calibration=calibration, spec_tokens=d["spec_tokens"], accept_len=d["accept_len"])
+    spec = {"spec_method": "mtp", "spec_tokens": d["spec_tokens"], "accept_len": d["accept_len"],
+            "accept_dataset": "the sample's own run (mean ITL / mean TPOT)"} if d["spec_tokens"] else {}
+    dep = make_deployment(None, spec, model=d["model"], hardware=d["hardware"], tp=d["tp"], quant=d["quant"],
+                          isl=d["isl"], osl=d["osl"], concurrency=d["concurrency"],
+                          num_prompts=num_requests or d["measured"].num_prompts)
+    return estimate(dep, calibration=calibration)
 
 
 def samples_side_by_side(calibration="default") -> pd.DataFrame:

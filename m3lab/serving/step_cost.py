@@ -8,28 +8,44 @@ of the step's tokens to ``MIXED_QUANTUM`` — builds and costs that step's OpTab
 the calibration, and reuses it. Layers of the same structure (attention kind, own top-k, MLP kind)
 have identical rows, so each is costed once with ``calls`` = its layer count.
 
+The OpTable is built with the deployment's :class:`~m3lab.optable.dispatch.Dispatch` (what vLLM runs for it,
+:func:`m3lab.serving.dispatch.dispatch_for`), so every row is costed by the kernel vLLM runs
+(:mod:`m3lab.cost.sources`). Each costed step keeps its rows' bound, efficiency, floor and assumption names, so
+:func:`m3lab.cost.sensitivity.sensitivity` can re-time the whole run under another value of each assumption.
+
 Speculative decoding (``spec_tokens`` = K > 0): every decode row verifies K + 1 tokens, and a draft
 model runs K steps costing ``draft_cost`` × the target's plain decode step each.
+
+Host time: ``host_time`` (a callable ``EngineStep -> µs``, default none) adds the host work of each step that the
+GPU waits for to the calibrated step time, reported as op ``host_time`` (kind ``host``); the ceiling stays the
+GPU roofline.
+
+:func:`cost_step` costs one step of a deployment (the costed OpTable, one row per op per layer).
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from m3lab.cost.model import cost_columns
+from m3lab.cost.model import cost_columns, cost_optable
+from m3lab.optable.builder import topk_sources
+from m3lab.serving.dispatch import dispatch_for
+from m3lab.spec.quant import load_quant
+from m3lab.spec.record_key import stable_key
 from m3lab.workload.step import EngineStep
 
 QUANTUM = 1.03            # relative rounding of context / chunk lengths in the memo key (3%)
 MIXED_QUANTUM = 1.15      # relative rounding of the decode count, and of small chunks, in prefill steps
 MODES = ("ceiling", "calibrated")
 AGG_COLUMNS = ("t_us", "t_bound_us", "flops", "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm")
+TERM_COLUMNS = ("t_bound_us", "efficiency", "floor_us", "inside", "eff_terms", "floor_term")  # kept for sensitivity
 OPTABLE_CACHE_SIZE = 2048  # compact OpTables kept per process (a few kB each)
 _OPTABLE_CACHE: dict = {}
-DRAFT_COST = 0.05         # EAGLE3 draft step / target decode step: ~1 dense layer + LM head of M3's 60 layers
 
 
 def _bucket(x: float, quantum: float = QUANTUM) -> int:
@@ -40,9 +56,9 @@ def _unbucket(b: int, quantum: float = QUANTUM) -> int:
     return max(1, int(round(quantum ** b)))
 
 
-def _layer_classes(model) -> dict[int, int]:
+def _layer_classes(model, dispatch=None) -> dict[int, int]:
     """Representative layer -> number of layers with the same rows (attention kind, own top-k, MLP kind)."""
-    src = model.topk_source() if model.sparse else {}
+    src = topk_sources(model, dispatch)
     groups: dict[tuple, list[int]] = {}
     for layer in range(model.layers):
         key = (model.attn_types[layer], src.get(layer) == layer, model.mlp_types[layer])
@@ -52,21 +68,30 @@ def _layer_classes(model) -> dict[int, int]:
 
 @dataclass
 class StepCoster:
-    """Time (µs) of an engine step under the ceiling and (optionally) a calibration; see module docstring."""
+    """Time (µs) of an engine step of ``deployment`` under the ceiling and (optionally) a calibration; see the
+    module docstring. ``host_time``: ``EngineStep -> µs`` of host work per step (None: no host term)."""
 
-    model: object
-    plan: object
-    quant: object
-    hw: object
+    deployment: object
     calibration: object = None          # a Calibration or None (ceiling only)
     routing: object = None
-    spec_tokens: int = 0
-    draft_cost: float = DRAFT_COST
+    host_time: Callable[[EngineStep], float] | None = None
     _memo: dict = field(default_factory=dict, repr=False)
     _uses: Counter = field(default_factory=Counter, repr=False)
+    _host: dict = field(default_factory=dict, repr=False)
+    _host_steps: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
-        self._classes = _layer_classes(self.model)
+        d = self.deployment
+        self.model, self.plan, self.quant, self.hw = d.model, d.plan, d.quant, d.hardware
+        self.spec_tokens, self.draft_cost = d.serving.spec_tokens, d.acceptance.draft_cost
+        self.dispatch = dispatch_for(d)
+        if self.dispatch is not None:
+            self.dispatch.check_serves()
+        self._classes = _layer_classes(self.model, self.dispatch)
+        # every field of model, plan and quant (KV / index dtypes, index sharing, ...) and every decision of
+        # what vLLM runs for them keys the shared OpTables
+        self._spec_key = stable_key(self.model, self.plan, load_quant(self.quant),
+                                    self.dispatch.key() if self.dispatch is not None else None)
 
     # ---- keys and representative steps -------------------------------------------------------------
     def key(self, step: EngineStep) -> tuple:
@@ -91,12 +116,13 @@ class StepCoster:
         k = self.spec_tokens if spec else 0
         new = [1 + k] * n_dec + [n for n, _ in pre]
         ctx = [_unbucket(dec_ctx) + k] * n_dec + [max(_unbucket(c), n) for n, c in pre]
-        return EngineStep(np.asarray(new, np.int64), np.asarray(ctx, np.int64))
+        return EngineStep(np.asarray(new, np.int64), np.asarray(ctx, np.int64),
+                          decode_mask=np.asarray([True] * n_dec + [False] * len(pre), bool))
 
     # ---- costing -------------------------------------------------------------------------------------
     def compact_optable(self, step: EngineStep) -> pd.DataFrame:
         """The step's OpTable reduced to one layer per structure class, with ``calls`` = layers in the class
-        (shared between estimates of the same model, plan and quantisation in this process)."""
+        (shared in this process between estimates whose model, plan and quantisation have equal fields)."""
         return pd.DataFrame(self._compact_columns(step))
 
     def _compact_columns(self, step: EngineStep) -> dict:
@@ -104,11 +130,10 @@ class StepCoster:
         from m3lab.optable import build_optable
 
         shared = isinstance(self.routing, (str, type(None)))
-        key = (self.model.name, self.plan, getattr(self.quant, "name", str(self.quant)), self.routing,
-               step.signature()) if shared else None
+        key = (self._spec_key, self.routing, step.signature(), step.num_decodes) if shared else None
         if key is not None and key in _OPTABLE_CACHE:
             return _OPTABLE_CACHE[key]
-        ot = build_optable(self.model, self.plan, self.quant, step, self.routing)
+        ot = build_optable(self.model, self.plan, self.quant, step, self.routing, self.dispatch)
         keep = (ot["layer"].isin(list(self._classes)) | (ot["layer"] < 0)).to_numpy()
         cols = {c: ot[c].to_numpy()[keep] for c in ot.columns}
         cols["calls"] = np.array([self._classes.get(int(x), 1) for x in cols["layer"]], dtype=float)
@@ -118,8 +143,9 @@ class StepCoster:
             _OPTABLE_CACHE[key] = cols
         return cols
 
-    def _per_op(self, cols: dict, cal) -> tuple[float, dict]:
-        """(step µs, {(op, kind): [t_us, t_bound_us, flops, bytes..., calls]}) of a compact OpTable's columns."""
+    def _per_op(self, cols: dict, cal) -> tuple[float, dict, dict, dict]:
+        """(step µs, {(op, kind): [t_us, t_bound_us, flops, bytes..., calls]}, {(op, kind): bound}, row terms) of a
+        compact OpTable's columns."""
         res = cost_columns(cols, self.hw, cal)
         calls = cols["calls"].astype(float)
         mat = np.column_stack([res["t_us"], res["t_bound_us"]]
@@ -132,7 +158,8 @@ class StepCoster:
             per_op[lab] = per_op[lab] + mat[i] if lab in per_op else mat[i].copy()
             if lab not in bounds or mat[i, 0] > bounds[lab][0]:
                 bounds[lab] = (mat[i, 0], res["bound"][i])
-        return float(mat[:, 0].sum()), per_op, {lab: b for lab, (_, b) in bounds.items()}
+        terms = {c: res[c] for c in TERM_COLUMNS} | {"calls": calls}
+        return float(mat[:, 0].sum()), per_op, {lab: b for lab, (_, b) in bounds.items()}, terms
 
     def _cost_entry(self, key: tuple) -> dict:
         spec = self.spec_tokens > 0 and key[0] > 0
@@ -142,15 +169,18 @@ class StepCoster:
         for mode, cal in (("ceiling", None), ("calibrated", self.calibration)):
             if mode == "calibrated" and cal is None:
                 continue
-            t, per_op, bounds = self._per_op(ot, cal)
+            t, per_op, bounds, terms = self._per_op(ot, cal)
+            rows = {"step": terms}
             if spec:
-                draft = self.spec_tokens * self.draft_cost * self._per_op(plain, cal)[0]
+                t_plain, _, _, plain_terms = self._per_op(plain, cal)
+                draft = self.spec_tokens * self.draft_cost * t_plain
+                rows["draft"] = plain_terms
                 vec = np.zeros(len(AGG_COLUMNS) + 1)
                 vec[0], vec[-1] = draft, self.spec_tokens
                 per_op[("draft_model", "draft")] = vec
                 bounds[("draft_model", "draft")] = "memory"
                 t += draft
-            entry[mode] = (t, per_op, bounds)
+            entry[mode] = (t, per_op, bounds, rows)
         return entry
 
     def entry(self, step: EngineStep) -> dict:
@@ -160,10 +190,37 @@ class StepCoster:
         return self._memo[key]
 
     def time_us(self, step: EngineStep, mode: str = "ceiling", weight: float = 1.0) -> float:
-        """Step time in µs under ``mode``; ``weight`` (steps it stands for) accumulates the op totals."""
+        """Step time in µs under ``mode`` (+ the host time in the calibrated mode); ``weight`` (steps it stands
+        for) accumulates the op totals."""
         e = self.entry(step)
         self._uses[(self.key(step), mode)] += weight
-        return e[mode][0]
+        host = self._host_us(step, mode, weight)
+        return e[mode][0] + host
+
+    def _host_us(self, step: EngineStep, mode: str, weight: float) -> float:
+        if self.host_time is None or mode != "calibrated":
+            return 0.0
+        us = float(self.host_time(step))
+        if not math.isfinite(us) or us < 0:
+            from m3lab.errors import M3LabError
+            raise M3LabError(f"host_time returned {us!r} µs for a step", field="host_time",
+                             hint="return a finite, non-negative number of microseconds")
+        self._host[mode] = self._host.get(mode, 0.0) + weight * us
+        self._host_steps[mode] = self._host_steps.get(mode, 0.0) + weight
+        return us
+
+    def host_total_us(self, mode: str) -> float:
+        """Host µs added over every step timed so far under ``mode`` (0 without a host_time callable)."""
+        return float(self._host.get(mode, 0.0))
+
+    def uses(self, mode: str) -> list[tuple[float, dict]]:
+        """(weight, row terms) of every step timed so far under ``mode`` (for the sensitivity table)."""
+        return [(w, self._memo[key][m][3]) for (key, m), w in self._uses.items() if m == mode]
+
+    def costed_rows(self, mode: str) -> dict:
+        """{step key: row terms} of every distinct step costed under ``mode`` (for the sensitivity table: the
+        device µs of a key is its rows' times, the draft rows' scaled by ``spec_tokens * draft_cost``)."""
+        return {key: e[mode][3] for key, e in self._memo.items() if mode in e}
 
     @property
     def distinct_steps(self) -> int:
@@ -176,13 +233,28 @@ class StepCoster:
         for (key, m), w in self._uses.items():
             if m != mode:
                 continue
-            _, per_op, bounds = self._memo[key][mode]
+            _, per_op, bounds, _ = self._memo[key][mode]
             for lab, vec in per_op.items():
                 acc[lab] = acc[lab] + w * vec if lab in acc else w * vec
                 t = w * vec[0]
                 if lab not in bound or t > bound[lab][0]:
                     bound[lab] = (t, bounds.get(lab, "memory"))
+        if self._host.get(mode):
+            vec = np.zeros(len(AGG_COLUMNS) + 1)
+            vec[0], vec[-1] = self._host[mode], self._host_steps[mode]
+            acc[("host_time", "host")] = vec
+            bound[("host_time", "host")] = (vec[0], "host")
         cols = list(AGG_COLUMNS) + ["calls"]
         out = pd.DataFrame([[op, kind, *vec] for (op, kind), vec in acc.items()], columns=["op", "kind", *cols])
         out["bound"] = [bound[(o, k)][1] for o, k in zip(out["op"], out["kind"])]
         return out
+
+
+def cost_step(deployment, step, *, calibration="default", routing=None) -> pd.DataFrame:
+    """Build the OpTable of one engine ``step`` of ``deployment`` with the kernels vLLM runs for it (its
+    Dispatch, where the resolver knows the model) and cost it on its hardware: one row per op per layer."""
+    from m3lab.optable import build_optable
+
+    d = deployment
+    return cost_optable(build_optable(d.model, d.plan, d.quant, step, routing, dispatch_for(d)), d.hardware,
+                        calibration)

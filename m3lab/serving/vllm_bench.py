@@ -166,6 +166,14 @@ def bench_table(paths, gpus: int | dict) -> "pandas.DataFrame":  # noqa: F821
 
 
 DATA_DIR = Path(__file__).with_name("data")
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def cited(path: str | Path) -> str:
+    """A file as a report cites it: its repository path (``m3lab/serving/data/x.json``) when it lies in the
+    checkout, else its name: no absolute path of one machine in a shared report."""
+    p = Path(path).resolve()
+    return p.relative_to(_REPO).as_posix() if p.is_relative_to(_REPO) else p.name
 #: Shipped samples (data/SOURCE.md) with the deployment facts the files lack.
 #: ``model`` is the m3lab named config of the same architecture; ``engine`` and ``spec`` describe the deployment.
 SHIPPED_BENCH = {
@@ -184,5 +192,6 @@ def shipped_bench_table() -> "pandas.DataFrame":  # noqa: F821
 
     rows = []
     for name, facts in SHIPPED_BENCH.items():
-        rows.append({**read_bench_result(DATA_DIR / name).per_gpu(facts["gpus"]), **facts, "file": name})
+        rows.append({**read_bench_result(DATA_DIR / name).per_gpu(facts["gpus"]), **facts, "file": name,
+                     "source": cited(DATA_DIR / name)})
     return pd.DataFrame(rows)

@@ -194,9 +194,10 @@ def weight_bytes_per_gpu(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme | 
     return float(sum(weight_bytes_breakdown(m, plan, quant).values()))
 
 
-def memory_facts(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme | str = "bf16") -> dict:
-    """The numbers ``m3lab model`` prints (one flat dict, bytes and parameter counts)."""
-    q = load_quant(quant)
+def memory_facts(deployment) -> dict:
+    """The numbers ``m3lab model`` prints for a Deployment (one flat dict, bytes and parameter counts): its model
+    under its plan and quantisation (weights, KV and index-key cache dtypes)."""
+    m, plan, q = deployment.model, deployment.plan, deployment.quant
     whole = kv_bytes(m, q.kv_dtype, q.index_dtype)
     rank = kv_bytes(m, q.kv_dtype, q.index_dtype, plan)
     return {

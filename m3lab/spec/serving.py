@@ -1,28 +1,29 @@
-"""The vLLM serving knobs that change which code runs, as data, and whole deployments built from them.
+"""Deployments: one record of everything that decides what vLLM runs and what it is asked to serve.
 
-:class:`ServingConfig` holds the switches that only vLLM's launch line sets: the ROCm AITER environment
-flags (``vllm/envs.py:138-162,1267-1403``), the shuffled KV-cache layout, indexer context parallelism
-``--monokernel``, speculative decoding, the CUDA-graph mode, ``--moe-backend``
-and ``--max-model-len``. Its defaults are vLLM 0.33.0's (a test compares each with ``vllm.envs``).
+:class:`Deployment` is the record every m3lab entry point takes (estimates, shapes, fast paths, memory figures,
+``vllm plan``, the pipelines' parameter checks, the notebooks). Its parts, each a small typed record with
+vLLM 0.33.0's defaults (tests compare them with vLLM's own code):
 
-Facts that already have an owner stay there and are rendered through it (one fact, one place):
+- ``model`` (:class:`~m3lab.spec.model.ModelSpec`; index sharing: ``sparse.index_topk_freq``, rendered as
+  ``--hf-overrides '{"text_config": {"use_index_cache": true, "index_topk_freq": 4}}'``) and ``hardware``;
+- ``plan`` (:class:`~m3lab.spec.plan.ParallelPlan`: ``-tp``, ``--enable-expert-parallel``, ``-dp``, indexer
+  context parallelism, shared-expert fusion ``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS``; every local width);
+- ``quant`` (:class:`~m3lab.spec.quant.QuantScheme`: weights, ``--kv-cache-dtype``, the index-key cache dtype
+  ``--attention-config '{"indexer_kv_dtype": ...}'``);
+- ``serving`` (:class:`~m3lab.spec.switches.ServingConfig`: the AITER flags, shuffled KV layout, monokernel,
+  MoE backend, speculative config, CUDA-graph mode, ``--max-model-len``);
+- ``workload`` (:class:`~m3lab.spec.traffic.WorkloadSpec`), ``limits``
+  (:class:`~m3lab.spec.limits.SchedulerLimits`), ``acceptance`` (:class:`~m3lab.spec.speculation.SpecAcceptance`)
+  and ``pd`` (:class:`~m3lab.spec.roles.PDRoles`).
 
-- shared-expert fusion asked for: ``ParallelPlan.fused_shared_expert``
-  (``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS``);
-- index sharing: ``ModelSpec.sparse.index_topk_freq`` / ``index_skip_topk_offset``
-  (``--hf-overrides '{"text_config": {"use_index_cache": true, "index_topk_freq": 4}}'``);
-- KV and index-key cache dtypes: ``QuantScheme.kv_dtype`` / ``index_dtype``
-  (``--kv-cache-dtype``, ``--attention-config '{"indexer_kv_dtype": ...}'``);
-- TP / EP / DP and indexer context parallelism: ``ParallelPlan`` (``-tp``, ``--enable-expert-parallel``, ``-dp``,
-  ``--attention-config '{"minimax_m3_indexer_cp": true}'``).
-
-:class:`Deployment` = model + hardware + plan + quant + serving. ``Deployment.to_vllm()`` gives the
-environment and ``vllm serve`` arguments; :func:`parse_vllm` reads them back (round-trip tested).
-:data:`PRESETS` reproduce the write-up's MI355X deployments.
+``Deployment.to_vllm()`` gives the environment and ``vllm serve`` arguments; :func:`parse_vllm` reads them back
+(round-trip tested). :func:`make_deployment` builds one from a preset (:data:`PRESETS`, the write-up's MI355X
+deployments and the checklist's default) and settings in any spelling of :mod:`m3lab.spec.settings`.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -30,129 +31,109 @@ from typing import Any, Mapping
 
 from m3lab.errors import M3LabError
 from m3lab.spec.hardware import Hardware, load_hardware
+from m3lab.spec.limits import SchedulerLimits
 from m3lab.spec.model import ModelSpec, load_model
 from m3lab.spec.plan import ParallelPlan
+from m3lab.spec.presets import DEFAULT_PRESET, PRESETS, Preset  # noqa: F401  (the presets' public home)
 from m3lab.spec.quant import QuantScheme, load_quant
+from m3lab.spec.record_key import stable_key
+from m3lab.spec.roles import ROLE_NAMES, PDRoles
+from m3lab.spec.settings import NULL_WORDS, apply, changes, flat
+from m3lab.spec.speculation import SpecAcceptance
+from m3lab.spec.switches import (CUDAGRAPH_MODES, ENV_FLAGS, FSE_ENV, MOE_BACKENDS, SPEC_METHODS,  # noqa: F401
+                                 V2_RUNNER_ENV, ServingConfig, env_bool)
+from m3lab.spec.traffic import WorkloadSpec
 
-# ServingConfig field -> vLLM environment variable (boolean flags, parsed as vLLM does: "1"/"true" is on).
-ENV_FLAGS: Mapping[str, str] = {
-    "aiter": "VLLM_ROCM_USE_AITER",
-    "aiter_linear": "VLLM_ROCM_USE_AITER_LINEAR",
-    "aiter_moe": "VLLM_ROCM_USE_AITER_MOE",
-    "aiter_custom_ar": "VLLM_ROCM_USE_AITER_CUSTOM_AR",
-    "aiter_mha": "VLLM_ROCM_USE_AITER_MHA",
-    "aiter_unified_attention": "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
-    "aiter_triton_gemm": "VLLM_ROCM_USE_AITER_TRITON_GEMM",
-    "skinny_gemm": "VLLM_ROCM_USE_SKINNY_GEMM",
-    "shuffle_kv_cache": "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT",
-}
-FSE_ENV = "VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS"  # rendered from ParallelPlan.fused_shared_expert
-V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # tri-state in vLLM: unset lets VllmConfig decide
-CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-SPEC_METHODS = ("eagle3", "eagle", "mtp", "ngram", "minimax_m3_mtp")
-MOE_BACKENDS = ("auto", "aiter", "triton")  # the values that change M3's expert kernels (config/kernel.py:122)
-
-
-def env_bool(value: str | None, default: bool) -> bool:
-    """vLLM's rule for its boolean flags (``envs.py:1267``): unset -> default, else "1"/"true" (any case)."""
-    return default if value is None else value.strip().lower() in ("true", "1")
-
-
-@dataclass(frozen=True)
-class ServingConfig:
-    """vLLM launch switches owned by no other m3lab spec; defaults are vLLM 0.33.0's."""
-
-    aiter: bool = False                   # VLLM_ROCM_USE_AITER (envs.py:1267)
-    aiter_linear: bool = True             # VLLM_ROCM_USE_AITER_LINEAR (envs.py:1288)
-    aiter_moe: bool = True                # VLLM_ROCM_USE_AITER_MOE (envs.py:1296)
-    aiter_custom_ar: bool = True          # VLLM_ROCM_USE_AITER_CUSTOM_AR (envs.py:1272)
-    aiter_mha: bool = True                # VLLM_ROCM_USE_AITER_MHA (envs.py:1350)
-    aiter_unified_attention: bool = False  # VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION (envs.py:1378)
-    aiter_triton_gemm: bool = True        # VLLM_ROCM_USE_AITER_TRITON_GEMM (envs.py:1390)
-    skinny_gemm: bool = True              # VLLM_ROCM_USE_SKINNY_GEMM (envs.py:1394)
-    shuffle_kv_cache: bool = False        # VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT (envs.py:1402)
-    model_runner_v2: bool | None = None   # VLLM_USE_V2_MODEL_RUNNER; None: VllmConfig.use_v2_model_runner decides
-    monokernel: bool = False              # --monokernel (config/kernel.py:299)
-    moe_backend: str = "auto"             # --moe-backend (config/kernel.py:305)
-    spec_method: str | None = None        # --speculative-config method
-    spec_tokens: int = 0                  # --speculative-config num_speculative_tokens
-    spec_model: str | None = None         # --speculative-config model (the draft checkpoint)
-    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # -cc cudagraph_mode; the V1 default (config/compilation.py:618)
-    max_model_len: int | None = None      # --max-model-len; None: the model's max_position_embeddings
-
-    def validate(self) -> ServingConfig:
-        """Raise M3LabError naming the field when a value is not one vLLM accepts; return self."""
-        for name in ENV_FLAGS:
-            if not isinstance(getattr(self, name), bool):
-                raise M3LabError(f"{name} must be true or false, got {getattr(self, name)!r}", field=name)
-        if self.moe_backend not in MOE_BACKENDS:
-            raise M3LabError(f"moe_backend {self.moe_backend!r} is not one m3lab resolves", field="moe_backend",
-                             hint=f"use one of {', '.join(MOE_BACKENDS)}")
-        if self.cudagraph_mode not in CUDAGRAPH_MODES:
-            raise M3LabError(f"cudagraph_mode {self.cudagraph_mode!r} is unknown", field="cudagraph_mode",
-                             hint=f"use one of {', '.join(CUDAGRAPH_MODES)}")
-        if self.spec_method is not None and self.spec_method not in SPEC_METHODS:
-            raise M3LabError(f"spec_method {self.spec_method!r} is unknown", field="spec_method",
-                             hint=f"use one of {', '.join(SPEC_METHODS)}")
-        if (self.spec_method is None) != (self.spec_tokens == 0) or self.spec_tokens < 0:
-            raise M3LabError("spec_method and spec_tokens go together (a method needs spec_tokens >= 1)",
-                             field="spec_tokens", hint="e.g. spec_method=eagle3 spec_tokens=3")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise M3LabError(f"max_model_len must be positive, got {self.max_model_len}", field="max_model_len")
-        return self
-
-    @property
-    def decode_query_len(self) -> int:
-        """Query rows per request in a decode step: 1 + speculative tokens (the verify rows)."""
-        return 1 + self.spec_tokens
-
-    def env(self) -> dict[str, str]:
-        """The environment variables that differ from vLLM's defaults ("1"/"0")."""
-        default = ServingConfig()
-        out = {var: "1" if getattr(self, f) else "0" for f, var in ENV_FLAGS.items()
-               if getattr(self, f) != getattr(default, f)}
-        if self.model_runner_v2 is not None:
-            out[V2_RUNNER_ENV] = "1" if self.model_runner_v2 else "0"
-        return out
-
-
-def _field_value(cls: type, name: str, text: str) -> Any:
-    """Convert ``--set name=text`` for a dataclass field of ``cls``, by the field's default type."""
-    default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
-    low = text.strip().lower()
-    if isinstance(default, bool) or name == "model_runner_v2":
-        if low in ("none", "") and name == "model_runner_v2":
-            return None
-        if low not in ("1", "0", "true", "false", "on", "off"):
-            raise M3LabError(f"{name}={text!r} is not a boolean", field=name, hint="use 1/0 or true/false")
-        return low in ("1", "true", "on")
-    if isinstance(default, int) or name == "max_model_len":
-        if low in ("none", "") and default is None:
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            raise M3LabError(f"{name}={text!r} is not an integer", field=name) from None
-    return None if low in ("none", "") and default is None else text.strip()
+# SchedulerLimits switch -> vllm serve flag (--FLAG on, --no-FLAG off)
+LIMIT_SWITCHES = {"chunked_prefill": "enable-chunked-prefill", "prefix_caching": "enable-prefix-caching",
+                  "async_scheduling": "async-scheduling"}
+SWITCH_FIELDS = {flag: name for name, flag in LIMIT_SWITCHES.items()}
 
 
 # ---- deployments ----------------------------------------------------------------------------------
+# The record's parts besides model and hardware; their fields are the keys of m3lab.spec.settings.
+RECORD_FIELDS = ("model", "hardware", "plan", "quant", "serving", "workload", "limits", "acceptance", "pd")
+# keys that describe the traffic rather than the served deployment: they stay out of derived names
+_TRAFFIC_KEYS = ("workload", "isl", "osl", "concurrency", "num_prompts", "request_rate", "sessions", "trace", "seed",
+                 "accept_len", "accept_dataset", "draft_cost")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return "none" if value is None else format(value, "g") if isinstance(value, float) else str(value)
+
+
 @dataclass(frozen=True)
 class Deployment:
-    """One vLLM deployment of a model: model + hardware + plan + quant + serving."""
+    """One vLLM deployment and the traffic it serves: the record every m3lab entry point takes.
+
+    ``model``, ``hardware``, ``plan`` (TP/EP/DP, indexer CP, shared-expert fusion, local widths), ``quant``
+    (weights, KV and index-key cache dtypes), ``serving`` (every vLLM switch that changes which code runs,
+    incl. the speculative config), ``workload`` (what the clients send), ``limits`` (vLLM's scheduler and memory
+    limits), ``acceptance`` (speculative decoding's acceptance and its source) and ``pd`` (P/D roles and the KV
+    link). ``preset``: the preset it was built from; ``name`` is the preset's name, or the preset's name plus what
+    changed (``mxfp4-tp2+tp=8``)."""
 
     model: ModelSpec
     hardware: Hardware
     plan: ParallelPlan
     quant: QuantScheme
     serving: ServingConfig = field(default_factory=ServingConfig)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    limits: SchedulerLimits = field(default_factory=SchedulerLimits)
+    acceptance: SpecAcceptance = field(default_factory=SpecAcceptance)
+    pd: PDRoles = field(default_factory=PDRoles)
     name: str = ""
     description: str = ""
+    preset: str = ""
 
     def validate(self) -> Deployment:
+        """Check every part (raise M3LabError naming the field); return self."""
         self.plan.validate(self.model)
         self.serving.validate()
+        self.workload.validate()
+        self.limits.validate()
+        self.acceptance.validate(self.serving.spec_tokens, self.workload.kind)
+        self.pd.validate()
+        if self.pd.enabled:
+            for role in ROLE_NAMES:
+                self.role_plan(role).validate(self.model)
+                self.role_limits(role).validate(f"{role}_")
         return self
+
+    def key(self) -> str:
+        """Stable hash of every field of the record (not the name or description): the cache key."""
+        return stable_key(*(getattr(self, f) for f in RECORD_FIELDS))
+
+    def settings(self) -> dict[str, Any]:
+        """The record as ``{m3lab key: value}`` (:func:`m3lab.spec.settings.flat`), limits as vLLM resolves them."""
+        limits = self.scheduler_limits()
+        return {**flat(self), "max_num_seqs": limits.max_num_seqs,
+                "max_num_batched_tokens": limits.max_num_batched_tokens}
+
+    # ---- resolved views ------------------------------------------------------------------------------
+    def scheduler_limits(self) -> SchedulerLimits:
+        """``limits`` with vLLM's defaults for this hardware filled in."""
+        return self.limits.resolved(self.hardware)
+
+    def role_plan(self, role: str) -> ParallelPlan:
+        """The plan of a P/D role (``prefill`` or ``decode``): the role's tp/ep where given, else the deployment's."""
+        r = getattr(self.pd, role)
+        return dataclasses.replace(self.plan, tp=r.tp or self.plan.tp, ep=r.ep or self.plan.ep, role=role)
+
+    def role_limits(self, role: str) -> SchedulerLimits:
+        """The scheduler limits of a P/D role, resolved (the role's own where given)."""
+        r = getattr(self.pd, role)
+        over = {k: getattr(r, k) for k in ("max_num_seqs", "max_num_batched_tokens") if getattr(r, k) is not None}
+        return dataclasses.replace(self.limits, **over).resolved(self.hardware)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the deployment occupies: tp x dp, or every instance of both P/D roles."""
+        if not self.pd.enabled:
+            return self.plan.world
+        return sum(getattr(self.pd, r).instances * self.role_plan(r).world for r in ROLE_NAMES)
 
     @property
     def index_sharing_freq(self) -> int:
@@ -207,10 +188,25 @@ class Deployment:
             args += ["--compilation-config", json.dumps({"cudagraph_mode": s.cudagraph_mode}, separators=(",", ":"))]
         if s.max_model_len is not None:
             args += ["--max-model-len", str(s.max_model_len)]
+        args += self._limit_args()
         if p.role != "both":
             args += ["--kv-transfer-config", json.dumps({"kv_role": {"prefill": "kv_producer", "decode":
                                                                       "kv_consumer"}[p.role]}, separators=(",", ":"))]
         return env, args
+
+    def _limit_args(self) -> list[str]:
+        """``vllm serve`` flags of the scheduler limits that differ from vLLM's defaults."""
+        lim, default = self.limits, SchedulerLimits()
+        args: list[str] = []
+        for name in ("max_num_seqs", "max_num_batched_tokens"):   # None: vLLM picks by the GPU
+            if getattr(lim, name) is not None:
+                args += [f"--{name.replace('_', '-')}", str(getattr(lim, name))]
+        if lim.gpu_memory_utilization != default.gpu_memory_utilization:
+            args += ["--gpu-memory-utilization", format(lim.gpu_memory_utilization, "g")]
+        for name, flag in LIMIT_SWITCHES.items():
+            if getattr(lim, name) != getattr(default, name):
+                args.append(f"--{'' if getattr(lim, name) else 'no-'}{flag}")
+        return args
 
     def command(self, model_path: str = "") -> str:
         """The launch line: ``ENV=.. vllm serve MODEL args``."""
@@ -219,30 +215,26 @@ class Deployment:
         return " ".join(x for x in (head, "vllm serve", shlex.quote(model_path or self.model.name),
                                      " ".join(shlex.quote(a) for a in args)) if x)
 
-    def with_settings(self, settings: Mapping[str, str]) -> Deployment:
-        """Apply ``--set KEY=VALUE`` pairs: ServingConfig fields, plan fields (tp, ep, dp, role,
-        fused_shared_expert), ``kv_dtype``, ``index_dtype``, ``index_topk_freq``."""
-        serving, plan, quant, model = {}, {}, {}, self.model
-        plan_fields = {f.name for f in dataclasses.fields(ParallelPlan)}
-        serving_fields = {f.name for f in dataclasses.fields(ServingConfig)}
-        for key, text in settings.items():
-            if key in serving_fields:
-                serving[key] = _field_value(ServingConfig, key, text)
-            elif key in plan_fields:
-                plan[key] = _field_value(ParallelPlan, key, text)
-            elif key in ("kv_dtype", "index_dtype"):
-                quant[key] = text
-            elif key == "index_topk_freq":
-                model = model.with_index_sharing(int(_field_value(ServingConfig, "spec_tokens", text)))
-            else:
-                raise M3LabError(f"--set {key}: unknown setting", field=key,
-                                 hint="one of: " + ", ".join(sorted(serving_fields | plan_fields |
-                                                                    {"kv_dtype", "index_dtype", "index_topk_freq"})))
-        if serving.get("spec_method") and "spec_tokens" not in serving and not self.serving.spec_tokens:
-            serving["spec_tokens"] = 1
-        return dataclasses.replace(self, model=model, plan=dataclasses.replace(self.plan, **plan),
-                                   quant=self.quant.with_cache(**quant) if quant else self.quant,
-                                   serving=dataclasses.replace(self.serving, **serving)).validate()
+    def with_settings(self, settings: Mapping[str, Any]) -> Deployment:
+        """This deployment with ``settings`` applied (any key of :mod:`m3lab.spec.settings`: m3lab field names,
+        vLLM environment variables, ``vllm serve`` / ``vllm bench serve`` flags), validated. A deployment that
+        now differs from its preset is named after it plus what changed (``mxfp4-tp2+tp=8``)."""
+        d = apply(self, settings)
+        s = d.serving   # a method alone drafts one token; draft tokens alone mean EAGLE3 (the write-up's); 0: off
+        if s.spec_method and not s.spec_tokens and "spec_tokens" not in settings:
+            s = dataclasses.replace(s, spec_tokens=1)
+        elif s.spec_tokens and not s.spec_method:
+            s = dataclasses.replace(s, spec_method="eagle3")
+        elif not s.spec_tokens and s.spec_method and "spec_tokens" in settings:
+            s = dataclasses.replace(s, spec_method=None, spec_model=None)
+        d = dataclasses.replace(d, serving=s)
+        if self.preset:
+            base = load_preset(self.preset)
+            changed = {k: v for k, v in changes(base, d).items() if k not in _TRAFFIC_KEYS}
+            tail = "".join(f"+{k}={_shown(v)}" for k, v in changed.items())
+            d = dataclasses.replace(d, name=base.name + tail, description=base.description + (
+                f" (changed: {', '.join(f'{k}={_shown(v)}' for k, v in changed.items())})" if changed else ""))
+        return d.validate()
 
 
 def _json_arg(flag: str, text: str) -> dict:
@@ -253,6 +245,19 @@ def _json_arg(flag: str, text: str) -> dict:
     if not isinstance(value, dict):
         raise M3LabError(f"{flag} must be a JSON object", field=flag)
     return value
+
+
+def _limit_flag(flag: str, value: str | None, limits: dict) -> int:
+    """Record a scheduler-limit flag of ``vllm serve`` in ``limits``; the arguments it took (0: not one)."""
+    name = flag.lstrip("-").replace("-", "_")
+    if name in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"):
+        limits[name] = float(value) if name == "gpu_memory_utilization" else int(value)
+        return 2
+    switch = flag.lstrip("-").removeprefix("no-")
+    if switch in SWITCH_FIELDS:
+        limits[SWITCH_FIELDS[switch]] = not flag.startswith("--no-")
+        return 1
+    return 0
 
 
 def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpec, hardware: str | Hardware,
@@ -268,6 +273,7 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
         serving["model_runner_v2"] = bool(int(env[V2_RUNNER_ENV]))
     plan: dict[str, Any] = {"fused_shared_expert": env_bool(env.get(FSE_ENV), False)}  # vLLM: off unless set
     kv_dtype, index_dtype, freq, offset, enable_ep = "bf16", "bf16", 1, 0, False
+    limits: dict[str, Any] = {}
     role = "both"
     i = 0
     while i < len(args):
@@ -312,6 +318,8 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
             serving["cudagraph_mode"] = str(_json_arg(flag, value).get("cudagraph_mode", defaults.cudagraph_mode))
         elif flag == "--max-model-len":
             serving["max_model_len"] = int(value)
+        elif (taken := _limit_flag(flag, value, limits)):
+            step = taken
         elif flag == "--kv-transfer-config":
             kv_role = _json_arg(flag, value).get("kv_role")
             role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(kv_role, "both")
@@ -327,69 +335,50 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
         spec = spec.with_index_sharing(freq, offset)
     return Deployment(model=spec, hardware=load_hardware(hardware), plan=p,
                       quant=load_quant(quant).with_cache(kv_dtype=kv_dtype, index_dtype=index_dtype),
-                      serving=ServingConfig(**serving)).validate()
+                      serving=ServingConfig(**serving), limits=SchedulerLimits(**limits)).validate()
 
 
-# ---- presets --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Preset:
-    """A named deployment, as plain data (built into a :class:`Deployment` by :func:`load_preset`)."""
-
-    name: str
-    description: str
-    model: str
-    hardware: str
-    quant: str
-    plan: Mapping[str, Any]
-    serving: Mapping[str, Any] = field(default_factory=dict)
-    kv_dtype: str = "bf16"
-    index_dtype: str = "bf16"
-    index_topk_freq: int = 1
-
-
-_OPTIMISED = {"aiter": True, "shuffle_kv_cache": True}
-PRESETS: Mapping[str, Preset] = {p.name: p for p in (
-    Preset("mxfp8-tp4-baseline", "write-up MXFP8 TP4 before its optimisations: vLLM defaults (AITER off, "
-           "Triton sparse attention, no shared-expert fusion, every sparse layer computes its top-k)",
-           "minimax-m3-mxfp8", "mi355x", "mxfp8", {"tp": 4, "fused_shared_expert": False}),
-    Preset("mxfp8-tp4-optimised", "write-up MXFP8 TP4 after its optimisations: AITER on, shuffled KV layout "
-           "(AITER paged sparse attention through the page-16 adapter), shared-expert fusion, index sharing "
-           "every 4th sparse layer", "minimax-m3-mxfp8", "mi355x", "mxfp8",
-           {"tp": 4, "fused_shared_expert": True}, _OPTIMISED, index_topk_freq=4),
-    Preset("mxfp4-tp2", "write-up MXFP4 (amd/MiniMax-M3-MXFP4) at TP2: 2 KV heads per rank, so AITER paged "
-           "sparse attention needs the fp8 MSA indexer to emit its page table", "minimax-m3", "mi355x", "mxfp4",
-           {"tp": 2, "fused_shared_expert": True}, _OPTIMISED, index_dtype="fp8"),
-    Preset("eagle3-mxfp8-tp4", "write-up EAGLE3 speculative decoding on the optimised MXFP8 TP4 deployment, "
-           "3 draft tokens (multi-token verify through the indexer and paged sparse attention)",
-           "minimax-m3-mxfp8", "mi355x", "mxfp8", {"tp": 4, "fused_shared_expert": True},
-           {**_OPTIMISED, "spec_method": "eagle3", "spec_tokens": 3}, index_topk_freq=4),
-    Preset("pd-mxfp8-prefill-tp4", "write-up P/D disaggregation, prefill worker: optimised MXFP8 at TP4",
-           "minimax-m3-mxfp8", "mi355x", "mxfp8", {"tp": 4, "fused_shared_expert": True, "role": "prefill"},
-           _OPTIMISED, index_topk_freq=4),
-    Preset("pd-mxfp8-decode-tp4", "write-up P/D disaggregation, decode worker: optimised MXFP8 at TP4",
-           "minimax-m3-mxfp8", "mi355x", "mxfp8", {"tp": 4, "fused_shared_expert": True, "role": "decode"},
-           _OPTIMISED, index_topk_freq=4),
-    Preset("h200-bf16-tp4", "MiniMax M3 BF16 at TP4 on an H200 (SM90): vLLM's NVIDIA model with the common "
-           "Triton indexer and sparse attention (the H200 trace's plan)", "minimax-m3", "h200", "bf16",
-           {"tp": 4, "fused_shared_expert": False}),
-)}
-
-
+# ---- presets and builders -------------------------------------------------------------------------
 def list_presets() -> list[str]:
     return sorted(PRESETS)
 
 
 def load_preset(name: str) -> Deployment:
-    """The Deployment of a named preset (see :data:`PRESETS`)."""
+    """The Deployment of a named preset (see :data:`PRESETS`); every field it does not name keeps its default."""
     if name not in PRESETS:
-        raise M3LabError(f"unknown preset {name!r}", field="--preset", hint="one of: " + ", ".join(list_presets()))
+        close = difflib.get_close_matches(str(name), list_presets(), n=3, cutoff=0.5)
+        raise M3LabError(f"unknown preset {name!r}", field="preset",
+                         hint=("did you mean " + ", ".join(close) + "? " if close else "") + "one of: "
+                              + ", ".join(list_presets()))
     p = PRESETS[name]
     model = load_model(p.model)
     if p.index_topk_freq > 1:
         model = model.with_index_sharing(p.index_topk_freq)
     return Deployment(model=model, hardware=load_hardware(p.hardware), plan=ParallelPlan(**p.plan),
                       quant=load_quant(p.quant).with_cache(kv_dtype=p.kv_dtype, index_dtype=p.index_dtype),
-                      serving=ServingConfig(**p.serving), name=p.name, description=p.description).validate()
+                      serving=ServingConfig(**p.serving), name=p.name, description=p.description,
+                      preset=p.name).validate()
+
+
+def default_deployment() -> Deployment:
+    """The checklist's deployment (:data:`~m3lab.spec.presets.DEFAULT_PRESET`): MiniMax M3, MXFP8, TP4, vLLM's
+    default switches and limits, 8192 in / 1024 out at concurrency 32."""
+    return load_preset(DEFAULT_PRESET)
+
+
+def make_deployment(preset: str | None = None, settings: Mapping[str, Any] | None = None,
+                    **values: Any) -> Deployment:
+    """The one way to build a deployment from names: ``preset`` (None: the default deployment), then
+    ``settings`` and ``values`` (keys of :mod:`m3lab.spec.settings`; a value of None keeps the preset's),
+    validated. What every CLI command, pipeline and notebook calls::
+
+        make_deployment("mxfp4-tp2", tp=8, isl=4096)
+        make_deployment(None, {"VLLM_ROCM_USE_AITER": "1", "--max-num-seqs": "128"})
+    """
+    base = default_deployment() if preset is None or str(preset).strip().lower() in NULL_WORDS else \
+        load_preset(str(preset).strip())
+    given = {**(settings or {}), **{k: v for k, v in values.items() if v is not None}}
+    return base.with_settings(given) if given else base
 
 
 def deployment(model: str | ModelSpec, hardware: str | Hardware, quant: str | QuantScheme, *, tp: int = 1,

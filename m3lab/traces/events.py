@@ -12,9 +12,17 @@ from m3lab.errors import M3LabError
 from m3lab.traces.aiter_log import summarize_aiter_log
 from m3lab.traces.table import ATTRIBUTIONS, short_kernel_name, trace_format
 
+def _numbered(names: pd.Series) -> pd.Series:
+    """Short names made unique: template instances that share one get `` #1``, `` #2`` ... (by total time)."""
+    rank = names.groupby(names).cumcount() + 1
+    shared = names.map(names.value_counts()) > 1
+    return names.where(~shared, names + " #" + rank.astype(str))
+
+
 def summarize_events(events: pd.DataFrame, by: str = "name") -> pd.DataFrame:
     """Per kernel (``by="name"``, or ``"short_name"`` to merge template variants, or any column such
-    as ``"cpu_op"``): kind, count, total_us, mean_us, share (of the summed GPU activity time of all
+    as ``"cpu_op"``): short_name (unique: template instances sharing one are numbered `` #1``, `` #2`` by
+    total time), kind, count, total_us, mean_us, share (of the summed GPU activity time of all
     rows, overlapping streams counted separately), and how many calls were attributed to an
     operator / a plain launch / a graph launch / nothing. ``attrs["total_us"]`` is the sum."""
     cols = ["name", "short_name", "kind", "count", "total_us", "mean_us", "share", *ATTRIBUTIONS]
@@ -38,8 +46,10 @@ def summarize_events(events: pd.DataFrame, by: str = "name") -> pd.DataFrame:
     out = out.reset_index()
     total = float(events["dur_us"].sum())
     out["share"] = out["total_us"] / total if total > 0 else float("nan")
-    out["short_name"] = out["name"].map(short_kernel_name) if by == "name" else out["name"]
-    out = out.sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)[cols]
+    out = out.sort_values("total_us", ascending=False, kind="stable").reset_index(drop=True)
+    out["short_name"] = _numbered(out["name"].map(short_kernel_name)) \
+        if by == "name" else out["name"]
+    out = out[cols]
     out.attrs.update({"total_us": total, "n_events": int(len(events)), "by": by,
                       "source": events.attrs.get("source"), "device_name": events.attrs.get("device_name")})
     return out

@@ -1,4 +1,5 @@
-"""Synthetic MiniMax M3 dispatch traces, for tests, docs and demos without running the model.
+"""Synthetic MiniMax M3 dispatch traces (and large Kineto traces), for tests, docs and demos without running
+the model.
 
 :func:`write_synthetic_m3_trace` writes the calls of one decode step the way :mod:`m3lab.dispatch` records them
 (its op names, shape names and the registry's path names) for the optimised MXFP8 deployment on MI355X
@@ -93,4 +94,42 @@ def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32,
                 _simple(w, rng, "shared_act", layer, ACT, ["_swiglu_oai_kernel"], {"h": [tokens, 2 * EXPERT_INTER // tp]})
                 _gemm(w, rng, "shared_down", layer, tokens, HIDDEN, EXPERT_INTER // tp)
         _simple(w, rng, "final_norm", -1, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, HIDDEN], "w": [HIDDEN]})
+    return path
+
+
+KINETO_KERNELS = ("void gemm_kernel<float, 128, 64>(float*, float const*, int)", "_gemma_rmsnorm_kernel",
+                  "void at::native::elementwise_kernel<128, 2>(int)", "_gqa_sparse_fwd_kernel", "fused_moe_kernel")
+
+
+def write_synthetic_kineto_trace(path: str | Path, *, kernels: int = 1000, seed: int = 0) -> Path:
+    """Write a synthetic PyTorch-profiler (Kineto) trace, gzipped when ``path`` ends in .gz: per kernel an
+    annotation, an operator (with shapes), a runtime launch, the kernel and its flow events, as PyTorch writes
+    them (about 95 bytes of JSON per event before compression). Written as a stream: ``kernels=300_000`` makes
+    a 141 MB file of 1.5 M events without holding it in memory. Timings are random; the device is named
+    ``synthetic``."""
+    import gzip
+    import json
+
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt", encoding="utf-8") as fh:
+        fh.write('{"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "synthetic"}], "traceEvents": [\n')
+        durations = rng.uniform(1, 50, size=kernels).round(3)
+        for i in range(kernels):
+            ts = 10.0 * i
+            name = KINETO_KERNELS[i % len(KINETO_KERNELS)]
+            events = (
+                {"ph": "X", "cat": "user_annotation", "name": f"m3lab::op[L{i % 60}]", "pid": 1, "tid": 1, "ts": ts,
+                 "dur": 9},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": ts + 1, "dur": 5,
+                 "args": {"External id": i, "Input Dims": [[32, 64], [64, 128]], "Input type": ["float", "float"]}},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts + 2,
+                 "dur": 2, "args": {"External id": i, "correlation": i}},
+                {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts + 4, "dur": durations[i],
+                 "args": {"External id": i, "correlation": i, "device": 0, "stream": 7, "grid": [64, 1, 1],
+                          "block": [128, 1, 1]}},
+                {"ph": "s", "cat": "ac2g", "id": i, "pid": 1, "tid": 1, "ts": ts + 2})
+            fh.write(",\n".join(json.dumps(e) for e in events) + (",\n" if i < kernels - 1 else "\n"))
+        fh.write("]}\n")
     return path

@@ -13,13 +13,14 @@ dispatcher's ``m3lab::attention[L3]``, so kernel time can be grouped by model op
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import ijson
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.traces.files import head_text, iter_json_items, json_value_before, read_json
 from m3lab.traces.table import make_events
-from m3lab.traces.files import read_json
 
 # category spellings of older profilers -> the current ones
 _CATEGORY = {"runtime": "cuda_runtime", "driver": "cuda_driver", "operator": "cpu_op",
@@ -38,99 +39,156 @@ def is_graph_launch(api_name: str | None) -> bool:
     return bool(api_name) and "GraphLaunch" in api_name
 
 
-def _trace_events(path: Path, doc: Any) -> list[dict[str, Any]]:
-    if isinstance(doc, list):
-        return doc
-    if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-        return doc["traceEvents"]
-    raise M3LabError(f"{path}: not a Chrome trace (no traceEvents list)", field="TRACE",
-                     hint="pass a PyTorch profiler JSON written by export_chrome_trace or on_trace_ready")
+def _dims(value: Any) -> tuple[int, ...] | None:
+    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else None
 
 
-def _innermost_annotations(annotations: list[dict], launches: list[dict]) -> dict[int, str]:
-    """id(launch) -> name of the innermost annotation that contains it on the same host thread
+def _frozen(value: Any) -> Any:
+    """A hashable key for nested lists of numbers and strings."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+class _Events:
+    """What one pass over a trace's events keeps, each as a small tuple rather than the event itself (a 141 MB
+    trace holds 1.5 M events): GPU activities, runtime launches by correlation id, operators by External id,
+    and user annotations. Repeated names are stored once."""
+
+    def __init__(self, path: Path):
+        self.path, self.count = path, 0
+        self.gpu: list[tuple] = []                   # (index, kind, name, ts, dur, corr, ext, stream, device, grid, block)
+        self.launches: dict[Any, tuple] = {}         # corr -> (name, External id, pid, tid, ts)
+        self.ops: dict[Any, tuple] = {}              # External id -> (name, Input Dims, Input type)
+        self.annotations: list[tuple] = []           # (pid, tid, ts, dur, name)
+        self.device_names: set[str] = set()
+        self._names: dict[str, str] = {}
+        self._values: dict[Any, Any] = {}
+
+    def _name(self, event: dict) -> str:
+        name = str(event.get("name"))
+        return self._names.setdefault(name, name)
+
+    def _shared(self, value: Any) -> Any:
+        """One object for every equal grid, block, Input Dims or Input type (they repeat across events)."""
+        if value is None:
+            return None
+        key = _frozen(value)
+        return self._values.setdefault(key, value)
+
+    def add(self, event: Any) -> None:
+        index, self.count = self.count, self.count + 1
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            return
+        cat = _category(event)
+        args = event.get("args") or {}
+        if cat in _GPU_KIND:
+            kind = _GPU_KIND[cat]
+            if "ts" not in event or "dur" not in event:
+                raise M3LabError(f"{self.path}: event {index} ({kind} {str(event.get('name'))[:40]!r}) lacks ts/dur",
+                                 field="TRACE", hint="the trace is malformed; re-export it")
+            self.gpu.append((index, kind, self._name(event), float(event["ts"]), float(event["dur"]),
+                             args.get("correlation"), args.get("External id"), args.get("stream"), args.get("device"),
+                             self._shared(_dims(args.get("grid"))), self._shared(_dims(args.get("block")))))
+        elif cat in _LAUNCH_CATEGORIES and "correlation" in args:
+            self.launches[args["correlation"]] = (self._name(event), args.get("External id"), event.get("pid"),
+                                                  event.get("tid"), event.get("ts"))
+        elif cat == "cpu_op" and "External id" in args:
+            self.ops[args["External id"]] = (self._name(event), self._shared(args.get("Input Dims")),
+                                             self._shared(args.get("Input type")))
+        elif cat == "user_annotation" and "ts" in event:
+            self.annotations.append((event.get("pid"), event.get("tid"), float(event["ts"]),
+                                     float(event.get("dur", 0)), self._name(event)))
+
+    def add_properties(self, props: Any) -> None:
+        self.device_names |= {p["name"] for p in props or [] if isinstance(p, dict) and p.get("name")}
+
+
+def _innermost_annotations(annotations: list[tuple], launches: dict[Any, tuple]) -> dict[Any, str]:
+    """correlation id of a launch -> name of the innermost annotation that contains it on the same host thread
     (a sweep over start times with a stack of open annotations)."""
-    items = [((a["pid"], a["tid"]), float(a["ts"]), 0, -float(a.get("dur", 0)), i, a)
-             for i, a in enumerate(annotations) if "ts" in a]
-    items += [((e["pid"], e["tid"]), float(e["ts"]), 1, 0.0, i, e) for i, e in enumerate(launches) if "ts" in e]
-    items.sort(key=lambda it: (str(it[0]), it[1], it[2], it[3], it[4]))
-    out: dict[int, str] = {}
+    items = [((str(pid), str(tid)), ts, 0, -dur, i, name) for i, (pid, tid, ts, dur, name) in enumerate(annotations)]
+    items += [((str(pid), str(tid)), float(ts), 1, 0.0, i, corr)
+              for i, (corr, (_, _, pid, tid, ts)) in enumerate(launches.items()) if ts is not None]
+    items.sort(key=lambda it: it[:5])
+    out: dict[Any, str] = {}
     stack: list[tuple[float, str]] = []
     thread = None
-    for key, ts, is_launch, neg_dur, _, event in items:
+    for key, ts, is_launch, neg_dur, _, value in items:
         if key != thread:
             thread, stack = key, []
         while stack and stack[-1][0] <= ts:
             stack.pop()
         if is_launch:
             if stack:
-                out[id(event)] = stack[-1][1]
+                out[value] = stack[-1][1]
         else:
-            stack.append((ts - neg_dur, str(event.get("name"))))
+            stack.append((ts - neg_dur, value))
     return out
 
 
-def _dims(value: Any) -> tuple[int, ...] | None:
-    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else None
+def _columns(ev: _Events) -> dict[str, list]:
+    """The kernel-events table's columns (:mod:`m3lab.traces.table`) from what the pass kept."""
+    annotated = _innermost_annotations(ev.annotations, ev.launches)
+    cols: dict[str, list] = {c: [] for c in ("name", "kind", "start_us", "dur_us", "stream", "device", "grid", "block",
+                                             "correlation", "cpu_op", "input_dims", "input_types", "launch",
+                                             "attribution", "annotation")}
+    for _, kind, name, ts, dur, corr, ext, stream, device, grid, block in ev.gpu:
+        launch = ev.launches.get(corr) if corr is not None else None
+        ext = ext if ext is not None else (launch[1] if launch else None)
+        op = ev.ops.get(ext) if ext is not None else None
+        launch_name = launch[0] if launch else None
+        if is_graph_launch(launch_name):
+            attribution, op = "graph_launch", None
+        else:
+            attribution = "cpu_op" if op is not None else "launch" if launch is not None else "unattributed"
+        for key, value in (("name", name), ("kind", kind), ("start_us", ts), ("dur_us", dur), ("stream", stream),
+                           ("device", device), ("grid", grid), ("block", block), ("correlation", corr),
+                           ("cpu_op", op[0] if op else None), ("input_dims", op[1] if op else None),
+                           ("input_types", op[2] if op else None), ("launch", launch_name),
+                           ("attribution", attribution),
+                           ("annotation", annotated.get(corr) if launch else None)):
+            cols[key].append(value)
+    return cols
 
 
-def _row(path: Path, index: int, event: dict[str, Any], kind: str, launches: dict[Any, dict],
-         ops: dict[Any, dict], annotated: dict[int, str]) -> dict[str, Any]:
-    args = event.get("args") or {}
-    if "ts" not in event or "dur" not in event:
-        raise M3LabError(f"{path}: event {index} ({kind} {str(event.get('name'))[:40]!r}) lacks ts/dur",
-                         field="TRACE", hint="the trace is malformed; re-export it")
-    corr = args.get("correlation")
-    launch = launches.get(corr) if corr is not None else None
-    launch_args = (launch or {}).get("args") or {}
-    ext = args.get("External id", launch_args.get("External id"))
-    op = ops.get(ext) if ext is not None else None
-    launch_name = launch.get("name") if launch else None
-    if is_graph_launch(launch_name):
-        attribution, op = "graph_launch", None
-    elif op is not None:
-        attribution = "cpu_op"
-    elif launch is not None:
-        attribution = "launch"
+def _read_whole(path: Path, ev: _Events) -> None:
+    """The whole-document path: for what the streaming parser refuses (NaN, or a malformed file, whose
+    message :func:`read_json` words)."""
+    doc = read_json(path)
+    if isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        events = doc["traceEvents"]
+    elif isinstance(doc, list):
+        events = doc
     else:
-        attribution = "unattributed"
-    op_args = (op or {}).get("args") or {}
-    return {"name": str(event.get("name")), "kind": kind, "start_us": float(event["ts"]),
-            "dur_us": float(event["dur"]), "stream": args.get("stream"), "device": args.get("device"),
-            "grid": _dims(args.get("grid")), "block": _dims(args.get("block")), "correlation": corr,
-            "cpu_op": op.get("name") if op else None, "input_dims": op_args.get("Input Dims"),
-            "input_types": op_args.get("Input type"), "launch": launch_name, "attribution": attribution,
-            "annotation": annotated.get(id(launch)) if launch else None}
+        raise M3LabError(f"{path}: not a Chrome trace (no traceEvents list)", field="TRACE",
+                         hint="pass a PyTorch profiler JSON written by export_chrome_trace or on_trace_ready")
+    for event in events:
+        ev.add(event)
+    if isinstance(doc, dict):
+        ev.add_properties(doc.get("deviceProperties"))
 
 
-def read_kineto(path: str | Path) -> pd.DataFrame:
+def read_kineto(path: str | Path, progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Read a Kineto Chrome trace (``.json`` or ``.json.gz``) into the kernel-events table.
 
     No GPU row is dropped: the sum of ``dur_us`` over ``kind == "kernel"`` equals the sum of
     ``dur`` over the file's kernel events. ``attrs["device_name"]`` comes from deviceProperties.
+    The file is parsed as a stream (memory grows with the kept events, not with the file);
+    ``progress(bytes_read, file_bytes)`` follows it.
     """
     path = Path(path)
-    doc = read_json(path)
-    events = _trace_events(path, doc)
-    launches: dict[Any, dict] = {}
-    ops: dict[Any, dict] = {}
-    gpu: list[tuple[int, dict, str]] = []
-    annotations: list[dict] = []
-    for index, event in enumerate(events):
-        if not isinstance(event, dict) or event.get("ph") != "X":
-            continue
-        cat = _category(event)
-        args = event.get("args") or {}
-        if cat in _GPU_KIND:
-            gpu.append((index, event, _GPU_KIND[cat]))
-        elif cat in _LAUNCH_CATEGORIES and "correlation" in args:
-            launches[args["correlation"]] = event
-        elif cat == "cpu_op" and "External id" in args:
-            ops[args["External id"]] = event
-        elif cat == "user_annotation":
-            annotations.append(event)
-    annotated = _innermost_annotations(annotations, list(launches.values()))
-    rows = [_row(path, i, e, kind, launches, ops, annotated) for i, e, kind in gpu]
-    props = doc.get("deviceProperties") if isinstance(doc, dict) else None
-    names = sorted({p.get("name") for p in props or [] if isinstance(p, dict) and p.get("name")})
-    return make_events(rows, fmt="kineto", source=path, device_name=", ".join(names) or None)
+    ev = _Events(path)
+    top_list = head_text(path, 4096).lstrip().startswith("[")
+    try:
+        if not top_list:
+            found, props = json_value_before(path, "deviceProperties", "traceEvents")
+            ev.add_properties(props)
+        for event in iter_json_items(path, "item" if top_list else "traceEvents.item", progress):
+            ev.add(event)
+        if not top_list and not found:   # written after the events: one more pass, over the whole file
+            ev.add_properties(next(iter_json_items(path, "deviceProperties"), None))
+    except ijson.JSONError:
+        ev = _Events(path)
+        _read_whole(path, ev)
+    if not top_list and ev.count == 0:   # no traceEvents list at all, or an empty one: say which
+        _read_whole(path, _Events(path))
+    return make_events(_columns(ev), fmt="kineto", source=path, device_name=", ".join(sorted(ev.device_names)) or None)

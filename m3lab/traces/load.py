@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -37,16 +38,19 @@ def sniff_format(path: str | Path) -> str:
                           "AITER log, optionally gzipped")
 
 
-def load_trace(path: str | Path) -> pd.DataFrame:
+def load_trace(path: str | Path, progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Load any supported trace, sniffing the format.
 
     Returns the kernel-events table (see module docstring) for Kineto and rocprofv3 files, the
     dispatch table of :func:`m3lab.traces.dispatch.read_dispatch_trace` for m3lab dispatch traces,
     and the table of :func:`m3lab.traces.aiter_log.read_aiter_log` for AITER logs;
-    ``df.attrs["format"]`` says which.
+    ``df.attrs["format"]`` says which. ``progress(bytes_read, file_bytes)`` follows the reading of a Kineto
+    trace (the large ones: 100 MB and more).
     """
     fmt = sniff_format(path)
     readers = {"m3lab.dispatch": dispatch.read_dispatch_trace, "kineto": kineto.read_kineto,
                "rocprofv3-json": rocprof.read_rocprof_json, "rocprofv3-csv": rocprof.read_rocprof_csv,
                "aiter-log": aiter_log.read_aiter_log}
+    if fmt == "kineto":
+        return kineto.read_kineto(path, progress=progress)
     return readers[fmt](path)

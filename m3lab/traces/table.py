@@ -43,10 +43,11 @@ ATTRIBUTIONS = ("cpu_op", "launch", "graph_launch", "unattributed")
 _INT_COLUMNS = ("stream", "device", "correlation")
 
 
-def make_events(rows: Iterable[dict[str, Any]], *, fmt: str, source: str | Path,
+def make_events(rows: Iterable[dict[str, Any]] | dict[str, list], *, fmt: str, source: str | Path,
                 **meta: Any) -> pd.DataFrame:
-    """Build a kernel-events table from row dicts (missing keys -> None), sorted by start time."""
-    df = pd.DataFrame(list(rows), columns=list(COLUMNS))
+    """Build a kernel-events table from row dicts (missing keys -> None), or from a dict of column lists
+    (what a streaming reader builds: no dict per row), sorted by start time."""
+    df = pd.DataFrame(rows if isinstance(rows, dict) else list(rows), columns=list(COLUMNS))
     df["start_us"] = df["start_us"].astype(float)
     df["dur_us"] = df["dur_us"].astype(float)
     for col in _INT_COLUMNS:

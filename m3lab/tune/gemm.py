@@ -68,6 +68,7 @@ LAYOUT_WIDE = 5
 LAYOUT_GEMV_TUNE_MAX_M = 8       # the layout gemv kernel is timed up to here (CUDA cores: it loses beyond)
 LAYOUT_FORMATS = tuple(layout_launcher.layout_table_format(f) for f in launcher.MX_FORMATS)
 TUNABLE_FORMATS = W_FORMATS + LAYOUT_FORMATS
+DEQUANT_FORMATS = launcher.MX_FORMATS + ("fp8",)     # prefill M: dequantised once, the bf16 winner's config
 
 
 def _pow2_ceil(v: float) -> int:
@@ -84,9 +85,8 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
     """Candidate configs of M's regime (tables.py): decode kernels (gemv, split-K, stream-K) for
     M <= DECODE_MAX_M, the prefill kernels (tiled, persistent) above CROSSOVER_MAX_M, both in between."""
     prefill = [GemmConfig("tiled", bm, bn, bk, 8, 1, nw, ns) for bm, bn, bk, nw, ns in PREFILL_TILES]
-    if w_format != "fp8":       # fp8 tables serve block scales too, which the persistent kernel does not take
-        prefill += [GemmConfig("persistent", bm, bn, bk, 8, sk, nw, ns, FLATTEN=fl or None)
-                    for bm, bn, bk, nw, ns, sk, fl in PERSISTENT_TILES]
+    prefill += [GemmConfig("persistent", bm, bn, bk, 8, sk, nw, ns, FLATTEN=fl or None)
+                for bm, bn, bk, nw, ns, sk, fl in PERSISTENT_TILES]
     if m > CROSSOVER_MAX_M:
         return prefill
     out = []
@@ -237,7 +237,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     decode layout, :func:`layout_launcher.linear_layout`; decode M only).
 
     shapes: (N, K) pairs, normally :func:`m3lab.bench.gemm.model_gemm_shapes` (the OpTable's distinct GEMMs).
-    Candidates are compiled in parallel first (``workers`` processes); MX formats at prefill M take the
+    Candidates are compiled in parallel first (``workers`` processes); MX and fp8 formats at prefill M take the
     bf16 winner (the launcher dequantises W, then runs the bf16 kernel), timed once for the record.
     """
     device = torch.device("cuda")
@@ -247,13 +247,15 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     plan = {(f, n, k, m): (layout_candidates(m, n, k, sms, f) if f in LAYOUT_FORMATS else candidates(m, n, k, sms, f))
             for f in w_formats for n, k in shapes for m in ms if f not in LAYOUT_FORMATS or m <= DECODE_MAX_M}
     jobs = [(f, c, k) for (f, n, k, m), cs in plan.items() for c in cs
-            if not (f in launcher.MX_FORMATS and c.kernel in PREFILL_KERNELS)]
+            if not (f in DEQUANT_FORMATS and c.kernel in PREFILL_KERNELS)]
     failed = {}
     if workers > 1:
+        log(f"precompile: {len(jobs)} kernels on {workers} processes ...")
         try:
             failed = precompile(jobs, workers, log)
         except Exception as err:      # compiling serially while timing is slower, never wrong
             log(f"precompile failed ({type(err).__name__}: {str(err)[:200]}); compiling while timing")
+    done, total = 0, len(plan)   # progress: points tuned of all (shape, format, M) points
     order = sorted(w_formats, key=lambda f: f != "bf16")        # bf16 first: MX prefill reuses its winners
     tables: dict[tuple, dict] = {}
     if "bf16" not in w_formats:                                 # MX prefill: the committed bf16 winners
@@ -261,23 +263,26 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
             tables[(n, k, "bf16")] = dict(load_table(table_path(n, k, "bf16", dev_name, config_dir)))
     for w_format in order:
         for n, k in shapes:
-            table = tables.setdefault((n, k, w_format), {})
+            path = table_path(n, k, w_format, dev_name, config_dir)
+            table = tables.setdefault((n, k, w_format), dict(load_table(path)))     # entries not re-tuned are kept
             for m in (m for m in ms if (w_format, n, k, m) in plan):
                 if time.time() - t0 > budget_s:
                     log(f"tune: budget {budget_s:.0f}s spent; N={n} K={k} {w_format} M={m} keeps the heuristic")
                     break
                 cands = [c for c in plan[(w_format, n, k, m)] if (w_format, c, k) not in failed]
-                if w_format in launcher.MX_FORMATS and m > CROSSOVER_MAX_M and m in tables.get((n, k, "bf16"), {}):
+                if w_format in DEQUANT_FORMATS and m > CROSSOVER_MAX_M and m in tables.get((n, k, "bf16"), {}):
                     cands = [tables[(n, k, "bf16")][m]]
                 rows = tune_point(m, n, k, w_format, cands, checked)
                 all_rows += rows
+                done += 1
                 ok = [r for r in rows if not math.isnan(r["us"])]
                 if ok:
                     best = min(ok, key=lambda r: r["us"])
                     table[m] = best["config"]
-                    log(f"tune N={n} K={k} {w_format} M={m}: {best['us']:.1f}us {best['config'].to_dict()}")
+                    log(f"[{done}/{total}, {time.time() - t0:.0f} of {budget_s:.0f} s] tune N={n} K={k} {w_format} "
+                        f"M={m}: {best['us']:.1f}us {best['config'].to_dict()}")
             if table:
-                write_table(table_path(n, k, w_format, dev_name, config_dir), table)
+                write_table(path, table)
     df = pd.DataFrame(all_rows)
     if len(df):
         df["config"] = df["config"].map(lambda c: c.to_dict())

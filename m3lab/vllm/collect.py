@@ -143,6 +143,8 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
     bench_files = _bench_files(bench)
     dep_gpus = deployment.plan.tp * deployment.plan.dp if deployment is not None else None
     results = [(read_bench_result(b), _bench_gpus(b, gpus, dep_gpus)) for b in bench_files]  # validates each
+    if deployment is not None:
+        _check_identity(deployment, bench_files, [res for res, _ in results])
     traces = _trace_files(profile)
     expectations = None
     if deployment is not None and traces:
@@ -239,6 +241,27 @@ def beside_estimate(est: Any, run: str | Path | None = None):
 
 
 LENGTH_TOLERANCE = 0.1   # random-dataset lengths: mean within 10% of the requested ISL/OSL
+
+
+def _check_identity(deployment: Any, files: Sequence[Path], results: Sequence[Any]) -> None:
+    """One-line M3LabError when a bench result is not of ``deployment`` (:func:`bench_mismatches`)."""
+    for path, res in zip(files, results):
+        off = bench_mismatches(deployment, res)
+        if off:
+            raise M3LabError(f"--bench {path}: not a benchmark of {deployment.name or 'the deployment'}: "
+                             f"{'; '.join(off)}", field="--bench",
+                             hint="pass the --preset that was measured (and its --set), or no --preset")
+
+
+def bench_mismatches(deployment: Any, result: Any) -> list[str]:
+    """What differs between the deployment named at collection and a bench result
+    (:class:`~m3lab.serving.vllm_bench.BenchResult`): the model, and, when the deployment record carries a
+    workload, the max concurrency and mean input / output lengths; [] when they agree."""
+    wl = deployment.workload
+    config = {"model": deployment.model.name, "concurrency": wl.concurrency, "isl": wl.isl, "osl": wl.osl}
+    got = {"model_id": result.model_id, "max_concurrency": result.max_concurrency,
+           "mean_input_len": result.mean_input_len, "mean_output_len": result.mean_output_len}
+    return deployment_mismatches(config, got)
 
 
 def deployment_mismatches(config: dict, got: dict) -> list[str]:

@@ -99,6 +99,10 @@ def compare_tables(ours: str | Path, theirs: str | Path | None = None, *, every_
 
     a = read_folder(ours)
     b = read_folder(theirs if theirs is not None else shipped_dir())
+    for folder, found, field in ((ours, a, "ours"), (theirs or "vLLM's shipped tables", b, "against")):
+        if not found:
+            raise M3LabError(f"{folder}: no fused-MoE table (E=..,N=..,device_name=...json) in it", field=field,
+                             hint="give a folder of vLLM-format tables")
     rows = []
     keys = set(a) | set(b) if every_table else set(a)
     for key in sorted(keys, key=lambda k: tuple(str(x) for x in k)):
@@ -123,3 +127,21 @@ def compare_tables(ours: str | Path, theirs: str | Path | None = None, *, every_
                      "theirs_other_devices": others})
     return pd.DataFrame(rows, columns=[*SHAPE_KEYS, "device", "ours", "theirs", "m_ours", "m_theirs", "compared",
                                        "same_tile", "differs", "theirs_other_devices"])
+
+
+def finding(table) -> str:
+    """One sentence on what :func:`compare_tables` found: tables vLLM lacks (it then falls back to its default
+    config at run time), and how many of the compared M values use the same tile."""
+    if not len(table):
+        return "No table to compare."
+    lacking = table[table["theirs"].isna()]
+    compared, same = int(table["compared"].sum()), int(table["same_tile"].sum())
+    parts = []
+    if len(lacking):
+        names = ", ".join(f"E={r.E},N={r.N} on {r.device}" for r in lacking.itertuples())
+        parts.append(f"the other side has no table for {len(lacking)} of {len(table)} shapes ({names}), so vLLM "
+                     f"would use its default config there")
+    if compared:
+        parts.append(f"{same} of the {compared} M values compared use the same tile")
+    text = "; ".join(parts) or "every table has a counterpart and nothing to compare"
+    return text[0].upper() + text[1:] + "."

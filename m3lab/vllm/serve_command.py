@@ -30,6 +30,7 @@ from typing import Any, Iterator, Sequence
 
 from m3lab.errors import M3LabError
 from m3lab.spec.serving import Deployment, load_preset
+from m3lab.vllm.plan_checks import check_weights_fit
 
 # Quantised checkpoints whose config.json m3lab reads under another name (same architecture): (model, quant) ->
 # the checkpoint vLLM loads. The MXFP4 deployment of the write-up serves amd/MiniMax-M3-MXFP4.
@@ -221,6 +222,7 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
     for dep, replicas in parts:
         if replicas < 1:
             raise M3LabError(f"{dep.name or 'deployment'}: replicas must be >= 1", field="--preset")
+        check_weights_fit(dep)   # a server whose weights do not fit one GPU cannot start: no command for it
         n = _gpus(dep)
         if n > launch.gpus_per_node:
             raise M3LabError(f"{dep.name}: {n} GPUs per instance do not fit a node of {launch.gpus_per_node}",

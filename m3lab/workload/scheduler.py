@@ -1,54 +1,57 @@
-"""Workloads and the engine-step generator: vLLM v1 continuous batching, built to be extended.
+"""Workloads and the engine-step generator: what vLLM 0.33.0's V1 scheduler schedules, step for step.
 
-Each step: requests that arrived join the waiting queue; running decodes are scheduled first (one token each),
-then running partial prefills, then waiting requests are admitted (up to ``max_num_seqs``) while the token
-budget ``max_num_batched_tokens`` lasts, their prompts chunked to fit (``chunked_prefill``). A request that
-has computed all its known tokens emits one output token; after ``osl`` outputs it finishes and frees its KV.
+:class:`Scheduler` runs :class:`~m3lab.workload.engine_core.EngineCore` (vLLM's scheduling rules on m3lab's
+prefix cache, proven equal to vLLM's own ``Scheduler`` / ``AsyncScheduler`` in
+``tests/test_scheduler_differential.py``) over a workload, for the limits of a :class:`SchedulerConfig`:
+``max_num_seqs``, ``max_num_batched_tokens``, block size, KV blocks, chunked prefill, prefix caching,
+speculative decoding (``ngram`` / ``mtp`` with k drafts) and async scheduling (vLLM 0.33.0's default).
 
-Extension points (override in a subclass, do not copy): :meth:`Scheduler.arrivals` (queueing / open loop),
-:meth:`Scheduler.can_admit` (admission), :meth:`Scheduler.can_allocate` and :meth:`Scheduler.blocks_needed`
-(KV capacity), :meth:`Scheduler.pick_victim`
-(preemption policy; victims restart by recomputation as in vLLM v1), :meth:`Scheduler.admit_order`, and the
-``step_time`` callable (a cost model advancing the clock, for open-loop arrivals and latency estimates).
+- :meth:`Scheduler.records` — the exact step sequence as :class:`~m3lab.workload.requests.StepRecord` s, for
+  request contents and an arrival rule (default: closed loop, ``vllm bench serve --max-concurrency``);
+- :meth:`Scheduler.runs` / :meth:`Scheduler.steps` — the same schedule as :class:`EngineStep` s for a
+  :class:`Workload` (lengths, closed loop at its concurrency);
+- :meth:`Scheduler.engine` — a fresh engine to drive call by call (on a clock: :mod:`m3lab.serving.timed_engine`).
+
+Time is not the generator's: :mod:`m3lab.serving.bench_load` times the records of vllm bench's closed loop, and
+:mod:`m3lab.serving.timed_engine` drives engines whose arrivals depend on time. Extension points (override in a
+subclass, do not copy): :meth:`Scheduler.arrivals` (who joins the queue), :meth:`Scheduler.can_admit`
+(admission), :meth:`Scheduler.pick_victim` (preemption; vLLM's FCFS: the last running request),
+:meth:`Scheduler.admit_order`, :meth:`Scheduler.contents` / :meth:`Scheduler.make_pool` (what is cached and
+where).
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
 
+from m3lab.cache.pool import PrefixCache
 from m3lab.errors import M3LabError
+from m3lab.spec.traffic import VLLM_BENCH_NUM_PROMPTS
+from m3lab.workload.engine_core import EngineCore
+from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
 from m3lab.workload.step import EngineStep
 
-
-#: Requests simulated per concurrency slot when ``num_requests`` is not given (a closed loop needs several
-#: waves of requests before the first burst of ``concurrency`` arrivals stops dominating the medians).
-REQUESTS_PER_SLOT = 4
-#: Below this many requests per slot the run never leaves its start-up burst: TTFT and throughput are wrong.
-MIN_REQUESTS_PER_SLOT = 2
+SPEC_METHODS = ("ngram", "mtp")
+STUCK = ("the scheduler cannot make progress: a request does not fit the KV cache (num_kv_blocks) or the token "
+         "budget")
 
 
-def default_num_requests(concurrency: int) -> int:
-    """Requests simulated for a closed loop at ``concurrency`` when none is given."""
-    return REQUESTS_PER_SLOT * concurrency
+def _positive(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Requests of fixed (or given) lengths at a concurrency. ``num_requests`` defaults to
-    :func:`default_num_requests` (``REQUESTS_PER_SLOT`` x concurrency).
-
-    ``request_rate`` (req/s, Poisson, seeded) makes arrivals open-loop; it needs a scheduler ``step_time``.
-    ``prompt_lens``/``output_lens`` (per request) override ``isl``/``osl`` (e.g. from a trace).
-    """
+    """Requests of fixed (or given) lengths in a closed loop at a concurrency; ``num_requests`` defaults to
+    vllm bench's ``--num-prompts``. ``prompt_lens``/``output_lens`` (per request) override ``isl``/``osl``."""
 
     isl: int
     osl: int
     concurrency: int
-    num_requests: int | None = None
-    request_rate: float | None = None
+    num_requests: int = VLLM_BENCH_NUM_PROMPTS
     seed: int = 0
     prompt_lens: tuple | None = None
     output_lens: tuple | None = None
@@ -56,19 +59,16 @@ class Workload:
     def __post_init__(self):
         for name in ("isl", "osl", "concurrency"):
             v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            if not _positive(v):
                 raise M3LabError(f"{name} must be a positive integer, got {v!r}", field=name)
-        if self.num_requests is not None and (not isinstance(self.num_requests, (int, np.integer))
-                                              or isinstance(self.num_requests, bool) or self.num_requests < 1):
+        if not _positive(self.num_requests):
             raise M3LabError(f"num_requests must be >= 1, got {self.num_requests}", field="num_requests")
-        if self.request_rate is not None and self.request_rate <= 0:
-            raise M3LabError(f"request_rate must be > 0, got {self.request_rate}", field="request_rate")
 
     @property
     def n_requests(self) -> int:
         if self.prompt_lens is not None:
             return len(self.prompt_lens)
-        return self.num_requests if self.num_requests is not None else default_num_requests(self.concurrency)
+        return self.num_requests
 
     def lengths(self) -> tuple[np.ndarray, np.ndarray]:
         """(prompt lengths, output lengths), int64 [n_requests]."""
@@ -79,230 +79,108 @@ class Workload:
             raise M3LabError("prompt_lens and output_lens need one positive entry per request", field="prompt_lens")
         return p, o
 
-    def arrival_times(self) -> np.ndarray | None:
-        """Seconds from start for each request (open loop), or None (closed loop)."""
-        if self.request_rate is None:
-            return None
-        gaps = np.random.default_rng(self.seed).exponential(1.0 / self.request_rate, self.n_requests)
-        return np.cumsum(gaps)
-
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """vLLM engine limits. ``num_kv_blocks`` None = unlimited KV cache."""
+    """vLLM engine limits (``vllm serve`` flags of the same names).
+
+    ``num_kv_blocks``: vLLM's ``num_gpu_blocks`` (the server log's "GPU KV cache size" / block size; block 0 is
+    vLLM's null block, so ``num_kv_blocks - 1`` hold KV); None = unlimited. ``spec_method`` ``ngram`` or ``mtp``
+    with ``spec_tokens`` drafts; ``max_model_len`` None = long enough for every request."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     chunked_prefill: bool = True
     block_size: int = 128
     num_kv_blocks: int | None = None
+    prefix_caching: bool = False
+    spec_method: str | None = None
+    spec_tokens: int = 0
+    async_scheduling: bool = True
+    max_model_len: int | None = None
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or v < 1:
+            if not _positive(v):
                 raise M3LabError(f"{name} must be a positive integer, got {v!r}", field=name)
+        if self.num_kv_blocks is not None and (not _positive(self.num_kv_blocks) or self.num_kv_blocks < 2):
+            raise M3LabError(f"num_kv_blocks={self.num_kv_blocks!r} must be an integer >= 2 (block 0 is vLLM's "
+                             "null block) or None", field="num_kv_blocks")
+        if self.spec_method not in (None, *SPEC_METHODS):
+            raise M3LabError(f"unknown spec_method {self.spec_method!r}", field="spec_method",
+                             hint=f"choose one of {', '.join(SPEC_METHODS)} (or None)")
+        if self.spec_method and not _positive(self.spec_tokens):
+            raise M3LabError(f"spec_method {self.spec_method} needs spec_tokens >= 1", field="spec_tokens")
+
+    def replace(self, **changes) -> SchedulerConfig:
+        return replace(self, **changes)
+
+    @property
+    def lookahead_tokens(self) -> int:
+        """KV slots reserved past the scheduled tokens (vLLM's ``num_lookahead_tokens``: k for MTP/EAGLE)."""
+        return self.spec_tokens if self.spec_method == "mtp" else 0
+
+    @property
+    def prefill_lookahead_tokens(self) -> int:
+        """vLLM's ``num_prefill_lookahead_tokens``: 1 for single-module MTP (M3), 0 for ngram."""
+        return 1 if self.spec_method == "mtp" else 0
+
+    @property
+    def hash_lookahead_tokens(self) -> int:
+        """Tokens after each block its prefix-cache key covers (vLLM's ``num_hash_lookahead_tokens``)."""
+        return self.prefill_lookahead_tokens if self.prefix_caching else 0
 
 
-@dataclass
 class SchedulerState:
-    """Mutable state: running requests as arrays (in admission order), the waiting queue, counters."""
+    """What the hooks see: the engine (``core``), the workload and counters."""
 
-    prompt: np.ndarray                       # [N] all requests' prompt lengths
-    output: np.ndarray                       # [N] output lengths
-    arrival: np.ndarray | None               # [N] arrival times (open loop) or None
-    running: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # request ids
-    computed: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # tokens in KV per running
-    generated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # outputs per running
-    waiting: deque = field(default_factory=deque)  # (request id, computed, generated) tuples
-    next_request: int = 0
-    finished: int = 0
-    blocks_used: int = 0
-    clock: float = 0.0
-    step_index: int = 0
-    preemptions: int = 0
+    def __init__(self, core: EngineCore, workload):
+        self.core, self.workload = core, workload
+        self.step_index = 0
+        self.next_request = 0          # requests added so far (in id order)
+        self.finished = 0
+
+    @property
+    def running(self) -> list[int]:
+        return [r.rid for r in self.core.running]
+
+    @property
+    def waiting(self) -> list[int]:
+        return [r.rid for r in self.core.waiting]
 
     @property
     def in_system(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return self.next_request - self.finished
 
-
-class Scheduler:
-    """Generates :class:`EngineStep` s for a :class:`Workload` (see the module docstring for hooks)."""
-
-    def __init__(self, config: SchedulerConfig | None = None, step_time: Callable[[EngineStep], float] | None = None):
-        self.config = config or SchedulerConfig()
-        self.step_time = step_time
-
-    # ---- hooks -------------------------------------------------------------------------------------
     @property
-    def tracks_kv(self) -> bool:
-        """Whether KV blocks are accounted (override to True when a subclass limits capacity its own way)."""
-        return self.config.num_kv_blocks is not None
+    def preemptions(self) -> int:
+        return self.core.preemptions
 
-    def arrivals(self, state: SchedulerState, workload: Workload) -> None:
-        """Move arrived requests into the waiting queue (closed loop: keep ``concurrency`` in the system)."""
-        n = len(state.prompt)
-        if state.arrival is None:
-            while state.next_request < n and state.in_system < workload.concurrency:
-                state.waiting.append((state.next_request, 0, 0))
-                state.next_request += 1
-        else:
-            while state.next_request < n and state.arrival[state.next_request] <= state.clock:
-                state.waiting.append((state.next_request, 0, 0))
-                state.next_request += 1
+    @property
+    def blocks_used(self) -> int:
+        """KV blocks held by live requests (0 without a pool)."""
+        return self.core.pool.num_used if self.core.pool is not None else 0
 
-    def blocks_needed(self, context_after: np.ndarray, context_before: np.ndarray) -> int:
-        """KV blocks newly allocated when requests grow from ``context_before`` to ``context_after`` tokens."""
-        bs = self.config.block_size
-        return int((-(-context_after // bs) - (-(-context_before // bs))).sum())
+    def add(self, rid: int) -> None:
+        self.core.add(rid)
+        self.next_request = max(self.next_request, rid + 1)
 
-    def can_allocate(self, state: SchedulerState, blocks: int) -> bool:
-        cap = self.config.num_kv_blocks
-        return cap is None or state.blocks_used + blocks <= cap
 
-    def can_admit(self, state: SchedulerState, request: int, chunk: int, admitted: int) -> bool:
-        """Admission policy for waiting ``request`` with a first chunk of ``chunk`` tokens, after ``admitted``
-        others this step (default: always; KV capacity is checked separately)."""
-        return True
+class _Hooks:
+    """Bridges :class:`EngineCore`'s hook calls to the :class:`Scheduler`'s methods (with the state)."""
 
-    def pick_victim(self, state: SchedulerState) -> int:
-        """Index (into the running arrays) to preempt when KV runs out: the most recently admitted."""
-        return len(state.running) - 1
+    def __init__(self, sched: Scheduler, state: SchedulerState):
+        self.sched, self.state = sched, state
 
-    def admit_order(self, state: SchedulerState) -> None:
-        """Reorder ``state.waiting`` before admission (default FCFS: leave as is)."""
+    def pick_victim(self, running) -> int:
+        return self.sched.pick_victim(self.state)
 
-    # ---- core --------------------------------------------------------------------------------------
-    def _preempt(self, state: SchedulerState, i: int) -> None:
-        rid, comp, gen = int(state.running[i]), int(state.computed[i]), int(state.generated[i])
-        state.blocks_used -= -(-comp // self.config.block_size)  # only called when KV is tracked
-        state.waiting.appendleft((rid, 0, gen))  # recompute prompt + generated tokens later
-        keep = np.arange(len(state.running)) != i
-        state.running, state.computed, state.generated = (state.running[keep], state.computed[keep],
-                                                          state.generated[keep])
-        state.preemptions += 1
+    def admit_order(self, waiting) -> None:
+        self.sched.admit_order(self.state)
 
-    def _schedule(self, state: SchedulerState) -> np.ndarray:
-        """Tokens per running request this step, admitting waiting ones: new [len(state.running)]."""
-        cfg = self.config
-        budget = cfg.max_num_batched_tokens
-        need = state.prompt[state.running] + state.generated - state.computed
-        new = np.zeros(len(state.running), np.int64)
-        dec = (need == 1) & (state.generated >= 1)
-        dec_idx = np.flatnonzero(dec)[:budget]
-        new[dec_idx] = 1
-        budget -= len(dec_idx)
-        while self.tracks_kv and not self.can_allocate(
-                state, self.blocks_needed(state.computed + new, state.computed)) and len(state.running) > 1:
-            victim = self.pick_victim(state)
-            self._preempt(state, victim)
-            new = np.delete(new, victim)
-            need = np.delete(need, victim)
-        for i in np.flatnonzero((need > 0) & (new == 0)):  # running partial prefills
-            if budget <= 0:
-                break
-            chunk = min(int(need[i]), budget)
-            if not cfg.chunked_prefill and chunk < need[i]:
-                continue
-            if self.tracks_kv and not self.can_allocate(
-                    state, self.blocks_needed(state.computed[i:i + 1] + chunk, state.computed[i:i + 1])):
-                break
-            new[i] = chunk
-            budget -= chunk
-        self.admit_order(state)
-        added = []
-        while state.waiting and len(state.running) + len(added) < cfg.max_num_seqs and budget > 0:
-            rid, comp, gen = state.waiting[0]
-            remaining = int(state.prompt[rid]) + gen - comp
-            chunk = min(remaining, budget)
-            if not cfg.chunked_prefill and chunk < remaining:
-                break
-            blocks = -(-(comp + chunk) // cfg.block_size) - (-(-comp // cfg.block_size))
-            if not self.can_admit(state, rid, chunk, len(added)) or (
-                    self.tracks_kv and not self.can_allocate(state, blocks + sum(b for *_, b in added))):
-                break
-            state.waiting.popleft()
-            added.append((rid, comp, gen, chunk, blocks))
-            budget -= chunk
-        if added:
-            state.running = np.concatenate([state.running, [a[0] for a in added]]).astype(np.int64)
-            state.computed = np.concatenate([state.computed, [a[1] for a in added]]).astype(np.int64)
-            state.generated = np.concatenate([state.generated, [a[2] for a in added]]).astype(np.int64)
-            new = np.concatenate([new, [a[3] for a in added]]).astype(np.int64)
-        return new
-
-    def _advance(self, state: SchedulerState, new: np.ndarray, repeat: int = 1) -> tuple[tuple, tuple]:
-        """Apply ``repeat`` identical steps; return (finished ids, first-token ids) of the last one."""
-        before = state.computed
-        state.computed = state.computed + new * repeat
-        if self.tracks_kv:
-            state.blocks_used += self.blocks_needed(state.computed, before)
-        done = state.computed == state.prompt[state.running] + state.generated + (repeat - 1) * (new > 0)
-        produced = (new > 0) & done
-        first = state.running[produced & (state.generated == 0)]
-        state.generated = state.generated + produced * repeat
-        fin = state.generated >= state.output[state.running]
-        finished = state.running[fin]
-        if fin.any():
-            if self.tracks_kv:
-                state.blocks_used -= int((-(-state.computed[fin] // self.config.block_size)).sum())
-            keep = ~fin
-            state.running, state.computed, state.generated = (state.running[keep], state.computed[keep],
-                                                              state.generated[keep])
-            state.finished += int(fin.sum())
-        return tuple(finished.tolist()), tuple(first.tolist())
-
-    def _pure_decode_run(self, state: SchedulerState, new: np.ndarray, workload: Workload) -> int:
-        """How many identical pure-decode steps follow (1 if the next step could differ)."""
-        if (self.step_time is not None or self.tracks_kv or not len(new)
-                or (new != 1).any()):
-            return 1
-        can_admit = state.waiting and len(state.running) < self.config.max_num_seqs
-        closed_loop_arrival = (state.arrival is None and state.next_request < len(state.prompt)
-                               and state.in_system < workload.concurrency)
-        if can_admit or closed_loop_arrival or len(new) > self.config.max_num_batched_tokens:
-            return 1
-        return max(1, int((state.output[state.running] - state.generated).min()))
-
-    def runs(self, workload: Workload) -> Iterator[StepRun]:
-        """The schedule as :class:`StepRun` s: pure-decode stretches collapse into one run each.
-        The final state stays readable as ``self.last_state`` (e.g. ``preemptions``)."""
-        if workload.request_rate is not None and self.step_time is None:
-            raise M3LabError("an open-loop workload (request_rate) needs a step-time model", field="request_rate",
-                             hint="pass Scheduler(config, step_time=callable) or drop request_rate")
-        prompt, output = workload.lengths()
-        state = SchedulerState(prompt=prompt, output=output, arrival=workload.arrival_times())
-        n = len(prompt)
-        while state.finished < n:
-            self.arrivals(state, workload)
-            if not len(state.running) and not state.waiting:
-                if state.arrival is None or state.next_request >= n:
-                    break
-                state.clock = max(state.clock, float(state.arrival[state.next_request]))  # idle until next arrival
-                continue
-            new = self._schedule(state)
-            sel = new > 0
-            if not sel.any():
-                raise M3LabError("the scheduler cannot make progress: a request does not fit the KV cache "
-                                 "(num_kv_blocks) or the token budget", field="num_kv_blocks")
-            ids, n_new, ctx = state.running[sel], new[sel], state.computed[sel] + new[sel]
-            dec = (state.generated[sel] >= 1) & (state.computed[sel] + 1 == state.prompt[ids] + state.generated[sel])
-            repeat = self._pure_decode_run(state, new, workload) if dec.all() else 1
-            finished, first = self._advance(state, new, repeat)
-            step = EngineStep(n_new, ctx, req_ids=ids, index=state.step_index, time_s=state.clock,
-                              finished=finished if repeat == 1 else (), first_token=first,
-                              decode_mask=dec & (n_new == 1))
-            if self.step_time is not None:
-                state.clock += float(self.step_time(step))
-            state.step_index += repeat
-            self.last_state = state
-            yield StepRun(step, repeat, finished)
-
-    def steps(self, workload: Workload) -> Iterator[EngineStep]:
-        """Every engine step in order."""
-        for run in self.runs(workload):
-            yield from run.expand()
+    def can_admit(self, req, chunk: int, admitted: int) -> bool:
+        return self.sched.can_admit(self.state, req.rid, chunk, admitted)
 
 
 @dataclass(frozen=True)
@@ -323,3 +201,155 @@ class StepRun:
             last = j == self.repeat - 1
             yield EngineStep(s.new_tokens, s.context_lens + j, s.req_ids, s.index + j, s.time_s,
                              finished=self.finished if last else (), decode_mask=s.decode_mask)
+
+
+class Scheduler:
+    """vLLM's scheduler over a workload (see the module docstring for its outputs and hooks).
+    ``outputs``: the fake model's draft acceptance (spec decoding); ``collapse``: :meth:`runs` advances
+    pure-decode stretches in one run (exactly; False: one call at a time)."""
+
+    def __init__(self, config: SchedulerConfig | None = None, *, outputs: FakeOutputs | None = None,
+                 collapse: bool = True):
+        self.config = config or SchedulerConfig()
+        self.outputs = outputs or FakeOutputs()
+        self.collapse = collapse
+
+    # ---- hooks -------------------------------------------------------------------------------------
+    def arrivals(self, state: SchedulerState, workload: Workload) -> None:
+        """Add requests before a call (closed loop: keep ``concurrency`` unfinished)."""
+        n = workload.n_requests
+        while state.next_request < n and state.in_system < workload.concurrency:
+            state.add(state.next_request)
+
+    def can_admit(self, state: SchedulerState, request: int, chunk: int, admitted: int) -> bool:
+        """Admission policy for waiting ``request`` with a first chunk of ``chunk`` tokens, after ``admitted``
+        others this step (default: always; KV capacity is checked separately)."""
+        return True
+
+    def pick_victim(self, state: SchedulerState) -> int:
+        """Index into the running list to preempt when KV runs out (vLLM's FCFS: the last)."""
+        return len(state.core.running) - 1
+
+    def admit_order(self, state: SchedulerState) -> None:
+        """Reorder ``state.core.waiting`` before admission (default FCFS: leave as is)."""
+
+    def lookahead_tokens(self) -> int:
+        """KV slots reserved past the scheduled tokens (default: the spec method's, as vLLM derives it)."""
+        return self.config.lookahead_tokens
+
+    def contents(self, workload: Workload) -> RequestContents:
+        """The requests' token contents (default: lengths only, nothing shared)."""
+        return UniqueContents(*workload.lengths())
+
+    def make_pool(self):
+        """The KV cache: m3lab's vLLM-exact pool, or None (unlimited and nothing cached: nothing to track)."""
+        cfg = self.config
+        if cfg.num_kv_blocks is None and not cfg.prefix_caching:
+            return None
+        return PrefixCache(cfg.num_kv_blocks, cfg.block_size, max_model_len=self._max_model_len)
+
+    # ---- core --------------------------------------------------------------------------------------
+    def _core(self, contents: RequestContents) -> EngineCore:
+        cfg = self.config
+        self._max_model_len = cfg.max_model_len or contents.max_model_len(cfg.spec_tokens)
+        return EngineCore(cfg, contents, self.outputs, self.make_pool(), lookahead=self.lookahead_tokens(),
+                          hash_lookahead=cfg.hash_lookahead_tokens, prefill_lookahead=cfg.prefill_lookahead_tokens,
+                          max_model_len=self._max_model_len)
+
+    def engine(self, contents: RequestContents) -> EngineCore:
+        """A fresh engine (:class:`EngineCore`) for ``contents`` with this scheduler's config, pool and outputs, to
+        drive call by call (engines on a clock: :mod:`m3lab.serving.timed_engine`)."""
+        return self._core(contents)
+
+    def records(self, contents: RequestContents, arrivals=None, *, concurrency: int | None = None,
+                max_calls: int = 10**8, on_finish: Callable[[int], None] | None = None) -> list[StepRecord]:
+        """The exact step sequence for ``contents``; ``arrivals(call, finished) -> request ids`` added before
+        ``schedule()`` call ``call`` (default :class:`~m3lab.workload.requests.ClosedLoop` at ``concurrency``).
+        With ``collapse`` and an arrival rule that says how many calls stay without arrivals (``quiet_calls``),
+        pure-decode stretches are advanced at once and their records written directly (the same records:
+        ``tests/test_scheduler_differential.py`` compares both paths with vLLM). ``on_finish(done)``: called with
+        the number of finished requests whenever some finish (progress)."""
+        core = self._core(contents)
+        self.core = core
+        arrivals = arrivals or ClosedLoop(len(contents), concurrency or len(contents))
+        quiet = getattr(arrivals, "quiet_calls", None) if self.collapse else None
+        records, done, n = [], 0, len(contents)
+        while done < n:
+            for rid in arrivals(core.calls, done):
+                core.add(rid)
+            if core.calls >= max_calls:
+                raise M3LabError(f"the schedule did not finish in {max_calls} calls", field="max_calls")
+            if quiet is not None and core.decode_stretch(min(quiet(core.calls), max_calls - core.calls),
+                                                         records) is not None:
+                continue
+            out = core.call()
+            if out is None:
+                skip = getattr(arrivals, "next_call", None)
+                if skip is None or skip() is None:
+                    raise M3LabError("nothing to schedule and the workload is not done", field="arrivals")
+                core.calls = max(core.calls, skip())
+                continue
+            batch, finished = out
+            if core.stuck:
+                raise M3LabError(STUCK, field="num_kv_blocks")
+            if batch is not None and batch.record is not None:
+                records.append(batch.record)
+            done += len(finished)
+            if finished and on_finish is not None:
+                on_finish(done)
+        return records
+
+    def _engine_step(self, batch, state: SchedulerState) -> EngineStep:
+        step = batch.record.engine_step(self._prompt, state.step_index)
+        first = tuple(r.rid for (r, _, _), g in zip(batch.reqs, batch.counts) if g and r.first_step == state.step_index)
+        return replace(step, first_token=first) if first else step
+
+    def runs(self, workload: Workload) -> Iterator[StepRun]:
+        """The schedule as :class:`StepRun` s (each step once; ``finished`` = requests whose last token the step
+        produced). The final state stays readable as ``self.last_state`` (``preemptions``)."""
+        contents = self.contents(workload)
+        self._prompt = contents.prompt
+        core = self._core(contents)
+        state = self.last_state = SchedulerState(core, workload)
+        core.hooks = _Hooks(self, state)
+        self.core = core
+        pending: deque = deque()     # (batch, EngineStep, repeat): outputs not applied yet (async)
+        n = workload.n_requests
+        while state.finished < n:
+            self.arrivals(state, workload)
+            done = core.decode_stretch() if self.collapse else None
+            if done is not None:
+                last, repeat = done
+                pending.append((last, self._stretch_step(last, state, repeat), repeat))
+                state.step_index += repeat
+            else:
+                out = core.call()
+                if out is None:
+                    raise M3LabError("nothing to schedule and the workload is not done", field="arrivals")
+                batch, finished = out
+                if core.stuck:
+                    raise M3LabError(STUCK, field="num_kv_blocks")
+                if batch is not None and batch.executed:
+                    pending.append((batch, self._engine_step(batch, state), 1))
+                    state.step_index += 1
+            while pending and pending[0][0].done:     # a step's outputs come back at its end
+                b, step, repeat = pending.popleft()
+                fin = b.record.finished
+                if fin:
+                    step = replace(step, finished=fin)
+                    state.finished += len(fin)
+                yield StepRun(step, repeat, fin)
+
+    @staticmethod
+    def _stretch_step(last, state: SchedulerState, repeat: int) -> EngineStep:
+        """The first step of a pure-decode stretch of ``repeat`` steps ending with batch ``last``."""
+        reqs = last.reqs
+        ctx = np.fromiter((r.C for r, _, _ in reqs), np.int64, len(reqs)) - (repeat - 1)
+        ids = np.fromiter((r.rid for r, _, _ in reqs), np.int64, len(reqs))
+        return EngineStep(np.ones(len(reqs), np.int64), ctx, req_ids=ids, index=state.step_index,
+                          decode_mask=np.ones(len(reqs), bool))
+
+    def steps(self, workload: Workload) -> Iterator[EngineStep]:
+        """Every engine step in order."""
+        for run in self.runs(workload):
+            yield from run.expand()

@@ -17,6 +17,7 @@ from m3lab.optable.routing import make_routing
 from m3lab.spec.model import ModelSpec, load_model
 from m3lab.spec.plan import ParallelPlan
 from m3lab.spec.quant import load_quant
+from m3lab.workload.deployed import fixed_workload, scheduler_config
 from m3lab.workload.scheduler import Scheduler, SchedulerConfig, Workload
 from m3lab.workload.step import EngineStep
 
@@ -106,17 +107,16 @@ def _template(model: ModelSpec, plan: ParallelPlan, quant, routing):
     return dense.rename(columns={"w_dtype": "dtype"}), grouped.rename(columns={"w_dtype": "dtype"})
 
 
-def shape_histograms(model, plan: ParallelPlan | None = None, quant="bf16", workload: Workload | None = None,
-                     config: SchedulerConfig | None = None, routing=None, seed: int = 0,
-                     runs: RunArrays | None = None) -> ShapeReport:
-    """Histograms of local shapes over ``workload`` scheduled by vLLM-style continuous batching."""
+def shape_histograms(deployment, *, routing=None, seed: int = 0, runs: RunArrays | None = None) -> ShapeReport:
+    """Histograms of local shapes over ``deployment``'s fixed-length workload (``num_prompts`` requests at its
+    concurrency) scheduled by vLLM-style continuous batching under its scheduler limits. ``runs``: a schedule
+    already computed for that workload."""
     import pandas as pd
 
-    model = load_model(model)
-    plan = (plan or ParallelPlan()).validate(model)
-    quant = load_quant(quant)
-    workload = workload or Workload(8192, 1024, 128)
-    runs = runs if runs is not None else schedule(workload, config)
+    d = deployment.validate()
+    model, plan, quant = d.model, d.plan, d.quant
+    workload = fixed_workload(d, what="the shape histograms")
+    runs = runs if runs is not None else schedule(workload, scheduler_config(d))
     dense, grouped = _template(model, plan, quant, routing)
     t_vals, t_steps = runs.by_tokens()
     r_vals, r_steps = runs.by_reqs()

@@ -1,0 +1,374 @@
+"""vLLM 0.33.0's V1 scheduling rules, restated on m3lab's prefix cache: the step generator's core.
+
+Per request it keeps what vLLM's ``Request`` keeps for scheduling (``vllm/v1/request.py``): prompt and output
+token counts, ``num_computed_tokens``, pending draft tokens (``spec_token_ids``), async output placeholders,
+in-flight and stale tokens, status, preemption count. :meth:`EngineCore.schedule` and :meth:`EngineCore.update`
+follow ``Scheduler.schedule`` / ``update_from_output`` (``vllm/v1/core/sched/scheduler.py``) and
+``AsyncScheduler._update_after_schedule`` (``vllm/v1/core/sched/async_scheduler.py``) for what a plain FCFS
+text-only engine does:
+
+- running requests first, in order: ``num_tokens_with_spec + placeholders - computed`` tokens within the
+  token budget (async: a request whose last token is already in flight is skipped); ``allocate_slots`` with the
+  spec method's lookahead slots, preempting the last running request until it fits (the victim frees its
+  blocks, restarts at 0 computed tokens and goes to the front of the waiting queue);
+- then, only in a step that preempted nothing, waiting requests while ``max_num_seqs`` and the budget allow: a
+  prefix-cache lookup, a 1-token admission padded to ``1 + k`` under spec decoding when no prefill runs,
+  ``allocate_slots(full_sequence_must_fit=True)`` (``scheduler_reserve_full_isl``), the hit-rate record; the
+  first that does not fit stops admission; a preempted request whose in-flight output has not come back waits;
+- after scheduling: computed tokens advance; a request that samples gets ``1 + drafts`` placeholders and ``k``
+  placeholder drafts (async);
+- on output: rejected drafts roll back computed tokens (and placeholders), tokens are appended up to
+  ``max_tokens`` (the request then finishes and frees its blocks), blocks of verified tokens are cached;
+  output of a preempted request that was in flight is delivered but changes no counter (stale); sync: each
+  request that sampled gets ``k`` drafts (``EngineCore.post_step``).
+
+:meth:`EngineCore.call` is one call of ``EngineCore.step`` (sync) or ``step_with_batch_queue`` with a 2-deep
+batch queue (async). The KV cache is m3lab's :class:`~m3lab.cache.pool.PrefixCache` (proven equal to vLLM's
+``KVCacheManager`` in ``tests/test_cache_differential.py``), or none when the pool is unlimited and nothing is
+cached. The whole loop is proven equal to vLLM's own scheduler in ``tests/test_scheduler_differential.py``.
+
+Two additions for P/D instances follow vLLM's KV-connector path and are outside that proof (no connector is
+driven there): a request added with ``external`` tokens is admitted with them computed (the connector loaded the
+prompt's KV; vLLM's ``_update_waiting_for_remote_kv`` leaves the last prompt token to compute), and with
+``hold_finished_kv`` a finished request keeps its blocks until :meth:`EngineCore.release` (the prefill side's
+``delay_free_blocks``).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from m3lab.workload.requests import FakeOutputs, RequestContents, StepRecord
+from m3lab.workload.stretch import DecodeStretch
+
+WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
+
+
+class Req:
+    """One request's scheduling state (the fields of vLLM's ``Request`` that scheduling reads)."""
+
+    __slots__ = ("rid", "P", "M", "O", "C", "spec", "ph", "inflight", "stale", "prefill_chunk", "status",
+                 "preemptions", "verifies", "keys", "first_step", "external")
+
+    def __init__(self, rid: int, prompt: int, max_tokens: int, keys: list, external: int = 0):
+        self.rid, self.P, self.M, self.keys, self.external = rid, prompt, max_tokens, keys, external
+        self.O = self.C = self.spec = self.ph = self.inflight = self.stale = self.preemptions = self.verifies = 0
+        self.prefill_chunk, self.status, self.first_step = True, WAITING, -1
+
+
+class Batch:
+    """One ``schedule()`` call: ``reqs`` [(request, tokens, drafts verified)] in vLLM's order and the fake
+    model's token counts (0 for a partial prefill chunk), its :class:`StepRecord` (None when it neither
+    scheduled nor preempted anything); ``executed``: it scheduled tokens; ``done``: its outputs are applied."""
+
+    __slots__ = ("reqs", "counts", "record", "executed", "done")
+
+    def __init__(self, reqs, counts, record):
+        self.reqs, self.counts, self.record, self.done = reqs, counts, record, False
+        self.executed = bool(reqs)
+
+
+class EngineCore(DecodeStretch):
+    """One engine: the scheduler state, its KV cache (``pool``, or None) and the batch queue (async).
+
+    ``lookahead``: KV slots reserved past the scheduled tokens (vLLM's ``num_lookahead_tokens``: k for
+    EAGLE/MTP, 0 for ngram); ``hash_lookahead``: tokens after a block its key covers
+    (``num_hash_lookahead_tokens``); ``prefill_lookahead`` (``num_prefill_lookahead_tokens``)."""
+
+    #: Admission reserves KV for the whole known sequence (vLLM's ``scheduler_reserve_full_isl``, default on).
+    FULL_SEQUENCE_MUST_FIT = True
+    #: A step that preempted admits nothing (``if not preempted_reqs`` before vLLM's waiting loop).
+    ADMIT_IN_PREEMPTING_STEP = False
+    batch_type = Batch                   # what a call (or a stretch's last step) schedules
+    #: A finished request keeps its KV blocks until :meth:`release` (a P/D prefill instance: vLLM's KV connector
+    #: frees them once the decode instance has read them, ``request_finished`` -> ``delay_free_blocks``).
+    hold_finished_kv = False
+
+    def __init__(self, cfg, contents: RequestContents, outputs: FakeOutputs | None, pool, *, lookahead: int,
+                 hash_lookahead: int, prefill_lookahead: int, max_model_len: int, hooks=None):
+        self.cfg, self.contents, self.outputs, self.pool = cfg, contents, outputs or FakeOutputs(), pool
+        self.k = cfg.spec_tokens if cfg.spec_method else 0
+        self.lookahead, self.hash_lookahead, self.prefill_lookahead = lookahead, hash_lookahead, prefill_lookahead
+        self.max_model_len, self.hooks = max_model_len, hooks
+        self.caching = pool is not None and cfg.prefix_caching
+        self.requests: dict[int, Req] = {}
+        self.running: list[Req] = []
+        self.waiting: deque[Req] = deque()
+        self.finished_pending = False        # vLLM's finished_req_ids, cleared by each schedule()
+        self.queue: list[Batch] = []
+        self.calls = 0
+        self.stuck = False
+        self.steps = 0
+        self.preemptions = 0
+
+    # ---- requests --------------------------------------------------------------------------------------
+    def add(self, rid: int, external: int = 0) -> None:
+        """Queue request ``rid``; ``external``: prompt tokens whose KV a connector loaded from a prefill instance
+        (P/D: vLLM's scheduler then computes the rest, the last prompt token, at admission)."""
+        c = self.contents
+        keys = c.block_keys(rid, self.cfg.block_size, self.hash_lookahead) if self.caching else []
+        r = Req(rid, int(c.prompt[rid]), int(c.max_tokens[rid]), keys, min(int(external), int(c.prompt[rid]) - 1))
+        self.requests[rid] = r
+        self.waiting.append(r)
+
+    def release(self, rid: int) -> None:
+        """Free the KV blocks a finished request held (``hold_finished_kv``)."""
+        if self.pool is not None:
+            self.pool.free(rid)
+
+    def has_requests(self) -> bool:
+        return bool(self.running or self.waiting or self.finished_pending)
+
+    def _hashed(self, r: Req) -> int:
+        """Blocks of ``r`` vLLM has hashed so far (``request.block_hashes``)."""
+        return max(0, r.P + r.O - self.hash_lookahead) // self.cfg.block_size
+
+    def _alloc(self, r: Req, n: int, hit=(), admit: bool = False, external: int = 0) -> bool:
+        pool = self.pool
+        if pool is None:
+            return True
+        return pool.allocate_slots(r.rid, r.keys, r.P + r.O, r.C + external, n, hit, lookahead=self.lookahead,
+                                   full_sequence_must_fit=admit, num_hashed=self._hashed(r))
+
+    def _preempt(self, r: Req) -> None:
+        if self.pool is not None:
+            self.pool.free(r.rid)
+        r.status, r.C, r.spec, r.ph = PREEMPTED, 0, 0, 0
+        r.stale = r.inflight
+        r.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(r)
+
+    def _victim(self, running: list) -> int:
+        """Which running request to preempt (vLLM's FCFS policy: the last, ``self.running.pop()``)."""
+        return self.hooks.pick_victim(running) if self.hooks else len(running) - 1
+
+    # ---- schedule() --------------------------------------------------------------------------------------
+    def _schedule_running(self, budget: int, sched: list, preempted: list) -> tuple[int, bool]:
+        """The running loop; returns (budget left, whether a running prefill chunk was scheduled)."""
+        asy, running, mml, pl = self.cfg.async_scheduling, self.running, self.max_model_len, self.prefill_lookahead
+        prefill = False
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            if asy and r.ph > 0 and r.C + 2 - r.ph >= r.P + r.M:
+                i += 1
+                continue
+            n = min(r.P + r.O + r.spec + r.ph - r.C, budget, mml - r.C - 1)
+            rem = r.P + r.O - r.C - n
+            if 0 < rem < pl:
+                n = max(n - (pl - rem), 0)
+            if n == 0:
+                i += 1
+                continue
+            ok = True
+            while not self._alloc(r, n):
+                victim = self._victim(running)
+                v = running.pop(victim)
+                if victim < i:                   # a custom victim already scheduled in this step: unschedule it
+                    i -= 1
+                    j = next(j for j, s in enumerate(sched) if s[0] is v)
+                    budget += sched.pop(j)[1]
+                self._preempt(v)
+                preempted.append(v)
+                if v is r:
+                    ok = False
+                    break
+            if not ok:
+                break
+            prefill |= r.prefill_chunk
+            spec = 0
+            if r.spec:
+                spec = min(n + r.C - (r.P + r.O) - r.ph, r.spec)
+                r.spec = 0
+            sched.append((r, n, max(spec, 0)))
+            budget -= n
+            i += 1
+        return budget, prefill
+
+    def _schedule_waiting(self, budget: int, sched: list, prefill: bool, admitted: list) -> None:
+        cfg, pool, k, bs = self.cfg, self.pool, self.k, self.cfg.block_size
+        hooks = self.hooks
+        if hooks is not None:
+            hooks.admit_order(self.waiting)
+        skipped: list[Req] = []
+        ran = bool(sched)
+        while budget > 0 and self.waiting and len(self.running) < cfg.max_num_seqs:
+            r = self.waiting[0]
+            if r.stale:                      # its in-flight output is still to come back
+                skipped.append(self.waiting.popleft())
+                continue
+            hit = []
+            if self.caching:
+                hit = pool.get_computed_blocks(r.keys, r.P + r.O, self._hashed(r))
+            local = computed = len(hit) * bs
+            if r.external > computed:        # loaded by a KV connector (P/D), never after a preemption
+                computed = r.external
+            n = r.P + r.O - computed
+            pad = False
+            if k and n == 1 and not prefill and (ran or computed > 0):
+                if computed + 1 + k + 1 <= self.max_model_len:
+                    if 1 + k > budget:
+                        break
+                    n, pad = 1 + k, True
+            if not cfg.chunked_prefill and n > budget:
+                break
+            n = min(n, budget)
+            rem = r.P + r.O - computed - n
+            if 0 < rem < self.prefill_lookahead:
+                n = max(n - (self.prefill_lookahead - rem), 0)
+            if n == 0:
+                skipped.append(self.waiting.popleft())
+                continue
+            if hooks is not None and not hooks.can_admit(r, n, len(admitted)):
+                break
+            if not self._alloc(r, n, hit, admit=self.FULL_SEQUENCE_MUST_FIT, external=computed - local):
+                break
+            if self.caching:                 # KVCacheManager.record_prefix_cache_stats
+                pool.stats.record(r.P + r.O, local, r.preemptions > 0, bs)
+            r.external = 0
+            self.waiting.popleft()
+            self.running.append(r)
+            admitted.append((r.rid, computed, r.status == PREEMPTED))
+            r.status, r.C = RUNNING, computed
+            sched.append((r, n, k if pad else 0))
+            budget -= n
+        if skipped:
+            self.waiting.extendleft(reversed(skipped))
+
+    def _after_schedule(self, sched: list) -> list[int]:
+        """Advance computed tokens; async placeholders; the fake model's token count per request."""
+        asy, k, outputs = self.cfg.async_scheduling, self.k, self.outputs
+        counts = []
+        for r, n, spec in sched:
+            r.C += n
+            r.inflight += n
+            r.prefill_chunk = r.C < r.P + r.O + r.ph
+            if r.prefill_chunk:
+                counts.append(0)
+                continue
+            if asy:
+                r.ph += 1 + spec
+                r.spec = k
+            a = 0
+            if spec:
+                a = outputs.accepted(r.rid, r.verifies, spec)
+                r.verifies += 1
+            counts.append(1 + a)
+        return counts
+
+    def schedule(self) -> Batch:
+        """One ``schedule()`` call."""
+        self.calls += 1
+        budget = self.cfg.max_num_batched_tokens
+        sched: list = []
+        preempted: list[Req] = []
+        admitted: list = []
+        budget, prefill = self._schedule_running(budget, sched, preempted)
+        if not preempted or self.ADMIT_IN_PREEMPTING_STEP:
+            self._schedule_waiting(budget, sched, prefill, admitted)
+        counts = self._after_schedule(sched)
+        self.finished_pending = False
+        record = None
+        if sched or preempted:
+            pool = self.pool
+            finite = pool is not None and pool.num_blocks is not None
+            record = StepRecord(call=self.calls - 1, scheduled={r.rid: n for r, n, _ in sched},
+                                computed={r.rid: r.C - n for r, n, _ in sched},
+                                spec={r.rid: s for r, n, s in sched if s}, admitted=tuple(sorted(admitted)),
+                                preempted=tuple(sorted(v.rid for v in preempted)), running=len(self.running),
+                                waiting=len(self.waiting), kv_usage=pool.usage if finite else None,
+                                free_blocks=pool.num_free if finite else None)
+        if sched:
+            for (r, _, _), c in zip(sched, counts):
+                if c and r.first_step < 0:
+                    r.first_step = self.steps
+            self.steps += 1
+        return Batch(sched, counts, record)
+
+    # ---- update_from_output() -------------------------------------------------------------------------
+    def update(self, batch: Batch) -> list[int]:
+        """Apply a batch's outputs; return the ids of the requests that finished (in vLLM's order)."""
+        finished, emitted = [], {}
+        k, mml, pool = self.k, self.max_model_len, self.pool
+        for (r, n, spec), g in zip(batch.reqs, batch.counts):
+            r.inflight -= n
+            stale = r.stale > 0
+            if stale:
+                r.stale -= n
+            if r.status == FINISHED:
+                continue
+            if not g:
+                continue
+            if spec:
+                rejected = spec - (g - 1)
+                if not stale:
+                    if r.C > 0:
+                        r.C -= rejected
+                    if r.ph > 0:
+                        r.ph -= rejected
+            had_ph = r.ph > 0
+            running = r.status == RUNNING
+            take = min(g, r.M - r.O, max(mml - r.P - r.O, 1))
+            r.O += take
+            emitted[r.rid] = take
+            stopped = r.O >= r.M or r.P + r.O >= mml
+            if stopped and not stale:
+                r.C -= g - take
+            if not stale and r.ph > 0:
+                r.ph -= g
+            if self.caching and not stale and running and (had_ph or k):
+                pool.cache_blocks(r.rid, r.keys, r.C - r.inflight, self._hashed(r))
+            if stopped:
+                r.status = FINISHED
+                finished.append(r.rid)
+                if pool is not None and not self.hold_finished_kv:
+                    pool.free(r.rid)
+                del self.requests[r.rid]
+                self.finished_pending = True
+                if running:
+                    self.running.remove(r)
+                else:
+                    self.waiting.remove(r)
+        rec = batch.record
+        if rec is not None:
+            rec.finished, rec.emitted, rec.applied = tuple(sorted(finished)), emitted, self.calls
+        batch.done = True
+        return finished
+
+    def drafts(self, batch: Batch) -> None:
+        """Sync scheduling, ``post_step``: every request that sampled and runs on gets ``k`` drafts."""
+        if self.k:
+            for (r, _, _), g in zip(batch.reqs, batch.counts):
+                if g and r.status != FINISHED and not r.prefill_chunk:
+                    r.spec = self.k
+
+    # ---- one engine call ------------------------------------------------------------------------------
+    def _check_stuck(self, batch: Batch) -> None:
+        """An empty step with waiting requests and nothing running or in flight: no later call can differ."""
+        self.stuck = (not batch.executed and bool(self.waiting) and not self.running
+                      and not any(b.executed for b in self.queue))
+
+    def call(self) -> tuple[Batch | None, list[int]] | None:
+        """``EngineCore.step`` (sync) or ``step_with_batch_queue`` (async): (the batch scheduled or None, the
+        requests finished), or None when the engine is idle (nothing to schedule, nothing in flight)."""
+        if not self.cfg.async_scheduling:
+            if not self.has_requests():
+                return None
+            batch = self.schedule()
+            self._check_stuck(batch)
+            finished = self.update(batch)
+            if batch.executed:
+                self.drafts(batch)
+            return batch, finished
+        batch = None
+        if self.has_requests():
+            batch = self.schedule()
+            self._check_stuck(batch)
+            self.queue.insert(0, batch)
+            if len(self.queue) < 2 and (batch.executed or self.has_requests()):
+                return batch, []
+        elif not self.queue:
+            return None
+        return batch, self.update(self.queue.pop())
