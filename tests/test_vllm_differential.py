@@ -15,7 +15,7 @@ import pytest
 from m3lab.spec.serving import deployment
 from m3lab.vllm import install, workers
 from m3lab.vllm.emulate import Target
-from m3lab.vllm.fastpaths import resolve
+from m3lab.vllm.fastpaths import plan_of, resolve
 
 pytestmark = pytest.mark.skipif(not install.available(), reason="vLLM 0.33.0 not installed")
 probe = importlib.import_module("tests.vllm_probe")  # importable by name in the worker processes too
@@ -71,10 +71,9 @@ def differences(res, want: dict) -> list[str]:
     if res.refused:
         return [f"the resolver says refused: {res.refused[0].note}"]
     for (op, kind), value in want.items():
-        if (op, kind) == ("fse", "plan"):  # ParallelPlan's mirror of vLLM's fusion rule (the OpTable uses it)
-            d = res.deployment
-            if d.plan.fuses_shared(d.model, d.quant) != value:
-                out.append(f"ParallelPlan.fuses_shared {not value}, vLLM {value}")
+        if (op, kind) == ("fse", "plan"):  # the effective plan's fusion answer (the OpTable's expert rows)
+            if plan_of(res).fuses_shared(res.deployment.model) != value:
+                out.append(f"effective plan fuses_shared {not value}, vLLM {value}")
             continue
         row = _row(res, op, kind)
         got = (row.shape.n if row is not None and op == "qkv_proj" else row.path if row is not None else None)

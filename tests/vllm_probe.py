@@ -42,8 +42,8 @@ def _expected(dep, built, tokens: int, phase: str) -> dict:
     kv_heads = max(1, m.heads_kv // dep.plan.tp)
     index_dtype = vc.attention_config.resolve_indexer_kv_dtype("bf16")
     out[("experts", "sparse")] = _experts(layer.block_sparse_moe)
-    if current_platform.is_rocm():  # (the NVIDIA model has no fusion; ParallelPlan does not know the GPU)
-        out[("fse", "plan")] = bool(layer.block_sparse_moe.is_fused_shared_expert_enabled)
+    # the NVIDIA model has no fusion (its MoE has no such attribute): never fused there
+    out[("fse", "plan")] = bool(getattr(layer.block_sparse_moe, "is_fused_shared_expert_enabled", False))
     msa = None
     if current_platform.is_rocm():
         from vllm.models.minimax_m3.amd.indexer_msa import msa_indexer_cp_enabled, select_msa_indexer_impl_cls

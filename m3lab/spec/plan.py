@@ -14,9 +14,14 @@ Rules as vLLM applies them:
 - MoE: with ep == 1 every rank holds all experts at inter / tp (TP-MoE); with ep > 1 each rank holds
   experts / ep whole experts. The shared expert is a TP-sharded MergedColumnParallelLinear (shared_inter / tp)
   whatever the EP degree (``amd/model.py:286-300``). Shared-expert fusion (the shared expert as an extra row of
-  the routed grouped GEMM) is opt-in (``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS``), off under EP and off when
-  routed and shared experts have different weight formats (``amd/model.py:404-424``).
+  the routed grouped GEMM) is asked for with ``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS``; whether vLLM fuses
+  is vLLM's decision (``MiniMaxM3MoE.__init__``), taken by the fast-path resolver.
 - Embedding and LM head are vocab-parallel: ceil(vocab padded to 64 / tp) rows per rank.
+
+:class:`ParallelPlan` holds the inputs (what the launch line asks for). :class:`EffectivePlan` is the plan as vLLM
+runs it: the inputs plus vLLM's answers that change local sizes (index q replicated, shared expert fused), from
+``m3lab.vllm.fastpaths.effective_plan`` (or a Dispatch, :mod:`m3lab.optable.dispatch`). Without those answers a
+plan's sizes are what was asked: nothing replicated, the shared expert fused when asked and expert-sized.
 """
 from __future__ import annotations
 
@@ -45,7 +50,8 @@ class ParallelPlan:
     role: str = "both"
     fused_shared_expert: bool = False  # asked for (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS); see fuses_shared
     indexer_cp: bool = False           # asked for: --attention-config minimax_m3_indexer_cp
-    index_q_replicated: bool = False   # vLLM runs the indexer context-parallel: index q replicated per rank
+    # vLLM's answer, not an input (a class attribute, not a field): only an EffectivePlan replicates index q
+    index_q_replicated = False
 
     @property
     def world(self) -> int:
@@ -104,7 +110,7 @@ class ParallelPlan:
         Asking for indexer CP (``indexer_cp``) does not replicate anything by itself: vLLM replicates index q
         only when ``msa_indexer_cp_enabled`` holds (the MSA indexer runs and its CP gate passes,
         ``vllm/models/minimax_m3/amd/indexer_msa.py``). That is vLLM's decision, taken by the fast-path
-        resolver (``m3lab.vllm.fastpaths.effective_plan`` gives the plan with it set).
+        resolver (``m3lab.vllm.fastpaths.effective_plan`` gives the :class:`EffectivePlan` with it set).
         """
         if model.sparse is not None and (model.sparse.index_q_replicated or self.index_q_replicated):
             return model.index_heads
@@ -130,44 +136,32 @@ class ParallelPlan:
         return model.linear.key_heads // self.tp, model.linear.value_heads // self.tp
 
     # ---- MoE ---------------------------------------------------------------------------------------
-    def shared_fusion_reason(self, model: ModelSpec, quant: Any = None) -> str | None:
-        """Why the shared expert is NOT fused into the routed grouped GEMM (None when it is).
-
-        vLLM's rule (``vllm/models/minimax_m3/amd/model.py:404-424``): fusion is asked for with
-        ``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=1`` (default 0, ``vllm/envs.py:1384``), needs shared experts,
-        is off under expert parallelism, and needs the routed and shared experts in the same quant config
-        (``is_shared_expert_quant_fse_compatible``, ``quantization/utils/config_utils.py``). ``quant``: a
-        QuantScheme or preset name (None: formats not checked). The shared expert must also be expert-sized.
-        """
+    def shared_fusion_reason(self, model: ModelSpec) -> str | None:
+        """Why the shared expert is NOT fused into the routed grouped GEMM (None when it is), from the inputs
+        alone: not asked for, no shared expert, or a shared expert that is not expert-sized (it cannot be a row
+        of the expert table). Whether vLLM fuses what was asked is vLLM's decision (``MiniMaxM3MoE.__init__``;
+        the NVIDIA model has no fusion): :class:`EffectivePlan` carries it."""
         if not self.fused_shared_expert:
             return "not asked for (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=0, vLLM's default)"
         if model.n_shared <= 0 or model.expert_inter <= 0:
             return f"{model.name} has no shared expert"
-        if self.ep > 1:
-            return f"off under expert parallelism (ep={self.ep}): vLLM fuses only with enable_expert_parallel off"
         if model.shared_inter != model.n_shared * model.expert_inter:
             return (f"shared expert width {model.shared_inter} is not n_shared x expert width "
                     f"{model.n_shared} x {model.expert_inter}")
-        if quant is not None:
-            from m3lab.spec.quant import load_quant
-            q = load_quant(quant)
-            routed, shared = q.weight_dtype("routed_expert"), q.weight_dtype("shared_expert")
-            if routed != shared:
-                return f"routed experts ({routed}) and shared expert ({shared}) have different weight formats"
         return None
 
-    def fuses_shared(self, model: ModelSpec, quant: Any = None) -> bool:
+    def fuses_shared(self, model: ModelSpec) -> bool:
         """True when the shared expert(s) run as extra rows of the routed grouped GEMM (see
         :meth:`shared_fusion_reason`)."""
-        return self.shared_fusion_reason(model, quant) is None
+        return self.shared_fusion_reason(model) is None
 
     def experts_local(self, model: ModelSpec) -> int:
         """Routed experts held per rank."""
         return model.experts // self.ep
 
-    def expert_rows_local(self, model: ModelSpec, quant: Any = None) -> int:
+    def expert_rows_local(self, model: ModelSpec) -> int:
         """Rows of the local grouped GEMM: local routed experts (+ n_shared when fused)."""
-        return self.experts_local(model) + (model.n_shared if self.fuses_shared(model, quant) else 0)
+        return self.experts_local(model) + (model.n_shared if self.fuses_shared(model) else 0)
 
     def expert_inter_local(self, model: ModelSpec) -> int:
         """Expert intermediate width per rank: inter / tp under TP-MoE, whole under EP."""
@@ -183,8 +177,40 @@ class ParallelPlan:
 
     def describe(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "role": self.role,
-                "fused_shared_expert": self.fused_shared_expert, "indexer_cp": self.indexer_cp,
-                "index_q_replicated": self.index_q_replicated}
+                "fused_shared_expert": self.fused_shared_expert, "indexer_cp": self.indexer_cp}
+
+    def as_run(self, *, index_q_replicated: bool, shared_expert_fused: bool, fusion_off: str = "") -> EffectivePlan:
+        """This plan with vLLM's answers (see :class:`EffectivePlan`)."""
+        inputs = {f.name: getattr(self, f.name) for f in dataclasses.fields(ParallelPlan)}
+        return EffectivePlan(**inputs, index_q_replicated=index_q_replicated,
+                             shared_expert_fused=shared_expert_fused, fusion_off=fusion_off)
+
+
+@dataclass(frozen=True)
+class EffectivePlan(ParallelPlan):
+    """A plan as vLLM runs it: the inputs plus vLLM's answers that change local sizes, taken by vLLM's own code
+    (``m3lab.vllm.fastpaths.effective_plan``; the OpTable reads them off its Dispatch). Not a record field: a
+    Deployment holds the inputs, and this is derived from them.
+
+    ``index_q_replicated``: vLLM runs the M3 indexer context-parallel (``msa_indexer_cp_enabled``), so every
+    rank projects all index q heads; ``shared_expert_fused``: vLLM built the shared expert into the routed experts
+    (``MiniMaxM3MoE.is_fused_shared_expert_enabled``); ``fusion_off``: vLLM's reason when asked and not fused."""
+
+    index_q_replicated: bool = False
+    shared_expert_fused: bool = False
+    fusion_off: str = ""
+
+    def shared_fusion_reason(self, model: ModelSpec) -> str | None:
+        """vLLM's answer: None when it fused the shared expert, else why not (not asked, or vLLM's reason)."""
+        if self.shared_expert_fused:
+            return None
+        if not self.fused_shared_expert:
+            return super().shared_fusion_reason(model)
+        return self.fusion_off or "asked for; vLLM does not fuse it for this deployment"
+
+    def describe(self) -> dict:
+        return {**super().describe(), "index_q_replicated": self.index_q_replicated,
+                "shared_expert_fused": self.shared_expert_fused}
 
 
 def as_plan(plan: Any) -> ParallelPlan:

@@ -32,9 +32,12 @@ REFUSAL_OPS = (("specialized_decode_config", "monokernel", "M3"), ("minimax_m3_u
 
 
 def effective_plan(dep: Deployment, built: Built):
-    """The deployment's plan with vLLM's answer on index-q replication (indexer context parallelism)."""
-    cp = bool(getattr(built.model.language_model.model, "indexer_cp", False))
-    return dataclasses.replace(dep.plan, index_q_replicated=cp)
+    """The deployment's plan with vLLM's answers read off the built model: index q replicated (indexer context
+    parallelism) and the shared expert fused."""
+    lm = built.model.language_model.model
+    moe = next((layer.block_sparse_moe for layer in lm.layers if hasattr(layer, "block_sparse_moe")), None)
+    return dep.plan.as_run(index_q_replicated=bool(getattr(lm, "indexer_cp", False)),
+                           shared_expert_fused=bool(getattr(moe, "is_fused_shared_expert_enabled", False)))
 
 
 def step_of(dep: Deployment, tokens: int, phase: str, context: int, vllm_config) -> Step:

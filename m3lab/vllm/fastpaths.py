@@ -6,8 +6,8 @@ launches, the conditions with their values, and the vLLM code that decided. vLLM
 runs on an emulated platform of the deployment's GPU (:mod:`m3lab.vllm.emulate`), builds its own M3 model
 for the deployment (:mod:`m3lab.vllm.vllm_build`) and runs one step of each layer kind on fake tensors
 with every kernel recorded, not run (:mod:`m3lab.vllm.decide`). A row vLLM's code did not decide says
-``how="restated"`` (the flashinfer all-reduce fusion on CUDA; the monokernel's weight-layout guards, which
-need loaded weights). The work runs in a worker process per GPU (:mod:`m3lab.vllm.workers`); the first
+``how="restated"`` (the flashinfer all-reduce fusion on CUDA; EMULATION.md beside this file lists what stays
+restated or undecided). The work runs in a worker process per GPU (:mod:`m3lab.vllm.workers`); the first
 resolution for a GPU costs vLLM's imports (10-15 s on an idle 2-core CPU), later ones about a second.
 
 Outcomes (``status``): ``runs``; ``off`` (asked for, vLLM turned it off, with why); ``refused`` (vLLM raises at
@@ -37,7 +37,7 @@ key on ``(op, path)``):
   ``aiter_ck_fused_moe``, ``triton_fused_moe``, ``marlin`` (else the expert class in snake case);
 - ``activation``: ``triton_swiglu_oai``, ``silu_and_mul_with_clamp``; ``norm``: ``triton_gemma_rmsnorm``,
   ``flashinfer_gemma_rmsnorm``; ``cuda_graphs``: ``full``, ``piecewise``, ``eager``;
-- ``monokernel``: ``mono_ffn``, ``stock_layers``; ``monokernel_weights`` (restated guard);
+- ``monokernel``: ``mono_ffn``, ``stock_layers`` (when ``--monokernel`` is on);
 - any op: ``refused``.
 """
 from __future__ import annotations
@@ -49,12 +49,13 @@ from functools import lru_cache
 from typing import Any
 
 from m3lab.errors import M3LabError
+from m3lab.spec.plan import EffectivePlan
 from m3lab.spec.serving import Deployment
 from m3lab.vllm.decide import DEFAULT_CONTEXT
 from m3lab.vllm.fastpath_types import Check, Decision, ExpertShape, GemmShape
 
 __all__ = ["Check", "Decision", "ExpertShape", "GemmShape", "Resolution", "resolve", "resolve_cached",
-           "effective_plan", "PHASES", "DEFAULT_CONTEXT"]
+           "effective_plan", "plan_of", "resolves", "PHASES", "DEFAULT_CONTEXT"]
 PHASES = ("decode", "prefill")
 
 
@@ -120,6 +121,11 @@ class Resolution:
                 "decisions": [x.to_dict() for x in self.decisions]}
 
 
+def resolves(model) -> bool:
+    """True for the models the resolver builds: vLLM's MiniMax M3 (block-sparse attention)."""
+    return model.sparse is not None and model.sparse.style == "block"
+
+
 def _check(deployment: Deployment, tokens: int, phase: str, context: int) -> Deployment:
     if not isinstance(tokens, int) or tokens < 1:
         raise M3LabError(f"tokens must be a positive integer, got {tokens!r}", field="--tokens")
@@ -128,7 +134,7 @@ def _check(deployment: Deployment, tokens: int, phase: str, context: int) -> Dep
     if not isinstance(context, int) or context < 0:
         raise M3LabError(f"context must be a non-negative integer, got {context!r}", field="--context")
     model = deployment.model
-    if model.sparse is None or model.sparse.style != "block":
+    if not resolves(model):
         raise M3LabError(f"the resolver builds vLLM's MiniMax M3; {model.name!r} is not an M3 model",
                          field="--model", hint="use minimax-m3 or minimax-m3-mxfp8")
     dep = deployment.validate()
@@ -188,9 +194,36 @@ def resolve_cached(deployment: Deployment, tokens: int = 32, phase: str = "decod
     return _cached(_record_key(deployment), tokens, phase, context, _Opaque(deployment))
 
 
-def effective_plan(deployment: Deployment, tokens: int = 32):
-    """The deployment's plan with vLLM's answer to "is index q replicated" (indexer context parallelism),
-    so :meth:`~m3lab.spec.plan.ParallelPlan.qkv_widths` gives the width vLLM's model holds."""
-    res = resolve_cached(deployment, tokens)
-    cp = res.ok and res.decision("indexer", "sparse").path in ("msa_fp8_cp",)
-    return dataclasses.replace(deployment.plan, index_q_replicated=cp)
+def effective_plan(deployment: Deployment, tokens: int | None = None) -> EffectivePlan:
+    """The deployment's plan as vLLM runs it (:class:`~m3lab.spec.plan.EffectivePlan`): with vLLM's answers to
+    "is index q replicated" (indexer context parallelism) and "is the shared expert fused", so its local widths
+    (:meth:`~m3lab.spec.plan.ParallelPlan.qkv_widths`, the expert rows) are the ones vLLM's model holds.
+
+    Both answers are vLLM's only when asked for (``indexer_cp``, ``fused_shared_expert``): a plan that asks for
+    neither runs as it is, without resolving, and so does a model the resolver does not build. ``tokens``: the decode step resolved (default one request; the
+    answers are taken while vLLM builds the model, so any step gives them). A deployment vLLM refuses raises
+    M3LabError with vLLM's message."""
+    d = deployment
+    if not (d.plan.indexer_cp or d.plan.fused_shared_expert) or not resolves(d.model):
+        return d.plan.as_run(index_q_replicated=False, shared_expert_fused=d.plan.fuses_shared(d.model))
+    res = resolve_cached(d, tokens or d.serving.decode_query_len)
+    if not res.ok:
+        bad = res.refused[0]
+        raise M3LabError(f"vLLM refuses this deployment: {bad.op}: {bad.note}", field=bad.op,
+                         hint="see `m3lab fastpaths` for the conditions; change the setting it names")
+    return plan_of(res)
+
+
+def plan_of(res: Resolution) -> EffectivePlan:
+    """The effective plan a resolution shows: index q replicated where vLLM runs the MSA indexer context-parallel
+    (path ``msa_fp8_cp``: ``msa_indexer_cp_enabled``), the shared expert fused where vLLM's experts hold its rows
+    (the experts decision's local rows, checked against the module vLLM built), vLLM's reason where it was asked
+    for and turned off (the ``shared_expert_fusion`` row)."""
+    d = res.deployment
+    plan, model = d.plan, d.model
+    rows = {(x.op, x.layer_kind): x for x in res.decisions}
+    indexer, experts = rows.get(("indexer", "sparse")), rows.get(("experts", "sparse"))
+    off = rows.get(("shared_expert_fusion", "sparse"))
+    fused = experts is not None and experts.shape is not None and experts.shape.experts > plan.experts_local(model)
+    return plan.as_run(index_q_replicated=indexer is not None and indexer.path == "msa_fp8_cp",
+                       shared_expert_fused=fused, fusion_off=off.note if off is not None else "")

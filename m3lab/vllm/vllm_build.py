@@ -5,7 +5,7 @@ fused (``MiniMaxM3MoE.__init__``), which router and expert class the MoE layer g
 sparse-attention implementation a layer binds, the qkv projection's local width (index q replicated under
 indexer context parallelism), the dense layers' attention backend, and every start-up refusal. So
 :func:`build` does what ``vllm serve`` does up to the weights: the deployment's launch line
-(``Deployment.to_vllm()``) goes through vLLM's own argument parser and ``EngineArgs.create_engine_config``,
+(``Deployment.to_vllm()`` and the ``--block-size`` every launch carries) goes through vLLM's own argument parser and ``EngineArgs.create_engine_config``,
 then ``MiniMaxM3SparseForConditionalGeneration(vllm_config=...)`` is constructed, all under
 :func:`m3lab.vllm.emulate.emulate`. The decisions are then read off the modules
 (:mod:`m3lab.vllm.decide`).
@@ -33,7 +33,7 @@ from typing import Any
 
 from m3lab.errors import M3LabError
 from m3lab.spec.model import CONFIG_DIR, ModelSpec
-from m3lab.spec.serving import Deployment
+from m3lab.spec.serving import Deployment, block_size_args
 
 ARCH = "MiniMaxM3SparseForConditionalGeneration"
 # quantization_config of each m3lab scheme as the checkpoint carries it; None: unquantised (BF16) weights.
@@ -184,6 +184,7 @@ _MAX_BUILDS = 6
 def build_key(dep: Deployment) -> str:
     """Everything of a deployment that changes what vLLM builds (the launch line and the checkpoint)."""
     env, args = dep.to_vllm()
+    args = [*block_size_args(dep), *args]
     return json.dumps([dep.hardware.name, dep.quant.name, checkpoint_config(dep.model, dep.quant.name), env, args],
                       sort_keys=True)
 
@@ -193,6 +194,7 @@ def _engine_config(dep: Deployment, model_dir: str) -> Any:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     _, args = dep.to_vllm()
+    args = [*block_size_args(dep), *args]   # as every launch of the deployment has it (m3lab/vllm/serve_command.py)
     if dep.serving.spec_method in DRAFT_METHODS and not dep.serving.spec_model:
         i = args.index("--speculative-config")
         spec = {**json.loads(args[i + 1]), "model": _model_dir(draft_config(dep.model))}
