@@ -39,9 +39,9 @@ def test_verify_exit_codes(tmp_path):
     out = json.loads(bad.stdout)
     failed = [r for r in out["results"] if r["status"] == "fail"]
     assert not out["ok"] and [r["id"] for r in failed] == ["attention_decode"]
-    assert "got 2 KV heads per rank at tp=2" in failed[0]["why"]
+    assert "vLLM refuses AITER's paged sparse attention with 2 KV heads per rank" in failed[0]["why"]
     human = runner.invoke(app, ["trace", "verify", tp2, "--expect", "minimax_m3_tp4"])
-    assert human.exit_code == 1 and "one KV head per rank" in human.stdout
+    assert human.exit_code == 1 and "vLLM starts this deployment" in human.stdout
 
 
 def test_bad_input_exits_2(tmp_path):

@@ -6,12 +6,16 @@ Two checks, each shown to fail on a planted copy:
   kind, the call's phase, the kernels' shape contract) or the resolver's answer, never one of vLLM's
   dispatch conditions;
 - no m3lab module outside the resolver states one of vLLM's dispatch rules in m3lab's words (the phrases
-  below), and m3lab's GEMM launcher bound is never named as vLLM's.
+  below), and m3lab's GEMM launcher bound is never named as vLLM's;
+- the parallel plan decides no vLLM rule: whether vLLM fuses the shared expert that was asked for (expert
+  parallelism, weight formats, the GPU's model) is the resolver's answer, carried by the effective plan.
 """
 import re
 from pathlib import Path
 
 import m3lab
+from m3lab.spec import load_model
+from m3lab.spec.plan import ParallelPlan
 from m3lab.dispatch import registry
 from m3lab.dispatch.fastpath import CallContext, Condition
 from m3lab.dispatch.registry import VllmAnswers, m3_registry
@@ -25,7 +29,8 @@ IMPLEMENTATION = re.compile(
 # Rules of vLLM the resolver restated before it ran vLLM's code, as they were phrased (and variants).
 RESTATED = re.compile(r"one KV head per rank|no expert parallelism|vLLM's MXFP8 _select_cfg decode bound|"
                       r"= vLLM's MXFP8|M <= 64\b.*vLLM|aiter_supported and|gfx950 and t <= 32|"
-                      r"wvSplitKrc: gfx950, 10 <= tokens|AITER tgemm: VLLM_ROCM_USE_AITER")
+                      r"wvSplitKrc: gfx950, 10 <= tokens|AITER tgemm: VLLM_ROCM_USE_AITER|"
+                      r"vLLM fuses only with enable_expert_parallel off|have different weight formats")
 RESOLVER = ("m3lab/vllm/",)  # where vLLM's code is run (and its rules are named, to cite them)
 # synthetic traces and their expectation docs describe a scenario (their own stated assumptions), decide nothing
 SCENARIOS = ("m3lab/traces/examples.py", "m3lab/traces/expectations.py")
@@ -87,3 +92,24 @@ def test_the_registry_takes_the_path_the_resolver_answers():
     decode = reg.paths["gemm.mxfp8_dot_scaled_decode"]
     assert decode.conditions[0].failure(gemm) is None   # vLLM's tile for M=96, not m3lab's launcher bound
     assert not any(isinstance(c, registry.LauncherRows) for c in decode.conditions)
+
+
+def plan_fusion_rules(plan_cls=ParallelPlan) -> list[str]:
+    """The launch-line inputs besides the request itself that change the plan's own fusion answer (each would be
+    a copy of one of vLLM's conditions in ``MiniMaxM3MoE.__init__``)."""
+    m3 = load_model("minimax-m3")
+    asked = plan_cls(tp=8, fused_shared_expert=True)
+    varied = {"expert parallelism": plan_cls(tp=8, ep=8, fused_shared_expert=True),
+              "data parallelism": plan_cls(tp=4, dp=2, fused_shared_expert=True),
+              "indexer context parallelism": plan_cls(tp=8, fused_shared_expert=True, indexer_cp=True)}
+    return [what for what, plan in varied.items() if plan.fuses_shared(m3) != asked.fuses_shared(m3)]
+
+
+def test_the_plan_restates_no_fusion_rule(monkeypatch):
+    assert plan_fusion_rules() == []
+    rule = ParallelPlan.shared_fusion_reason   # planted: vLLM's EP condition copied into the plan
+
+    def with_ep_rule(self, model):
+        return "off under EP" if self.ep > 1 else rule(self, model)
+    monkeypatch.setattr(ParallelPlan, "shared_fusion_reason", with_ep_rule)
+    assert plan_fusion_rules() == ["expert parallelism"]
