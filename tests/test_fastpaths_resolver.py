@@ -53,6 +53,7 @@ def test_mi355x_presets_are_executed_by_vllm(name):
     """Every row says how; at most 10% restated on the MI355X presets (none are)."""
     dep = load_preset(name)
     r = resolve(dep, tokens=32, phase="prefill" if dep.plan.role == "prefill" else "decode")
+    assert r.ok, r.refused[0].note   # vLLM starts every preset as its launch line renders it (P/D roles too)
     assert r.decisions and all(d.how in ("executed", "restated") for d in r.decisions)
     assert len(r.restated) <= 0.1 * len(r.decisions)
 
@@ -176,15 +177,39 @@ def test_the_monokernel_replaces_the_stock_rows_it_runs_for():
                                              rows[0].decided_by)) == rows
 
 
+def test_a_monokernel_deployment_starts_with_the_launch_block_size():
+    """vLLM checks the monokernel's config against the block size at model construction: built with the
+    launch's --block-size 128 (as `m3lab vllm plan` renders it), it starts and takes a small decode step."""
+    mono = load_preset("mxfp8-tp4-optimised").with_settings(
+        {"quant": "mxfp4", "model": "minimax-m3", "kv_dtype": "fp8", "index_dtype": "fp8", "monokernel": "1",
+         "moe_backend": "aiter", "model_runner_v2": "1", "index_topk_freq": "1"})
+    r = resolve(mono, tokens=8)
+    assert r.ok and r.decision("monokernel").path == "mono_ffn"
+    assert r.decision("experts").status == "skipped"          # replaced by the monokernel in this step
+
+
+def test_the_effective_plan_is_vllms_answer_on_fusion():
+    """Fusion asked for: vLLM fuses on the MI355X TP4 deployment, not under EP, never in its NVIDIA model."""
+    opt = load_preset("mxfp8-tp4-optimised")
+    assert effective_plan(opt).fuses_shared(opt.model) and effective_plan(opt).expert_rows_local(opt.model) == 129
+    ep = opt.with_settings({"enable_expert_parallel": "1"})
+    assert not effective_plan(ep).fuses_shared(ep.model)
+    assert "enable_expert_parallel" in effective_plan(ep).shared_fusion_reason(ep.model)
+    h200 = load_preset("h200-bf16-tp4").with_settings({"fused_shared_expert": "1"})
+    plan = effective_plan(h200)
+    assert not plan.fuses_shared(h200.model) and plan.expert_rows_local(h200.model) == 128
+
+
 # --- refusals and input errors ----------------------------------------------------------------------------
 def test_a_refusal_is_vllms_own_exception_at_its_line():
     r = resolve(load_preset("mxfp8-tp4-optimised").with_settings({"tp": "2"}), tokens=32)
     (x,) = r.refused
     assert x.op == "attention" and "num_kv_heads == 1" in x.vllm
     assert str(x.decided_by).startswith("vllm/models/minimax_m3/common/sparse_attention.py:")
-    pd = resolve(load_preset("pd-mxfp8-decode-tp4"), tokens=32)  # a pydantic error: its message, on one line
-    assert pd.refused[0].note == "vLLM raises ValidationError: Value error, Connector name is not set in " \
-                                 "KVTransferConfig"
+    limits = load_preset("mxfp8-tp4-optimised").with_settings({"max_num_seqs": 256, "max_num_batched_tokens": 128})
+    bad = resolve(limits, tokens=16)  # a pydantic error: its message, on one line
+    assert bad.refused[0].note == "vLLM raises ValidationError: Value error, max_num_batched_tokens (128) must be " \
+                                  "greater than or equal to max_num_seqs (256)."
 
 
 def test_bad_steps_are_one_line_errors():

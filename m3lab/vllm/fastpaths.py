@@ -23,7 +23,8 @@ key on ``(op, path)``):
   ``aiter_triton_gemm``, ``aiter_tgemm``, ``hipblaslt`` (ROCm G1), ``cublas`` (CUDA G1);
 - ``qk_norm_rope_insert``: ``vllm_fused_qknorm_rope`` (dense), ``aiter_fused_qknorm_idxrqknorm``,
   ``vllm_fused_qknorm_rope_aiter_cache``, ``vllm_fused_qknorm_rope_kv_insert``;
-- ``attention``: dense: the backend's name lower-cased (``rocm_attn``, ``triton_attn``, ``flash_attn``, ...);
+- ``attention``: dense: the backend's name lower-cased (``rocm_attn``, ``rocm_aiter_fa``, ``rocm_aiter_unified_attn``,
+  ``triton_attn``, ``flash_attn``, ``flashinfer``);
   sparse: ``aiter_sparse_pa``, ``triton_sparse``, ``msa_sm100``;
 - ``indexer``: ``msa_fp8``, ``msa_fp8_cp``, ``triton_cp``, ``triton_amd_fused_topk``,
   ``triton_amd_fused_topk_emit_table``, ``triton_amd_prefill``, ``triton_common``, ``reuse_topk``;
