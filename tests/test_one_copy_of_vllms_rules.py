@@ -98,10 +98,10 @@ def plan_fusion_rules(plan_cls=ParallelPlan) -> list[str]:
     """The launch-line inputs besides the request itself that change the plan's own fusion answer (each would be
     a copy of one of vLLM's conditions in ``MiniMaxM3MoE.__init__``)."""
     m3 = load_model("minimax-m3")
-    asked = plan_cls(tp=8, fused_shared_expert=True)
-    varied = {"expert parallelism": plan_cls(tp=8, ep=8, fused_shared_expert=True),
-              "data parallelism": plan_cls(tp=4, dp=2, fused_shared_expert=True),
-              "indexer context parallelism": plan_cls(tp=8, fused_shared_expert=True, indexer_cp=True)}
+    asked = plan_cls(tp=1, dp=2, fused_shared_expert=True)   # layouts where the shared expert is a routed expert's size
+    varied = {"expert parallelism": plan_cls(tp=1, dp=2, ep=2, fused_shared_expert=True),
+              "tensor parallelism": plan_cls(tp=4, dp=2, fused_shared_expert=True),
+              "indexer context parallelism": plan_cls(tp=1, dp=2, fused_shared_expert=True, indexer_cp=True)}
     return [what for what, plan in varied.items() if plan.fuses_shared(m3) != asked.fuses_shared(m3)]
 
 

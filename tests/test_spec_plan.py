@@ -33,11 +33,13 @@ def test_expert_rows(m3):
 def test_the_effective_plan_carries_vllms_fusion_answer(m3):
     """Whether vLLM fuses what was asked is vLLM's answer (the resolver's), carried by the EffectivePlan; the
     plan itself restates none of vLLM's conditions (EP, weight formats, GPU)."""
-    asked = ParallelPlan(tp=8, ep=8, fused_shared_expert=True)
-    assert asked.fuses_shared(m3)                      # no rule of vLLM's in the plan
+    asked = ParallelPlan(tp=1, dp=2, ep=2, fused_shared_expert=True)   # whole experts, a whole shared expert
+    assert asked.fuses_shared(m3)                      # no rule of vLLM's in the plan: the layout allows it
     off = asked.as_run(index_q_replicated=False, shared_expert_fused=False, fusion_off="vLLM's reason")
     assert not off.fuses_shared(m3) and off.shared_fusion_reason(m3) == "vLLM's reason"
-    assert off.expert_rows_local(m3) == 16 and off.describe()["shared_expert_fused"] is False
+    assert off.expert_rows_local(m3) == 64 and off.describe()["shared_expert_fused"] is False
+    sharded = ParallelPlan(tp=8, ep=8, fused_shared_expert=True)    # a TP-sharded shared expert, whole experts
+    assert "cannot be a row of the local expert table" in sharded.shared_fusion_reason(m3)
     on = ParallelPlan(tp=4, fused_shared_expert=True).as_run(index_q_replicated=False, shared_expert_fused=True)
     assert on.expert_rows_local(m3) == 129 and on.shared_fusion_reason(m3) is None
     assert "not asked for" in ParallelPlan(tp=4).as_run(index_q_replicated=False,

@@ -53,7 +53,7 @@ PATH_COST: Mapping[str, object] = {
     "mono_ffn": "monokernel", "stock_layers": NO_ROWS,
     # A1 / A7: attention
     "triton_sparse": "sparse_attention", "aiter_sparse_pa": "aiter_pa", "msa_sm100": "sparse_attention",
-    "rocm_attn": "dense_attention", "rocm_aiter_fa": "dense_attention", "rocm_aiter_unified_attn": "dense_attention",
+    "rocm_attn": "dense_attention", "rocm_aiter_unified_attn": "dense_attention",
     "triton_attn": "dense_attention", "flash_attn": "dense_attention", "flashinfer": "dense_attention",
     # A2-A5: indexer (its top-k row runs inside the measured indexer time)
     "triton_amd_fused_topk": {"topk": "inside", "*": "indexer"},

@@ -14,8 +14,8 @@ the process, and on disk under ``$M3LAB_CACHE_DIR/dispatch`` (default ``~/.cache
 disables it), keyed also on a hash of the resolver's source (``m3lab/vllm``, ``m3lab/spec``) and vLLM's version,
 so a changed rule or vLLM never reads a stale answer.
 
-Returns None for models the resolver does not know (it resolves MiniMax M3's code paths): their rows are
-costed by kind (:mod:`m3lab.cost.sources`).
+Returns None for deployments the resolver does not build (other models; M3 in a weight format no M3 checkpoint
+has, e.g. fp8): their rows are costed by kind (:mod:`m3lab.cost.sources`).
 """
 from __future__ import annotations
 
@@ -53,8 +53,9 @@ def resolved_tokens(deployment) -> dict[str, int]:
 
 
 def resolvable(deployment) -> bool:
-    """True when the resolver knows the model (MiniMax M3's block-sparse attention)."""
-    return resolves(deployment.model)
+    """True when the resolver builds the deployment (MiniMax M3's block-sparse attention, in a weight format an M3
+    checkpoint has)."""
+    return resolves(deployment.model, deployment.quant.name)
 
 
 def dispatch_for(deployment, tokens: dict[str, int] | None = None) -> Dispatch | None:

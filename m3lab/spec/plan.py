@@ -21,7 +21,8 @@ Rules as vLLM applies them:
 :class:`ParallelPlan` holds the inputs (what the launch line asks for). :class:`EffectivePlan` is the plan as vLLM
 runs it: the inputs plus vLLM's answers that change local sizes (index q replicated, shared expert fused), from
 ``m3lab.vllm.fastpaths.effective_plan`` (or a Dispatch, :mod:`m3lab.optable.dispatch`). Without those answers a
-plan's sizes are what was asked: nothing replicated, the shared expert fused when asked and expert-sized.
+plan's sizes are what was asked: nothing replicated, the shared expert fused when asked and its slice per rank
+is a routed expert's.
 """
 from __future__ import annotations
 
@@ -137,10 +138,11 @@ class ParallelPlan:
 
     # ---- MoE ---------------------------------------------------------------------------------------
     def shared_fusion_reason(self, model: ModelSpec) -> str | None:
-        """Why the shared expert is NOT fused into the routed grouped GEMM (None when it is), from the inputs
-        alone: not asked for, no shared expert, or a shared expert that is not expert-sized (it cannot be a row
-        of the expert table). Whether vLLM fuses what was asked is vLLM's decision (``MiniMaxM3MoE.__init__``;
-        the NVIDIA model has no fusion): :class:`EffectivePlan` carries it."""
+        """Why the shared expert is NOT fused into the routed grouped GEMM (None when it is), from the inputs and
+        the layout alone: not asked for, no shared expert, or a shared expert whose slice per rank is not a routed
+        expert's (it cannot be a row of the local expert table: the shared expert is TP-sharded, routed experts
+        are whole under EP). Whether vLLM fuses what was asked and fits is vLLM's decision
+        (``MiniMaxM3MoE.__init__``; the NVIDIA model has no fusion): :class:`EffectivePlan` carries it."""
         if not self.fused_shared_expert:
             return "not asked for (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=0, vLLM's default)"
         if model.n_shared <= 0 or model.expert_inter <= 0:
@@ -148,6 +150,10 @@ class ParallelPlan:
         if model.shared_inter != model.n_shared * model.expert_inter:
             return (f"shared expert width {model.shared_inter} is not n_shared x expert width "
                     f"{model.n_shared} x {model.expert_inter}")
+        shared, routed = self.shared_inter_local(model) // model.n_shared, self.expert_inter_local(model)
+        if shared != routed:
+            return (f"the shared expert's slice per rank ({shared} wide, TP-sharded) is not a routed expert's "
+                    f"({routed}, ep={self.ep}): it cannot be a row of the local expert table")
         return None
 
     def fuses_shared(self, model: ModelSpec) -> bool:

@@ -23,8 +23,8 @@ key on ``(op, path)``):
   ``aiter_triton_gemm``, ``aiter_tgemm``, ``hipblaslt`` (ROCm G1), ``cublas`` (CUDA G1);
 - ``qk_norm_rope_insert``: ``vllm_fused_qknorm_rope`` (dense), ``aiter_fused_qknorm_idxrqknorm``,
   ``vllm_fused_qknorm_rope_aiter_cache``, ``vllm_fused_qknorm_rope_kv_insert``;
-- ``attention``: dense: the backend's name lower-cased (``rocm_attn``, ``rocm_aiter_fa``, ``rocm_aiter_unified_attn``,
-  ``triton_attn``, ``flash_attn``, ``flashinfer``);
+- ``attention``: dense: the backend's name lower-cased (``rocm_attn``, ``rocm_aiter_unified_attn``, ``triton_attn``,
+  ``flash_attn``: vLLM's FlashAttention on CUDA, AITER's FA backend on ROCm, which names itself so; ``flashinfer``);
   sparse: ``aiter_sparse_pa``, ``triton_sparse``, ``msa_sm100``;
 - ``indexer``: ``msa_fp8``, ``msa_fp8_cp``, ``triton_cp``, ``triton_amd_fused_topk``,
   ``triton_amd_fused_topk_emit_table``, ``triton_amd_prefill``, ``triton_common``, ``reuse_topk``;
@@ -54,6 +54,7 @@ from m3lab.spec.plan import EffectivePlan
 from m3lab.spec.serving import Deployment
 from m3lab.vllm.decide import DEFAULT_CONTEXT
 from m3lab.vllm.fastpath_types import Check, Decision, ExpertShape, GemmShape
+from m3lab.vllm.vllm_build import CHECKPOINT_SCHEMES
 
 __all__ = ["Check", "Decision", "ExpertShape", "GemmShape", "Resolution", "resolve", "resolve_cached",
            "effective_plan", "plan_of", "resolves", "PHASES", "DEFAULT_CONTEXT"]
@@ -122,9 +123,10 @@ class Resolution:
                 "decisions": [x.to_dict() for x in self.decisions]}
 
 
-def resolves(model) -> bool:
-    """True for the models the resolver builds: vLLM's MiniMax M3 (block-sparse attention)."""
-    return model.sparse is not None and model.sparse.style == "block"
+def resolves(model, quant: str | None = None) -> bool:
+    """True for what the resolver builds: vLLM's MiniMax M3 (block-sparse attention), with ``quant`` (a scheme
+    name; None: not asked) one of the M3 checkpoints' weight formats."""
+    return model.sparse is not None and model.sparse.style == "block" and quant in (None, *CHECKPOINT_SCHEMES)
 
 
 def _check(deployment: Deployment, tokens: int, phase: str, context: int) -> Deployment:
@@ -201,11 +203,12 @@ def effective_plan(deployment: Deployment, tokens: int | None = None) -> Effecti
     (:meth:`~m3lab.spec.plan.ParallelPlan.qkv_widths`, the expert rows) are the ones vLLM's model holds.
 
     Both answers are vLLM's only when asked for (``indexer_cp``, ``fused_shared_expert``): a plan that asks for
-    neither runs as it is, without resolving, and so does a model the resolver does not build. ``tokens``: the decode step resolved (default one request; the
+    neither runs as it is, without resolving, and so does one the resolver does not build (another model, a
+    weight format no M3 checkpoint has). ``tokens``: the decode step resolved (default one request; the
     answers are taken while vLLM builds the model, so any step gives them). A deployment vLLM refuses raises
     M3LabError with vLLM's message."""
     d = deployment
-    if not (d.plan.indexer_cp or d.plan.fused_shared_expert) or not resolves(d.model):
+    if not (d.plan.indexer_cp or d.plan.fused_shared_expert) or not resolves(d.model, d.quant.name):
         return d.plan.as_run(index_q_replicated=False, shared_expert_fused=d.plan.fuses_shared(d.model))
     res = resolve_cached(d, tokens or d.serving.decode_query_len)
     if not res.ok:

@@ -80,7 +80,8 @@ ROCM_IMAGE = TargetImage(
     packages=("aiter",),   # amd-quark: vLLM's metadata does not require it; assumed absent
     aiter_modules=(
         "aiter", "aiter.fused_moe", "aiter.ops", "aiter.ops.shuffle", "aiter.ops.triton",
-        "aiter.ops.triton.quant", "aiter.ops.triton.gemm_a16w16", "aiter.ops.triton.gluon",
+        "aiter.ops.triton.quant", "aiter.ops.triton.gemm_a16w16", "aiter.ops.triton.unified_attention",
+        "aiter.ops.triton.gluon",
         "aiter.ops.triton.gluon.pa_decode_gluon", "aiter.ops.msa_attention", "aiter.ops.msa_block_select",
         "aiter.ops.flydsl", "aiter.ops.flydsl.moe_common", "aiter.tuned_gemm", "aiter.utility",
         "aiter.utility.fp4_utils", "aiter.dist", "aiter.dist.device_communicators",

@@ -31,6 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from m3lab.atomic import write_text
 from m3lab.errors import M3LabError
 from m3lab.spec.model import CONFIG_DIR, ModelSpec
 from m3lab.spec.serving import Deployment, block_size_args
@@ -60,6 +61,9 @@ MXFP4_QUARK = {
 @lru_cache(maxsize=1)
 def _mxfp8_quant_config() -> dict:
     return json.loads((CONFIG_DIR / MXFP8_CHECKPOINT).read_text())["quantization_config"]
+
+
+CHECKPOINT_SCHEMES = ("bf16", "mxfp8", "mxfp4")  # the MiniMax M3 checkpoints' weight formats
 
 
 def quant_config(scheme: str) -> dict | None:
@@ -106,19 +110,18 @@ def kept_layers(model: ModelSpec) -> int:
     return sparse[want] + 1 if sparse else min(model.layers, 4)
 
 
-_DIR = None
+BUILD_DIR = "m3lab-vllm-build"   # under the system's temporary folder: one folder per distinct config
 
 
 def _model_dir(cfg: dict) -> str:
-    """A directory holding ``cfg`` as config.json (one per distinct config, per process)."""
-    global _DIR
-    if _DIR is None:
-        _DIR = Path(tempfile.mkdtemp(prefix="m3lab-vllm-build-"))
+    """A directory holding ``cfg`` as config.json, named by its content: shared by every process, so repeated
+    resolutions reuse it instead of leaving a folder each behind."""
     text = json.dumps(cfg, sort_keys=True)
-    d = _DIR / hashlib.sha1(text.encode()).hexdigest()[:16]
-    if not d.exists():
-        d.mkdir()
-        (d / "config.json").write_text(text)
+    d = Path(tempfile.gettempdir()) / BUILD_DIR / hashlib.sha1(text.encode()).hexdigest()[:16]
+    config = d / "config.json"
+    if not config.is_file():
+        d.mkdir(parents=True, exist_ok=True)
+        write_text(config, text)   # atomic: a process reading it meanwhile sees none or all of it
     return str(d)
 
 
