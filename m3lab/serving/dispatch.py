@@ -15,7 +15,8 @@ disables it), keyed also on a hash of the resolver's source (``m3lab/vllm``, ``m
 so a changed rule or vLLM never reads a stale answer.
 
 Returns None for deployments the resolver does not build (other models; M3 in a weight format no M3 checkpoint
-has, e.g. fp8): their rows are costed by kind (:mod:`m3lab.cost.sources`).
+has, e.g. fp8; on B200, whose vLLM kernels compile at construction): their rows are costed by kind
+(:mod:`m3lab.cost.sources`).
 """
 from __future__ import annotations
 
@@ -54,8 +55,8 @@ def resolved_tokens(deployment) -> dict[str, int]:
 
 def resolvable(deployment) -> bool:
     """True when the resolver builds the deployment (MiniMax M3's block-sparse attention, in a weight format an M3
-    checkpoint has)."""
-    return resolves(deployment.model, deployment.quant.name)
+    checkpoint has, on a GPU whose vLLM model it builds)."""
+    return resolves(deployment.model, deployment.quant.name, deployment.hardware)
 
 
 def dispatch_for(deployment, tokens: dict[str, int] | None = None) -> Dispatch | None:

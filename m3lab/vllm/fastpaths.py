@@ -54,7 +54,7 @@ from m3lab.spec.plan import EffectivePlan
 from m3lab.spec.serving import Deployment
 from m3lab.vllm.decide import DEFAULT_CONTEXT
 from m3lab.vllm.fastpath_types import Check, Decision, ExpertShape, GemmShape
-from m3lab.vllm.vllm_build import CHECKPOINT_SCHEMES
+from m3lab.vllm.vllm_build import BUILT_ARCHS, CHECKPOINT_SCHEMES
 
 __all__ = ["Check", "Decision", "ExpertShape", "GemmShape", "Resolution", "resolve", "resolve_cached",
            "effective_plan", "plan_of", "resolves", "PHASES", "DEFAULT_CONTEXT"]
@@ -123,10 +123,12 @@ class Resolution:
                 "decisions": [x.to_dict() for x in self.decisions]}
 
 
-def resolves(model, quant: str | None = None) -> bool:
+def resolves(model, quant: str | None = None, hardware=None) -> bool:
     """True for what the resolver builds: vLLM's MiniMax M3 (block-sparse attention), with ``quant`` (a scheme
-    name; None: not asked) one of the M3 checkpoints' weight formats."""
-    return model.sparse is not None and model.sparse.style == "block" and quant in (None, *CHECKPOINT_SCHEMES)
+    name) one of the M3 checkpoints' weight formats, on ``hardware`` (a profile) whose GPU it emulates and builds
+    vLLM's model for (not SM100: its kernels compile CuteDSL code at construction). None: not asked."""
+    return (model.sparse is not None and model.sparse.style == "block" and quant in (None, *CHECKPOINT_SCHEMES)
+            and (hardware is None or hardware.arch in BUILT_ARCHS))
 
 
 def _check(deployment: Deployment, tokens: int, phase: str, context: int) -> Deployment:
@@ -204,11 +206,11 @@ def effective_plan(deployment: Deployment, tokens: int | None = None) -> Effecti
 
     Both answers are vLLM's only when asked for (``indexer_cp``, ``fused_shared_expert``): a plan that asks for
     neither runs as it is, without resolving, and so does one the resolver does not build (another model, a
-    weight format no M3 checkpoint has). ``tokens``: the decode step resolved (default one request; the
+    weight format no M3 checkpoint has, a GPU it does not emulate). ``tokens``: the decode step resolved (default one request; the
     answers are taken while vLLM builds the model, so any step gives them). A deployment vLLM refuses raises
     M3LabError with vLLM's message."""
     d = deployment
-    if not (d.plan.indexer_cp or d.plan.fused_shared_expert) or not resolves(d.model, d.quant.name):
+    if not (d.plan.indexer_cp or d.plan.fused_shared_expert) or not resolves(d.model, d.quant.name, d.hardware):
         return d.plan.as_run(index_q_replicated=False, shared_expert_fused=d.plan.fuses_shared(d.model))
     res = resolve_cached(d, tokens or d.serving.decode_query_len)
     if not res.ok:

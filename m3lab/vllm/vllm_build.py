@@ -180,6 +180,7 @@ def _one_line(err: BaseException) -> str:
 
 REFUSALS = (ValueError, NotImplementedError)  # what vLLM raises to refuse a configuration at start-up
 CUTE_DSL = ("cutlass", "quack", "cuda")  # SM100's fmha_sm100 kernels (compiled at construction, not emulated)
+BUILT_ARCHS = ("gfx950", "gfx942", "sm_90")  # where vLLM's M3 builds on the emulated platform (not SM100: CuteDSL)
 _BUILDS: dict[str, Built] = {}
 _MAX_BUILDS = 6
 
