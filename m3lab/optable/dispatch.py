@@ -8,8 +8,8 @@ only reads it, so the OpTable stays below the resolver in the import graph.
 Given a Dispatch, :func:`~m3lab.optable.build_optable` follows vLLM's structure rather than the spec's defaults:
 shared-expert fusion and the local widths (vLLM's answers in the resolver's effective plan: :meth:`Dispatch.plan`),
 index sharing (the resolver has ``sparse_reuse`` layers), the page-table builder (its ``page_table`` decision
-runs), the routing top-k kernel, and, in a step with decodes and prefill chunks, separate attention / indexer rows per phase (vLLM launches the
-decode and the prefill kernels separately). :data:`OP_DECISION` maps each OpTable op to the resolver op whose
+runs), the routing top-k kernel, and, in a step with decodes and prefill chunks, separate attention / indexer
+rows per phase (vLLM launches the decode and the prefill kernels separately). :data:`OP_DECISION` maps each OpTable op to the resolver op whose
 decision picks its kernel.
 """
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 ``dispatch_for(deployment)`` resolves the deployment (:func:`m3lab.vllm.fastpaths.resolve`) for one decode step
 and one prefill step and keeps every decision as plain data, with vLLM's answers that change local widths
-(:func:`m3lab.vllm.fastpaths.plan_of`: index q replicated, shared expert fused). Decode is resolved at the deployment's steady
-decode batch (``concurrency`` requests, at most ``max_num_seqs``, x (1 + speculative tokens) rows) and prefill
-at ``max_num_batched_tokens`` tokens: every decode step of a run takes the decode decisions and every step with
+(:func:`m3lab.vllm.fastpaths.plan_of`: index q replicated, shared expert fused). Decode is resolved at the
+deployment's steady decode batch (``concurrency`` requests, at most ``max_num_seqs``, x (1 + speculative tokens)
+rows) and prefill at ``max_num_batched_tokens`` tokens: every decode step of a run takes the decode decisions and every step with
 a prefill chunk the prefill ones (a decision that changes with the step size inside a phase, such as the GEMM
 tile between 32 and 128 decode rows, is taken at the resolved size).
 

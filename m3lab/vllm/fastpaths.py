@@ -206,9 +206,9 @@ def effective_plan(deployment: Deployment, tokens: int | None = None) -> Effecti
 
     Both answers are vLLM's only when asked for (``indexer_cp``, ``fused_shared_expert``): a plan that asks for
     neither runs as it is, without resolving, and so does one the resolver does not build (another model, a
-    weight format no M3 checkpoint has, a GPU it does not emulate). ``tokens``: the decode step resolved (default one request; the
-    answers are taken while vLLM builds the model, so any step gives them). A deployment vLLM refuses raises
-    M3LabError with vLLM's message."""
+    weight format no M3 checkpoint has, a GPU it does not emulate). ``tokens``: the decode step resolved
+    (default one request; the answers are taken while vLLM builds the model, so any step gives them). A
+    deployment vLLM refuses raises M3LabError with vLLM's message."""
     d = deployment
     if not (d.plan.indexer_cp or d.plan.fused_shared_expert) or not resolves(d.model, d.quant.name, d.hardware):
         return d.plan.as_run(index_q_replicated=False, shared_expert_fused=d.plan.fuses_shared(d.model))

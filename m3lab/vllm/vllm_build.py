@@ -5,9 +5,9 @@ fused (``MiniMaxM3MoE.__init__``), which router and expert class the MoE layer g
 sparse-attention implementation a layer binds, the qkv projection's local width (index q replicated under
 indexer context parallelism), the dense layers' attention backend, and every start-up refusal. So
 :func:`build` does what ``vllm serve`` does up to the weights: the deployment's launch line
-(``Deployment.to_vllm()`` and the ``--block-size`` every launch carries) goes through vLLM's own argument parser and ``EngineArgs.create_engine_config``,
-then ``MiniMaxM3SparseForConditionalGeneration(vllm_config=...)`` is constructed, all under
-:func:`m3lab.vllm.emulate.emulate`. The decisions are then read off the modules
+(``Deployment.to_vllm()`` and the ``--block-size`` every launch carries) goes through vLLM's own argument
+parser and ``EngineArgs.create_engine_config``, then ``MiniMaxM3SparseForConditionalGeneration(vllm_config=...)``
+is constructed, all under :func:`m3lab.vllm.emulate.emulate`. The decisions are then read off the modules
 (:mod:`m3lab.vllm.decide`).
 
 The checkpoint is the deployment's model config cut to its first dense layers plus the sparse layers up to
