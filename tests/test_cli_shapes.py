@@ -58,12 +58,21 @@ def test_acceptance_mxfp8_tp4_one_fused_projection():
     qkv = {(g["n"], g["k"], g["dtype"], g["layers"]) for g in _gemms(d, "qkv_proj")}
     assert qkv == {(2560, 6144, "mxfp8", 57), (2304, 6144, "mxfp8", 3)}
     assert {g["dtype"] for g in d["distinct_gemms"] if g["kind"] == "gemm"} == {"mxfp8"}
-    cp = _json(SHAPES_M3 + ["--indexer-cp"])   # index q replicated on every rank: 2048 + 128 + 128 + 512 + 128
-    assert {(g["n"], g["layers"]) for g in _gemms(cp, "qkv_proj")} == {(2944, 57), (2304, 3)}
+    # asked only: vLLM replicates index q (2944 columns) when it runs the MSA indexer context-parallel; with AITER
+    # off and a bf16 index cache it runs its Triton CP indexer on the per-rank heads (m3lab fastpaths)
+    cp = _json(SHAPES_M3 + ["--indexer-cp"])
+    assert {(g["n"], g["layers"]) for g in _gemms(cp, "qkv_proj")} == {(2560, 57), (2304, 3)}
+    assert cp["plan"]["indexer_cp"] and not cp["plan"]["index_q_replicated"]
+    # AITER on, the shuffled KV layout and an fp8 index cache: vLLM runs the fp8 MSA indexer context-parallel
+    msa = _json(SHAPES_M3 + ["--indexer-cp", "--set", "aiter=1", "--set", "shuffle_kv_cache=1",
+                             "--set", "index_dtype=fp8"])
+    assert {(g["n"], g["layers"]) for g in _gemms(msa, "qkv_proj")} == {(2944, 57), (2304, 3)}
+    assert msa["plan"]["index_q_replicated"]
 
 
 def test_acceptance_shared_expert_fusion():
-    """Fusion is off by default (vLLM's default), on when asked, and off under EP even when asked (with why)."""
+    """Fusion is off by default (vLLM's default), on when asked, and off under EP even when asked (vLLM's answer,
+    with vLLM's reason)."""
     off = _json(SHAPES_M3)
     assert off["shared_expert_fusion"] == {"asked": False, "fused": False, "reason": off["shared_expert_fusion"]["reason"]}
     assert "not asked for" in off["shared_expert_fusion"]["reason"]
@@ -73,11 +82,15 @@ def test_acceptance_shared_expert_fusion():
     assert {(g["experts"], g["topk"]) for g in on["grouped_gemms"]} == {(129, 5)} and not _gemms(on, "shared_gate_up")
     ep = _json(SHAPES_M3 + ["--ep", "4", "--fused-shared"])
     fusion = ep["shared_expert_fusion"]
-    assert fusion["asked"] and not fusion["fused"] and "expert parallelism" in fusion["reason"]
+    assert fusion["asked"] and not fusion["fused"] and "enable_expert_parallel" in fusion["reason"]
     assert {g["experts"] for g in ep["grouped_gemms"]} == {32}
     assert {(g["n"], g["k"]) for g in _gemms(ep, "shared_gate_up")} == {(1536, 6144)}   # TP-sharded under EP
-    mx4 = _json([*SHAPES_M3[:6], "mxfp4", *SHAPES_M3[7:], "--fused-shared"])   # routed and shared both MXFP4
+    # routed and shared both MXFP4 (vLLM serves MXFP4 experts with AITER on only)
+    mx4 = _json([*SHAPES_M3[:6], "mxfp4", *SHAPES_M3[7:], "--fused-shared", "--set", "aiter=1"])
     assert mx4["shared_expert_fusion"]["fused"]
+    h200 = _json(SHAPES_M3 + ["--hardware", "h200", "--quant", "bf16", "--fused-shared"])  # vLLM's NVIDIA M3: no fusion
+    assert h200["shared_expert_fusion"]["asked"] and not h200["shared_expert_fusion"]["fused"]
+    assert {g["experts"] for g in h200["grouped_gemms"]} == {128} and _gemms(h200, "shared_gate_up")
 
 
 def test_acceptance_index_sharing_reuse_layers():

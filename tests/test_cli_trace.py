@@ -39,9 +39,9 @@ def test_verify_exit_codes(tmp_path):
     out = json.loads(bad.stdout)
     failed = [r for r in out["results"] if r["status"] == "fail"]
     assert not out["ok"] and [r["id"] for r in failed] == ["attention_decode"]
-    assert "got 2 KV heads per rank at tp=2" in failed[0]["why"]
+    assert "vLLM refuses AITER's paged sparse attention with 2 KV heads per rank" in failed[0]["why"]
     human = runner.invoke(app, ["trace", "verify", tp2, "--expect", "minimax_m3_tp4"])
-    assert human.exit_code == 1 and "one KV head per rank" in human.stdout
+    assert human.exit_code == 1 and "vLLM starts this deployment" in human.stdout
 
 
 def test_bad_input_exits_2(tmp_path):
@@ -58,14 +58,19 @@ def test_verify_real_dispatcher_trace_tp2_names_kv_condition(tmp_path):
         from m3lab.dispatch import capture
     except ImportError as err:  # the dispatcher/model package is not importable in this checkout
         pytest.skip(f"m3lab.dispatch.capture: {err}")
+    from m3lab.dispatch.registry import m3_registry
+    from m3lab.spec.serving import load_preset
+    from m3lab.vllm.fastpath_expectations import registry_answers
+    dep = load_preset("mxfp8-tp4-optimised").with_settings({"tp": "2", "ep": "2"})  # the registry reads vLLM's answer
     tp2 = capture.capture_dispatch_trace("minimax-m3", {"tp": 2, "fused_shared_expert": True}, [[40], [1]],
-                                         tmp_path / "tp2.jsonl.gz", device="meta", layers=4)
+                                         tmp_path / "tp2.jsonl.gz", device="meta", layers=4,
+                                         registry=m3_registry(answers=registry_answers(dep)))
     res = runner.invoke(app, ["trace", "verify", str(tp2), "--expect", "minimax_m3_tp4", "--json"])
     assert res.exit_code == 1, res.output
     rows = {r["id"]: r for r in json.loads(res.stdout)["results"]}
     assert rows["attention_decode"]["status"] == "fail"
-    assert "one KV head per rank" in rows["attention_decode"]["why"]
-    assert "at tp=2" in rows["attention_decode"]["why"]
+    assert "requires num_kv_heads == 1 per tensor-parallel rank, got 2" in rows["attention_decode"]["why"]
+    assert "minimax_m3/common/sparse_attention.py" in rows["attention_decode"]["why"]
 
 
 @pytest.mark.parametrize("columns", [80, 60, 160])

@@ -1,6 +1,7 @@
 """The cost follows vLLM's dispatch: every path the resolver returns has a cost source, the OpTable follows the
 resolver's structure, and each fast path changes only the ops it touches (mechanics, not figures)."""
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -73,6 +74,20 @@ def test_every_path_the_resolver_returns_has_a_cost_source(resolutions):
     used = {src for entry in paths.PATH_COST.values()
             for src in ([entry] if isinstance(entry, str) else entry.values())} - {None}
     assert used - {"none"} <= set(sources.SOURCES)
+
+
+def documented_paths() -> set[str]:
+    """The path ids the resolver documents (``m3lab.vllm.fastpaths``' docstring, after "Op names")."""
+    from m3lab.vllm import fastpaths
+    return set(re.findall(r"``([a-z0-9_]+)``", fastpaths.__doc__.split("Op names", 1)[1]))
+
+
+def test_every_cost_source_belongs_to_a_path_the_resolver_can_return():
+    """No dead entries: every PATH_COST key is a path id the resolver documents (the grid above proves the
+    converse for the paths it reaches)."""
+    assert set(paths.PATH_COST) - documented_paths() == set()
+    planted = {**paths.PATH_COST, "rccl_then_triton_norm": "rccl"}
+    assert set(planted) - documented_paths() == {"rccl_then_triton_norm"}
 
 
 def test_a_path_without_a_cost_source_is_caught(resolutions):
@@ -228,15 +243,12 @@ def test_dispatch_is_cached_on_disk_and_read_back(tmp_path, monkeypatch):
 
 def test_rows_the_monokernel_replaces_are_costed_as_its_launch():
     """Where vLLM marks the replaced ops skipped and runs the monokernel, their rows take its path and source."""
-    from m3lab.optable.dispatch import Dispatch, PathChoice
     d = make_deployment("mxfp8-tp4-optimised", dict(MONO, concurrency=8))
-    disp = dispatch_for(d)
+    disp = dispatch_for(d)   # built with the launch's --block-size 128, vLLM starts the monokernel
     assert disp.choice("monokernel", "sparse", "decode").path == "mono_ffn"
-    replaced = ("allreduce_norm", "router", "routing", "experts")
-    dec = {k: (dataclasses.replace(c, status="skipped") if k[0] in replaced and k[1] == "sparse" else c)
-           for k, c in disp.choices["decode"].items()}
-    planted = Dispatch(disp.hardware, {"decode": dec, "prefill": disp.choices["prefill"]}, disp.tokens)
-    ot = build_optable(d.model, d.plan, d.quant, EngineStep.decode(8, 4000), None, planted)
+    assert {disp.choice(op, "sparse", "decode").status for op in ("allreduce_norm", "router", "routing", "experts")} \
+        == {"skipped"}   # vLLM's runtime substitutes the layer after attention
+    ot = build_optable(d.model, d.plan, d.quant, EngineStep.decode(8, 4000), None, disp)
     sparse = ot[ot["layer"] == 3].set_index("op")
     assert sparse.loc["moe_gate_up", "path"] == "mono_ffn" and sparse.loc["allreduce_ffn", "path"] == "mono_ffn"
     assert sparse.loc["attention", "path"] != "mono_ffn"

@@ -48,11 +48,19 @@ def _committed():
     return dispatch, kineto
 
 
+# vLLM's H200 runs its BF16 experts as TritonExperts (fused_moe_kernel); the reference model has no kernel
+# attached for that path, so its committed trace ran torch there and says why: the one expectation it fails.
+UNATTACHED = {"experts"}
+
+
 def test_committed_h200_traces_pass_the_generated_expectations(repo_dir, monkeypatch):
     monkeypatch.chdir(repo_dir)
     dispatch, kineto = _committed()
     v = verify("minimax_m3_h200_tp4", dispatch, kineto)
-    assert v.ok, v.failed
+    failed = v.failed.set_index("id")
+    assert set(failed.index) == UNATTACHED, v.failed
+    assert failed.loc["experts", "why"] == "moe.triton_fused_moe: kernel registered for moe.triton_fused_moe " \
+                                           "(fused_moe_kernel): not implemented yet (12 calls)"
     res = v.results
     kin = res[res.source == "kineto"].set_index("id")
     assert {"attention_decode", "attention_prefill", "indexer_decode", "indexer_prefill", "topk_prefill"} <= set(kin.index)
@@ -67,7 +75,8 @@ def test_cli_verifies_the_committed_traces(repo_dir, monkeypatch):
     monkeypatch.chdir(repo_dir)
     dispatch, kineto = _committed()
     res = CliRunner().invoke(app, ["trace", "verify", dispatch, kineto, "--expect", "preset:h200-bf16-tp4"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1 and "not implemented yet" in res.output, res.output  # UNATTACHED only
+    assert res.output.rstrip().endswith("FAILED: experts"), res.output
     wrong = CliRunner().invoke(app, ["trace", "verify", dispatch, "--expect", "preset:mxfp8-tp4-optimised"])
     assert wrong.exit_code == 1  # the MI355X deployment's paths did not run on the H200
 

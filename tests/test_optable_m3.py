@@ -40,9 +40,11 @@ def test_tp8_and_ep(m3):
     assert set(df[(df.op == "qkv_proj") & (df.layer >= 3)].n) == {1536}  # 1024 + 128 + 128 (replicated) + 128 + 128
     att = df[df.op == "attention"]
     assert set(att.heads_q) == {8} and set(att.heads_kv) == {1}
-    ep = build_optable(m3, ParallelPlan(tp=8, ep=8, fused_shared_expert=True), "bf16", EngineStep.decode(64, 100))
+    # fusion asked for; vLLM's answer (off under EP: m3lab fastpaths' shared_expert_fusion row) in the effective plan
+    off = ParallelPlan(tp=8, ep=8, fused_shared_expert=True).as_run(index_q_replicated=False, shared_expert_fused=False)
+    ep = build_optable(m3, off, "bf16", EngineStep.decode(64, 100))
     g = ep[ep.op == "moe_gate_up"].iloc[0]
-    assert (g.experts, g.inter, g.n) == (16, 3072, 6144)   # fusion asked for, but off under EP (vLLM)
+    assert (g.experts, g.inter, g.n) == (16, 3072, 6144)
     assert g.routed_tokens == pytest.approx(64 * 4 / 8)     # each rank sees 1/8 of the routed rows
     sh = ep[ep.op == "shared_gate_up"]                       # the shared expert stays TP-sharded: 3072 / 8
     assert len(sh) == 57 and set(sh.n) == {2 * 384} and set(sh.m) == {64}
@@ -96,8 +98,11 @@ def test_mxfp8_one_fused_projection(m3):
     assert set(df[(df.op == "qkv_proj") & (df.layer < 3)].n) == {2304}
     tp1 = build_optable(m3, ParallelPlan(tp=1), "mxfp8", EngineStep.decode(1, 10))
     assert set(tp1[(tp1.op == "qkv_proj") & (tp1.layer >= 3)].n) == {9856}
-    cp = build_optable(m3, ParallelPlan(tp=4, indexer_cp=True), "mxfp8", EngineStep.decode(1, 10))
+    ran = ParallelPlan(tp=4, indexer_cp=True).as_run(index_q_replicated=True, shared_expert_fused=False)
+    cp = build_optable(m3, ran, "mxfp8", EngineStep.decode(1, 10))
     assert set(cp[(cp.op == "qkv_proj") & (cp.layer >= 3)].n) == {2944}   # index q replicated: 4 x 128
+    asked = build_optable(m3, ParallelPlan(tp=4, indexer_cp=True), "mxfp8", EngineStep.decode(1, 10))
+    assert set(asked[(asked.op == "qkv_proj") & (asked.layer >= 3)].n) == {2560}  # asked only: vLLM does not run it
 
 
 def test_reuse_layers_skip_the_index_branch_but_keep_the_gemm(m3):

@@ -31,7 +31,7 @@ def _labels(fig) -> list[str]:
 
 
 @pytest.mark.parametrize("change", [dict(tp=8), dict(model="llama-3.1-8b", tp=1), dict(concurrency=8),
-                                    dict(quant="mxfp4"), dict(isl=1024), dict(kv_dtype="fp8"),
+                                    dict(quant="mxfp4", aiter=1), dict(isl=1024), dict(kv_dtype="fp8"),
                                     dict(spec_tokens=3, accept_len=2.7)])
 def test_notebook10_functions_show_no_measurement_for_another_deployment(change):
     change = {"num_prompts": 64, **change}                 # short runs: what is checked here is the labels

@@ -46,18 +46,18 @@ def _variants(cfg: dict) -> list[dict]:
 
 @needs_vllm
 def test_every_shipped_m3_config_parses_as_vllm_does(shared_dir):
-    from m3lab.spec.vllm_config import spec_via_vllm
+    from m3lab.spec.model import spec_via_vllm
 
     for path in _configs(shared_dir):
         for k, cfg in enumerate(_variants(json.loads(path.read_text()))):
-            ours, theirs = parse_hf_config(cfg, name="m"), spec_via_vllm(cfg, name="m")
+            ours, theirs = parse_hf_config(cfg, name="m", reader="m3lab"), spec_via_vllm(cfg, name="m")
             assert _facts(ours) == _facts(theirs), (path.name, k)
             assert ours == theirs, (path.name, k)   # every ModelSpec field, not only the listed facts
 
 
 @needs_vllm
 def test_vllm_parse_values_and_defaults():
-    from m3lab.spec.vllm_config import spec_via_vllm
+    from m3lab.spec.model import spec_via_vllm
 
     bf16, shared, bare = _variants(json.loads((CONFIG_DIR / "minimax-m3.json").read_text()))
     m = spec_via_vllm(bf16)
@@ -67,7 +67,7 @@ def test_vllm_parse_values_and_defaults():
     assert len(s.topk_layers) == 2 + len(range(2, 57, 4)) and s.rope_scaling_dict["factor"] == 2.0
     b = spec_via_vllm(bare)   # vLLM's defaults: 1 MTP module, 524288 positions, beta 1, local block 0
     assert (b.mtp_modules, b.max_position, b.swiglu_beta, b.sparse.local_blocks) == (1, 524288, 1.0, 0)
-    mx8 = parse_hf_config(json.loads((CONFIG_DIR / "minimax-m3-mxfp8.json").read_text()))
+    mx8 = parse_hf_config(json.loads((CONFIG_DIR / "minimax-m3-mxfp8.json").read_text()), reader="m3lab")
     assert mx8.mtp_modules == 1 and m.mtp_modules == 7 and dataclasses.replace(mx8, mtp_modules=7, name=m.name) == \
         dataclasses.replace(m, name=m.name)
 
@@ -92,14 +92,14 @@ def test_index_sharing_top_level_is_an_error():
 
 def test_mtp_modules_and_rope_scaling_without_vllm():
     cfg = json.loads((CONFIG_DIR / "minimax-m3.json").read_text())
-    assert parse_hf_config(cfg).mtp_modules == 7 and parse_hf_config(cfg).rope_scaling is None
+    assert parse_hf_config(cfg, reader="m3lab").mtp_modules == 7 and parse_hf_config(cfg, reader="m3lab").rope_scaling is None
     cfg["text_config"].pop("num_mtp_modules")
     cfg["text_config"]["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0}
-    m = parse_hf_config(cfg)
+    m = parse_hf_config(cfg, reader="m3lab")
     assert m.mtp_modules == 1 and m.rope_scaling_dict == {"rope_type": "yarn", "factor": 2.0}
     cfg["text_config"]["rope_scaling"] = 2.0
     with pytest.raises(M3LabError, match="rope_scaling"):
-        parse_hf_config(cfg)
+        parse_hf_config(cfg, reader="m3lab")
 
 
 def test_rope_parameters_of_transformers_5():
@@ -108,5 +108,24 @@ def test_rope_parameters_of_transformers_5():
     for key in ("rope_theta", "partial_rotary_factor", "rotary_dim"):
         t.pop(key)
     t["rope_parameters"] = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 5e6, "partial_rotary_factor": 0.25}
-    m = parse_hf_config(cfg)
+    m = parse_hf_config(cfg, reader="m3lab")
     assert (m.rope_theta, m.rotary_dim, m.rope_scaling_dict) == (5e6, 32, {"rope_type": "yarn", "factor": 2.0})
+
+
+@needs_vllm
+def test_the_production_parse_is_vllms(monkeypatch, tmp_path):
+    """parse_hf_config hands M3 configs to vLLM's MiniMaxM3Config: a planted change in vLLM's class shows."""
+    from m3lab.spec import vllm_config
+    monkeypatch.setenv("M3LAB_CACHE_DIR", str(tmp_path))
+    cfg = json.loads((CONFIG_DIR / "minimax-m3.json").read_text())
+    cfg["text_config"].pop("num_mtp_modules")
+    assert parse_hf_config(cfg, name="m").mtp_modules == 1   # vLLM's default
+    cls = vllm_config._config_module().MiniMaxM3TextConfig
+    init = cls.__init__
+
+    def planted(self, *args, num_mtp_modules=1, **kwargs):
+        init(self, *args, num_mtp_modules=3, **kwargs)
+    monkeypatch.setattr(cls, "__init__", planted)
+    monkeypatch.setenv("M3LAB_CACHE_DIR", str(tmp_path / "fresh"))
+    assert parse_hf_config(cfg, name="m").mtp_modules == 3
+    assert parse_hf_config(cfg, name="m", reader="m3lab").mtp_modules == 1

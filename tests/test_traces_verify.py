@@ -20,7 +20,8 @@ def test_tp4_passes_and_tp2_names_the_failed_condition(tmp_path):
     bad = verify("minimax_m3_tp4", write_synthetic_m3_trace(tmp_path / "tp2.jsonl.gz", tp=2, layers=7))
     assert not bad.ok
     row = bad.failed.set_index("id").loc["attention_decode"]
-    assert "one KV head per rank" in row["why"] and "got 2 KV heads per rank at tp=2" in row["why"]
+    assert "vLLM starts this deployment (mxfp8-tp4-optimised+tp=2)" in row["why"]
+    assert "2 KV heads per rank" in row["why"]
     assert row["ran"] == "torch (4 calls)" and row["calls"] == 4  # layers 3-6 are sparse
     assert 0 < row["share"] < 1
     assert set(bad.failed["id"]) == {"attention_decode"}

@@ -3,10 +3,10 @@
 ``python -m m3lab.bench.gemm [--ms 1,8,...] [--formats bf16,mxfp8,mxfp4,fp8] [--out traces/bench/gemm.csv]``
 (GPU only). Providers: ``cublas`` (bf16 weights), ``triton`` (the launcher: tuned table, nearest M),
 ``triton-prefill-tiles`` (the same kernel forced to the shape's prefill tile: the decode-vs-prefill
-tile comparison) and, for mxfp8, ``vllm-mxfp8`` (vLLM's ``_mxfp8_linear_kernel`` with its ``_select_cfg``
-tiles, :func:`vllm_mxfp8_linear`: a reported peer, not a target — without MX units its ``tl.dot_scaled``
-is emulated) and, at decode M <= READ_ONLY_MAX_M, ``read-only`` (a reduction that only reads as many bytes
-as the format's weights and scales, one copy per call: the streaming ceiling of the point) and
+tile comparison) and, for mxfp8, ``vllm-mxfp8`` (vLLM's own ``_mxfp8_dot_scaled_linear``: its activation
+quantiser, its ``_select_cfg`` tile and ``_mxfp8_linear_kernel``; a reported peer, not a target — without MX units
+its ``tl.dot_scaled`` is emulated) and, at decode M <= READ_ONLY_MAX_M, ``read-only`` (a reduction that only reads
+as many bytes as the format's weights and scales, one copy per call: the streaming ceiling of the point) and
 ``triton-mx-layout`` (MX weights packed once into kernels/mx/decode_layout, ``layout_launcher.linear_layout``; decode M). Timing: :func:`m3lab.bench.timing.graph_time` (every row carries ``harness``). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
 launcher takes x in bf16 and quantises nothing). Shapes: the OpTable's dense GEMMs (:func:`model_gemm_shapes`).
 """
@@ -73,37 +73,6 @@ def make_operands(m: int, n: int, k: int, w_format: str, device: torch.device) -
     return Operands(x, ws, [torch.empty(m, n, device=device, dtype=dtype) for _ in range(copies)])
 
 
-def vllm_mxfp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """vLLM's MXFP8 linear: x [M, K] (bf16; fp16/fp32 on the CPU), w e4m3 [N, K], w_scale E8M0 uint8 [N, K/32]
-    -> y [M, N] in x.dtype. K must be a multiple of the BLOCK_K that ``_select_cfg`` picks (vLLM's K loop is
-    unmasked; its served K are multiples of 128).
-
-    As ``_mxfp8_dot_scaled_linear`` (vllm/model_executor/kernels/linear/mxfp8/rocm_native.py:84-117): x is
-    quantised to MXFP8 per 32 (here by kernels/mx: vLLM's ``mxfp8_quantize`` is a compiled op), the tiles come
-    from ``_select_cfg`` (:128-215) and ``_mxfp8_linear_kernel`` (:29-81) runs on a (M tiles, N tiles) grid.
-    """
-    from ..vllm.imports import vllm_module
-    mod = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 linear kernel")
-    if x.device.type == "cuda":
-        from ..kernels.mx.triton_mx import quantize
-        xq, xs = quantize(x, "mxfp8")
-    else:
-        from ..kernels.mx.reference import quantize_mxfp8
-        xq, xs = quantize_mxfp8(x)
-    m, k = x.shape
-    n = w.shape[0]
-    block_m, block_n, block_k, warps, stages = mod._select_cfg(m, n, k)
-    if k % block_k:
-        raise ValueError(f"x: K={k} is not a multiple of vLLM's BLOCK_K={block_k} (its K loop is unmasked)")
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
-    grid = ((m + block_m - 1) // block_m, (n + block_n - 1) // block_n)
-    mod._mxfp8_linear_kernel[grid](xq, xs, w, w_scale, y, m, n, k, *xq.stride(), *xs.stride(), *w.stride(),
-                                   *w_scale.stride(), *y.stride(), BLOCK_M=block_m, BLOCK_N=block_n,
-                                   BLOCK_K=block_k, num_warps=warps, num_stages=stages)
-    return y
-
-
 def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, k: int) -> list:
     """One closure per operand copy for a provider."""
     if provider == "cublas":
@@ -116,8 +85,10 @@ def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, 
         from ..kernels.mx.decode_layout import pack
         dws = [pack(w, s, w_format) for w, s in ops.ws]
         return [lambda dw=dw, y=y: layout_launcher.linear_layout(ops.x, dw, out=y) for dw, y in zip(dws, ops.ys)]
-    if provider == "vllm-mxfp8":
-        return [lambda w=w, s=s, y=y: vllm_mxfp8_linear(ops.x, w, s, out=y) for (w, s), y in zip(ops.ws, ops.ys)]
+    if provider == "vllm-mxfp8":   # vLLM's own launcher, run as vLLM runs it (its quantiser, tile and kernel)
+        from ..vllm.imports import vllm_module
+        linear = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 linear")._mxfp8_dot_scaled_linear
+        return [lambda w=w, s=s: linear(ops.x, w, s) for w, s in ops.ws]
     config = None
     if provider == "triton-prefill-tiles":
         config = select_config(PREFILL_REF_M, n, k, w_format, ops.x.device)

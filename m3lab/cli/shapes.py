@@ -27,26 +27,30 @@ def shapes(
     fused_shared: Optional[bool] = typer.Option(None, "--fused-shared/--separate-shared",
                                                 help="Ask for shared-expert fusion "
                                                      "(VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=1): the shared "
-                                                     "expert as an extra row of the routed grouped GEMM; vLLM "
-                                                     "turns it off under EP and with differently quantised experts."),
+                                                     "expert as an extra row of the routed grouped GEMM, where "
+                                                     "vLLM fuses it (the JSON says whether and why not)."),
     index_topk_freq: Optional[int] = typer.Option(None, "--index-topk-freq", metavar="N",
                                                   help="vLLM index sharing: top-k computed every N sparse layers."),
     indexer_cp: Optional[bool] = typer.Option(None, "--indexer-cp/--no-indexer-cp",
-                                              help="vLLM --attention-config minimax_m3_indexer_cp: every rank "
-                                                   "projects all index q heads."),
+                                              help="Ask for vLLM's indexer context parallelism (--attention-config "
+                                                   "minimax_m3_indexer_cp): every rank projects all index q heads "
+                                                   "where vLLM runs the fp8 MSA indexer context-parallel."),
     routing: str = typer.Option("balanced", "--routing", metavar="MODEL", help="Routing model: balanced or zipf:S."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Local shapes each kernel sees over a workload (projected): distinct GEMMs with their M values."""
+    # heavy dependency: the resolver runs vLLM (in a worker) when the deployment asks for what vLLM decides
+    from m3lab.vllm.fastpaths import effective_plan
     from m3lab.workload.shapes import shape_histograms
 
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl,
                   concurrency=concurrency, num_prompts=num_prompts, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, fused_shared_expert=fused_shared,
                   index_topk_freq=index_topk_freq, indexer_cp=indexer_cp)
-    rep = shape_histograms(d, routing=routing)
+    plan = effective_plan(d)   # index q and the shared expert as vLLM runs them
+    rep = shape_histograms(d, routing=routing, plan=plan)
     wl = d.workload
-    result = {"deployment": d.name, "model": d.model.name, "plan": d.plan.describe(), "quant": rep.meta["quant"],
+    result = {"deployment": d.name, "model": d.model.name, "plan": plan.describe(), "quant": rep.meta["quant"],
               "shared_expert_fusion": rep.meta["shared_expert_fusion"],
               "workload": {"isl": wl.isl, "osl": wl.osl, "concurrency": wl.concurrency,
                            "num_requests": rep.meta["num_requests"]},
@@ -103,11 +107,12 @@ def model_facts(
     """Parameter counts, weight bytes per GPU and KV-cache bytes per token (whole model and per rank)."""
     from m3lab.spec.hardware import list_hardware, load_hardware
     from m3lab.spec.memory import memory_facts
+    from m3lab.vllm.fastpaths import effective_plan   # heavy: runs vLLM (in a worker) when indexer CP is asked
 
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                   index_dtype=index_dtype)
     spec, q = d.model, d.quant
-    facts = memory_facts(d)
+    facts = memory_facts(d, effective_plan(d))   # index q as vLLM holds it
     facts["weight_bytes_per_gpu"] = int(facts["weight_bytes_per_gpu"])
     profiles = [load_hardware(name) for name in list_hardware()]
     facts["weights_fit_on"] = [h.name for h in profiles if facts["weight_bytes_per_gpu"] < h.hbm_bytes]

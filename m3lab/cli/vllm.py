@@ -16,6 +16,7 @@ import typer
 from m3lab.cli import deploy_options as opt
 from m3lab.cli.output import echo_json
 from m3lab.errors import M3LabError
+from m3lab.spec.serving import KV_CONNECTOR
 
 vllm_app = typer.Typer(help="Plan a vLLM deployment's commands, collect its measurements, compare MoE tables.",
                        no_args_is_help=True)
@@ -46,7 +47,7 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
                                                         "--profiler-config and bench --profile"),
          result_dir: str = typer.Option("vllm-bench", "--result-dir", metavar="DIR",
                                         help="where bench writes its JSON"),
-         kv_connector: str = typer.Option("NixlConnector", "--kv-connector", help="P/D KV connector"),
+         kv_connector: str = typer.Option(KV_CONNECTOR, "--kv-connector", help="P/D KV connector"),
          check: bool = typer.Option(False, "--check", help="parse every command with the installed vLLM's parser "
                                                            "and check the variables against vllm.envs"),
          list_presets: bool = typer.Option(False, "--presets", help="list the named deployments and exit"),

@@ -30,18 +30,15 @@ NO_ROWS = "none"   # a decision with no OpTable row of its own (graph mode, the 
 # path id (m3lab.vllm.fastpaths) -> cost source, or {OpTable op / kind: source, "*": default}
 PATH_COST: Mapping[str, object] = {
     # G2: MXFP8 linears (quantiser + Triton dot_scaled GEMM)
-    "mxfp8_dot_scaled_decode": _gemm("dot_scaled_decode"), "mxfp8_dot_scaled_mid_M": _gemm("dot_scaled_decode"),
-    "mxfp8_dot_scaled_prefill": _gemm("dot_scaled_prefill"),
-    "mxfp8_bf16_emulation": _gemm("bf16_untuned"), "cuda_mxfp8_linear": _gemm("generic_gemm"),
-    "marlin_mxfp8": _gemm("generic_gemm"),
-    "fp8_linear": _gemm("generic_gemm"), "mxfp4_linear": _gemm("generic_gemm"), "nvfp4_linear": _gemm("generic_gemm"),
+    "mxfp8_dot_scaled_decode": _gemm("dot_scaled_decode"), "mxfp8_dot_scaled_prefill": _gemm("dot_scaled_prefill"),
+    "mxfp8_bf16_emulation": _gemm("bf16_untuned"), "marlin_mxfp8": _gemm("generic_gemm"),
     # G1: BF16 linears
     "aiter_tgemm": "aiter_bf16", "aiter_triton_gemm": "aiter_bf16", "hipblaslt": "bf16_untuned",
     "skinny_wvsplitk": "bf16_untuned", "skinny_wvsplitkrc": "bf16_untuned", "skinny_llmm1": "bf16_untuned",
     "cublas": "generic_gemm",
     # G3: router GEMM
     "rocm_bf16x3": "bf16x3", "rocm_fp32_router_gemm": "small_kernel", "fp32_router_gemm": "small_kernel",
-    "fp32_linear": "small_kernel", "cuda_router_tiers": "small_kernel",
+    "fp32_linear": "small_kernel",
     # M1: routing top-k (+ fusion status rows)
     "topk_bias_router": "small_kernel", "topk_bias_router_cat_shared": "small_kernel",
     "aiter_biased_grouped_topk": "small_kernel", "aiter_biased_grouped_topk_fse": "small_kernel",
@@ -50,18 +47,14 @@ PATH_COST: Mapping[str, object] = {
     "aiter_mxfp8_flydsl": {**_MOE_INSIDE, "*": "aiter_moe"}, "aiter_ck_fused_moe": {**_MOE_INSIDE, "*": "aiter_moe"},
     "aiter_mxfp4_mxfp4": {**_MOE_INSIDE, "*": "aiter_moe"},
     "triton_mxfp8_native": {**_MOE_INSIDE, "*": "triton_moe"}, "triton_fused_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    "mxfp8_emulation": {**_MOE_INSIDE, "*": "triton_moe"}, "mxfp4_emulation": {**_MOE_INSIDE, "*": "triton_moe"},
-    "marlin": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_bf16_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    "cuda_mxfp8_moe": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_mxfp4_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    "cuda_fp8_moe": {**_MOE_INSIDE, "*": "triton_moe"}, "cuda_nvfp4_moe": {**_MOE_INSIDE, "*": "triton_moe"},
-    # M3: the monokernel: one persistent launch runs the rows of the ops it replaces (its status row and the
-    # stock-layer case have no rows of their own)
-    "mono_ffn": "monokernel", "stock_layers": NO_ROWS, "monokernel_weights": NO_ROWS,
+    "mxfp8_emulation": {**_MOE_INSIDE, "*": "triton_moe"}, "marlin": {**_MOE_INSIDE, "*": "triton_moe"},
+    # M3: the monokernel: one persistent launch runs the rows of the ops it replaces (the stock-layer case has no
+    # rows of its own)
+    "mono_ffn": "monokernel", "stock_layers": NO_ROWS,
     # A1 / A7: attention
     "triton_sparse": "sparse_attention", "aiter_sparse_pa": "aiter_pa", "msa_sm100": "sparse_attention",
-    "rocm_attn": "dense_attention", "rocm_aiter_fa": "dense_attention", "rocm_aiter_unified_attn": "dense_attention",
-    "triton_attn": "dense_attention", "cuda_default_backend": "dense_attention", "flash_attn": "dense_attention",
-    "flashinfer": "dense_attention",
+    "rocm_attn": "dense_attention", "rocm_aiter_unified_attn": "dense_attention",
+    "triton_attn": "dense_attention", "flash_attn": "dense_attention", "flashinfer": "dense_attention",
     # A2-A5: indexer (its top-k row runs inside the measured indexer time)
     "triton_amd_fused_topk": {"topk": "inside", "*": "indexer"},
     "triton_amd_fused_topk_emit_table": {"topk": "inside", "*": "indexer"},
@@ -69,14 +62,15 @@ PATH_COST: Mapping[str, object] = {
     "triton_cp": {"topk": "inside", "*": "indexer"},
     "msa_fp8": {"topk": "inside", "*": "msa_indexer"}, "msa_fp8_cp": {"topk": "inside", "*": "msa_indexer"},
     "reuse_topk": NO_ROWS,
-    # page-16 table producers (A1/A3/A5)
-    "triton_builder": "elementwise", "fused_topk_emits": NO_ROWS, "msa_topk_emits": NO_ROWS, "none": NO_ROWS,
+    # page-16 table producers (A1-A5): a builder kernel, or written by an indexer launch that is costed already
+    # (the MSA top-k, the fused decode top-k, the Triton-CP merge _merge_topk_keys), or none (Triton attend)
+    "triton_builder": "elementwise", "fused_topk_emits": NO_ROWS, "msa_topk_emits": NO_ROWS,
+    "cp_merge_emits": NO_ROWS, "none": NO_ROWS,
     # A6 / A7: q/k norm + RoPE + cache insert
     "vllm_fused_qknorm_rope_kv_insert": _QK_ONE_KERNEL, "aiter_fused_qknorm_idxrqknorm": _QK_ONE_KERNEL,
     "vllm_fused_qknorm_rope_aiter_cache": _QK_CACHE_APART, "vllm_fused_qknorm_rope": _QK_CACHE_APART,
     # N1-N3: norms, all-reduces, activations
     "triton_gemma_rmsnorm": "elementwise", "flashinfer_gemma_rmsnorm": "elementwise", "norm_only": "elementwise",
-    "rccl_then_triton_norm": {"post_attn_norm": "elementwise", "*": "rccl"},
     "allreduce_then_norm": {"post_attn_norm": "elementwise", "*": "rccl"},
     "flashinfer_fused_ar_norm": {"post_attn_norm": "fused", "*": "custom_ar"},
     "aiter_fused_ar_rmsnorm": {"post_attn_norm": "fused", "*": "custom_ar"},

@@ -15,15 +15,16 @@ from m3lab.dispatch.dispatcher import Dispatcher, plan_dict
 
 
 def build_traced_model(model: Any = None, plan: Any = None, *, device: str = "cpu", dtype=None, layers: int | None = None,
-                       seed: int = 0, timed: bool = False):
-    """A reference model (rank 0 of ``plan``) whose dispatcher keeps records; ``layers`` keeps the first n."""
+                       seed: int = 0, timed: bool = False, registry: Any = None):
+    """A reference model (rank 0 of ``plan``) whose dispatcher keeps records; ``layers`` keeps the first n;
+    ``registry``: the dispatcher's (default ``m3_registry()``)."""
     from m3lab.model.build import build_model, resolve_model
     spec = resolve_model(model)
     if layers is not None:
         spec = spec.with_layers(layers)
     dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
     return build_model(spec, plan, dtype=dtype, device=device, seed=seed,
-                       dispatcher=Dispatcher(plan=plan, timed=timed))
+                       dispatcher=Dispatcher(plan=plan, timed=timed, registry=registry))
 
 
 def run_steps(model, steps: list[list[int]], *, num_blocks: int | None = None, layout: str = "triton", seed: int = 0):
@@ -45,10 +46,10 @@ def run_steps(model, steps: list[list[int]], *, num_blocks: int | None = None, l
 
 def capture_dispatch_trace(model: Any, plan: Any, steps: list[list[int]], path: str | Path, *, device: str = "meta",
                            layers: int | None = None, commit: str | None = None, timed: bool = False,
-                           **header: Any) -> Path:
+                           registry: Any = None, **header: Any) -> Path:
     """Run ``steps`` on the reference model and write the dispatch trace to ``path`` (.gz compresses)."""
     from m3lab.traces.dispatch import DispatchTraceWriter
-    m = build_traced_model(model, plan, device=device, layers=layers, timed=timed)
+    m = build_traced_model(model, plan, device=device, layers=layers, timed=timed, registry=registry)
     dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else device
     with DispatchTraceWriter(path, device=dev_name, commit=commit or os.environ.get("GIT_COMMIT", "unknown"),
                              model=m.model.name, plan=plan_dict(plan), layers=m.model.layers, steps=steps,

@@ -1,27 +1,36 @@
 """The declared fast paths of MiniMax M3's reference model: vLLM 0.33.0's real paths (one registry).
 
 Path names are ``<op family>.<path>`` with the path names of the resolver (:mod:`m3lab.vllm.fastpaths`), so a
-dispatch trace can be checked against the resolver's expectations for a plan. Each path's conditions are
-vLLM's, restricted to what one reference call can see (the op's shapes, dtypes, device and plan); the
-deployment-wide switches (``VLLM_ROCM_USE_AITER``, the shuffled KV layout, the index-cache dtype) are the
-resolver's business. Implementations attach by name:
+dispatch trace can be checked against the resolver's expectations for a plan. Which path vLLM takes is the
+resolver's answer, never restated here: a registry built with ``m3_registry(answers=...)`` (a
+:class:`VllmAnswers`, made from a deployment by ``m3lab.vllm.fastpath_expectations.registry_answers``) gives
+every path one more condition, "vLLM takes this path here". The conditions declared below are what one
+reference call must satisfy for an implementation to run at all: the device, the op's weight format, the
+layer kind, the phase of the call, and the shape contract the kernels are built for. Implementations
+attach by name:
 
 - ``m3lab.vllm.reference_kernels.attach_vllm_kernels``: vLLM's own Triton kernels (sparse attention, indexer score + top-k, Gemma
   RMSNorm, SwiGLU-OAI) and its CUDA unquantized GEMM, on a CUDA device (:mod:`m3lab.vllm.reference_kernels`);
 - :func:`attach_repo_kernels`: this repo's kernels (:data:`REPO_KERNELS`: the GEMM launcher, the grouped MoE,
   the indexer score + top-k and the block-sparse attention, :mod:`m3lab.dispatch.repo_kernels`); they report
-  their launches (``m3lab.kernels.launches``), so a dispatch record names the kernels that ran. :data:`KERNEL_SLOTS`
-  names the repo kernel family each not-yet-implemented path waits for. ``register_impl(name, fn)`` attaches one.
+  their launches (``m3lab.kernels.launches``), so a dispatch record names the kernels that ran. This repo's
+  kernels stand in under vLLM's path names: a record can read path ``moe.triton_mxfp8_native`` while
+  ``align_kernel`` / ``gate_up_kernel`` / ``down_kernel`` ran. :data:`KERNEL_SLOTS` names the repo kernel
+  family each not-yet-implemented path waits for. ``register_impl(name, fn)`` attaches one.
+
+Without answers, the two MXFP8 GEMM paths split at this repo's GEMM launcher's decode bound (m3lab's
+bound, named as such); with answers, at the tile vLLM's ``_select_cfg`` gives the call's (M, N, K).
 
 Device conditions require a GPU; ``m3_registry(also_on=("cpu",))`` lets them accept another device type as well
 (the Triton interpreter in tests), every other condition unchanged.
 """
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from m3lab.dispatch.fastpath import CallContext, Condition, FastPath
 from m3lab.errors import M3LabError
-from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # = vLLM's MXFP8 _select_cfg decode bound (M <= 64)
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as LAUNCHER_DECODE_MAX_M  # m3lab's GEMM launcher, not vLLM
 
 GPU_DEVICES = ("cuda", "hip")
 KV_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")  # MiniMaxM3SparseBackend.supported_kv_cache_dtypes
@@ -62,12 +71,54 @@ def _on(*devices: str) -> Condition:
     return DeviceCondition(f"runs on {'/'.join(devices)}", lambda c: c.device in devices, lambda c: c.device)
 
 
-def _cuda_not_sm100() -> Condition:
-    """vLLM selects its MSA kernels on the SM100 family (common/sparse_attention.py, common/indexer.py)."""
-    def check(c: CallContext) -> bool:
-        import torch
-        return c.device == "cuda" and torch.cuda.get_device_capability()[0] != 10
-    return DeviceCondition("CUDA, not the SM100 family (MSA there)", check, lambda c: c.device)
+def _requests_from_shapes(c: CallContext) -> int:
+    return c.shapes["cu_seqlens_q"][0] - 1
+
+
+@dataclass(frozen=True)
+class VllmAnswers:
+    """The fast-path resolver's answers for one deployment, as this registry reads them (data only).
+
+    ``paths``: ``"<family>:<phase>"`` (family = the registry path's prefix, phase ``decode`` / ``prefill`` /
+    ``any``) -> the registry path vLLM takes; ``gemm_regime(m, n, k)``: ``"decode"`` when vLLM's MXFP8
+    ``_select_cfg`` gives the call the tile of one row, else ``"prefill"``; ``source``: the deployment;
+    ``refused``: vLLM's own reason when it refuses the deployment at start-up (then no path runs).
+    """
+
+    paths: Mapping[str, str] = field(default_factory=dict)
+    gemm_regime: Callable[[int, int, int], str] | None = None
+    source: str = ""
+    refused: str = ""
+
+    def path_for(self, family: str, phase: str) -> str | None:
+        return self.paths.get(f"{family}:{phase}", self.paths.get(f"{family}:any"))
+
+
+def _call_phase(c: CallContext) -> str:
+    """decode / prefill for the call (the reference model's own split of a step's calls)."""
+    a, sh = c.attrs, c.shapes
+    if c.op == "attention":
+        return "decode" if a.get("q_tokens") == a.get("requests") else "prefill"
+    if c.op == "indexer":
+        return "decode" if sh["iq"][0] == _requests_from_shapes(c) else "prefill"
+    return "any"
+
+
+def _vllm_takes(name: str, answers: VllmAnswers) -> Condition:
+    """The resolver's answer: vLLM takes ``name`` for this call (one condition, the same for every path)."""
+    family = name.split(".")[0]
+
+    if answers.refused:
+        return Condition(f"vLLM starts this deployment ({answers.source})", lambda c: False,
+                         lambda c: answers.refused)
+
+    def want(c: CallContext) -> str | None:
+        if name.startswith("gemm.mxfp8") and answers.gemm_regime is not None:
+            return f"gemm.mxfp8_dot_scaled_{answers.gemm_regime(c.attrs['m'], c.attrs['n'], c.attrs['k'])}"
+        return answers.path_for(family, _call_phase(c))
+
+    return Condition(f"vLLM takes {name} here ({answers.source})", lambda c: want(c) in (name, None),
+                     lambda c: f"vLLM takes {want(c)}")
 
 
 def _also_on(cond: Condition, devices: tuple[str, ...]) -> Condition:
@@ -87,8 +138,6 @@ def _uniform_decode(field_t: str, field_r: str, want: bool) -> Condition:
                      lambda c: f"{c.attrs.get(field_t)} rows for {c.attrs.get(field_r)} requests")
 
 
-def _requests_from_shapes(c: CallContext) -> int:
-    return c.shapes["cu_seqlens_q"][0] - 1
 
 
 def _attention_paths() -> list[FastPath]:
@@ -99,19 +148,15 @@ def _attention_paths() -> list[FastPath]:
                         lambda c: c.dtypes.get("k_cache")))
     return [
         _path("attention.aiter_sparse_pa", ("attention",),
-                 "AITER page-16 sparse paged attention (pa_decode_gluon), one KV head per rank unless the MSA "
-                 "indexer emits the page table (A1)",
-                 (*common, Condition("one KV head per rank", lambda c: c.attrs["heads_kv"] == 1,
-                                     lambda c: f"{c.attrs['heads_kv']} KV heads per rank at tp={c.plan.get('tp', 1)}"),
-                           _on("hip")),
+                 "AITER page-16 sparse paged attention (pa_decode_gluon) (A1)", (*common, _on("hip")),
                  ("pa_decode_gluon",)),
         _path("attention.triton_sparse_decode", ("attention",),
                  "vLLM's Triton split-K block-sparse decode + LSE merge (common/ops/sparse_attn.py)",
-                 (*common, _uniform_decode("q_tokens", "requests", True), _cuda_not_sm100()),
+                 (*common, _uniform_decode("q_tokens", "requests", True), _on("cuda")),
                  ("_gqa_sparse_decode_kernel", "_merge_topk_attn_out_kernel")),
         _path("attention.triton_sparse_prefill", ("attention",),
                  "vLLM's Triton block-sparse prefill (common/ops/sparse_attn.py)",
-                 (*common, _uniform_decode("q_tokens", "requests", False), _cuda_not_sm100()),
+                 (*common, _uniform_decode("q_tokens", "requests", False), _on("cuda")),
                  ("_gqa_sparse_fwd_kernel",)),
     ]
 
@@ -140,10 +185,10 @@ def _indexer_paths() -> list[FastPath]:
                                        lambda c: c.dtypes.get("index_cache")), _on("hip")),
                  ("pa_sparse_block_score_decode", "pa_sparse_block_score_prefill")),
         _path("indexer.triton_decode", ("indexer",), "vLLM's Triton decode index score + top-k (one call) (A3)",
-                 (index_dim, decode(True), _cuda_not_sm100()),
+                 (index_dim, decode(True), _on("cuda")),
                  ("_decode_index_score_kernel", "_topk_index_partial_kernel", "_topk_index_merge_kernel")),
         _path("indexer.triton_prefill", ("indexer",), "vLLM's Triton prefill block-max index score (A3)",
-                 (index_dim, decode(False), _cuda_not_sm100()), ("_index_block_score_kernel",)),
+                 (index_dim, decode(False), _on("cuda")), ("_index_block_score_kernel",)),
         _path("indexer.triton_amd_decode", ("indexer",), "vLLM's AMD Triton decode score (balanced or split-K) + "
                  "fused last-arriver top-k, which can emit the page-16 table (A3)", (index_dim, decode(True), _on("hip")),
                  ("_decode_index_score_kernel", "_decode_index_score_balanced_kernel", "_decode_topk_fused_kernel")),
@@ -156,20 +201,28 @@ def _indexer_paths() -> list[FastPath]:
     ]
 
 
+@dataclass(frozen=True)
+class LauncherRows(Condition):
+    """m3lab's GEMM launcher's decode bound (what splits the two MXFP8 paths without the resolver's
+    answers; with them, vLLM's tile decides and this condition is dropped)."""
+
+
+def _launcher_rows(decode: bool) -> Condition:
+    bound = LAUNCHER_DECODE_MAX_M
+    word = f"M <= {bound} (m3lab's GEMM launcher decode bound)" if decode else f"M > {bound} (m3lab's launcher)"
+    return LauncherRows(word, lambda c: (c.attrs["m"] <= bound) is decode, lambda c: f"M={c.attrs['m']}")
+
+
 def _gemm_paths() -> list[FastPath]:
     def fmt(*formats: str) -> Condition:
         return Condition(f"weights {'/'.join(formats)}", lambda c: c.attrs["w_format"] in formats,
                          lambda c: c.attrs.get("w_format"))
     return [
         _path("gemm.mxfp8_dot_scaled_decode", GEMM_OPS,
-                 "MXFP8 dot_scaled linear, decode tiles (narrow N, large K step) for M <= 64 (G2)",
-                 (fmt("mxfp8"), Condition(f"M <= {DECODE_M_MAX}", lambda c: c.attrs["m"] <= DECODE_M_MAX,
-                                          lambda c: f"M={c.attrs['m']}"), _on(*GPU_DEVICES)),
-                 ("_mxfp8_linear_kernel",)),
-        _path("gemm.mxfp8_dot_scaled_prefill", GEMM_OPS, "MXFP8 dot_scaled linear, M > 64 tiles (G2)",
-                 (fmt("mxfp8"), Condition(f"M > {DECODE_M_MAX}", lambda c: c.attrs["m"] > DECODE_M_MAX,
-                                          lambda c: f"M={c.attrs['m']}"), _on(*GPU_DEVICES)),
-                 ("_mxfp8_linear_kernel",)),
+                 "MXFP8 dot_scaled linear with the one-row (decode) tile of vLLM's _select_cfg (G2)",
+                 (fmt("mxfp8"), _launcher_rows(True), _on(*GPU_DEVICES)), ("_mxfp8_linear_kernel",)),
+        _path("gemm.mxfp8_dot_scaled_prefill", GEMM_OPS, "MXFP8 dot_scaled linear, larger tiles (G2)",
+                 (fmt("mxfp8"), _launcher_rows(False), _on(*GPU_DEVICES)), ("_mxfp8_linear_kernel",)),
         _path("gemm.unquantized", GEMM_OPS, "vLLM's CUDA unquantized GEMM: F.linear (cuBLAS) (G1 on CUDA)",
                  (fmt("bf16"), _on("cuda")), ("cublas",)),
     ]
@@ -181,8 +234,7 @@ def _moe_paths() -> list[FastPath]:
                          lambda c: c.attrs.get("w_format"))
     return [
         _path("moe.aiter_mxfp8_flydsl", MOE_OPS, "AITER FlyDSL MXFP8 2-stage MoE (M2)",
-                 (fmt("mxfp8"), Condition("no expert parallelism", lambda c: c.plan.get("ep", 1) == 1,
-                                          lambda c: f"ep={c.plan.get('ep')}"), _on("hip")),
+                 (fmt("mxfp8"), _on("hip")),
                  ("fused_moe",)),
         _path("moe.triton_mxfp8_native", MOE_OPS,
                  "Triton native MXFP8 grouped GEMM (GROUP_SIZE_M program swizzle) + fused SwiGLU-quant (M2)",
@@ -281,13 +333,19 @@ def attach_repo_kernels(registry: FastPathRegistry) -> dict[str, str]:
     return attach_impls(registry, REPO_KERNELS, reports_launches=True)
 
 
-def m3_registry(with_kernels: bool = False, *, also_on: tuple[str, ...] = ()) -> FastPathRegistry:
+def m3_registry(with_kernels: bool = False, *, also_on: tuple[str, ...] = (),
+                answers: VllmAnswers | None = None) -> FastPathRegistry:
     """A fresh registry with the M3 fast paths declared; ``with_kernels`` attaches this repo's kernels;
     ``also_on``: device types the device conditions accept besides their GPUs (``("cpu",)``: the Triton
-    interpreter, with ``TRITON_INTERPRET=1`` set before triton is imported)."""
+    interpreter, with ``TRITON_INTERPRET=1`` set before triton is imported); ``answers``: the resolver's
+    answers for a deployment (each path then also requires that vLLM takes it there)."""
     paths = _m3_fast_paths()
     for p in paths:
-        p.conditions = tuple(_also_on(c, tuple(also_on)) for c in p.conditions)
+        conds = tuple(_also_on(c, tuple(also_on)) for c in p.conditions)
+        if answers is not None:
+            regime = answers.gemm_regime is not None
+            conds = (_vllm_takes(p.name, answers), *(c for c in conds if not (regime and isinstance(c, LauncherRows))))
+        p.conditions = conds
     reg = FastPathRegistry(paths)
     if with_kernels:
         attach_repo_kernels(reg)

@@ -2,7 +2,7 @@
 
 - ``vllm.swiglu_oai_split`` (``amd/ops/swiglu_oai.py:30-65,187-227``) vs ``kernels/moe/reference.swiglu_oai``;
 - ``vllm.swiglu_oai_quantize_mxfp8`` (``amd/ops/swiglu_oai.py:68-184``): SwiGLU-OAI + per-32 MXFP8 in one
-  pass. Its E8M0 rule is ``ceil(log2(amax / 448))`` (``:112``), not the OCP rule ``floor(log2 amax) - 8`` of
+  pass. Its E8M0 rule is ``ceil(log2(amax / 448))`` (:data:`E8M0_RULE`), not the OCP rule ``floor(log2 amax) - 8`` of
   ``kernels/mx``: the two differ by exactly one step wherever a block's amax mantissa exceeds 1.75 (the
   OCP rule saturates those blocks' top elements at 448, vLLM's keeps them and loses a bit everywhere
   else). That is a documented finding: the scales are checked exactly against vLLM's rule applied to
@@ -87,9 +87,14 @@ def _swiglu_case(m: int, inter: int, dtype, device) -> Case:
     return Case(f"M={m},I={inter},{_label(dtype)}", _label(dtype), run)
 
 
+# where vLLM states the rule (located in the installed source by m3lab.vllm.cite; a test checks it)
+E8M0_RULE = ("models/minimax_m3/amd/ops/swiglu_oai.py", "_swiglu_oai_quant_kernel",
+             "sb = tl.minimum(tl.maximum(tl.ceil(tl.log2(amax / FP8_MAX)) + 127.0, 0.0), 254.0)")
+
+
 def ceil_rule_scale(act: torch.Tensor) -> torch.Tensor:
-    """vLLM's E8M0 byte per 32 (``amd/ops/swiglu_oai.py:111-112``): clamp(ceil(log2(max(amax, tiny)/448)) + 127, 0, 254).
-    act fp32 [M, I] -> uint8 [M, I/32]."""
+    """vLLM's E8M0 byte per 32 (:data:`E8M0_RULE`, the ``sb = ...`` line of ``_swiglu_oai_quant_kernel``):
+    clamp(ceil(log2(max(amax, tiny)/448)) + 127, 0, 254). act fp32 [M, I] -> uint8 [M, I/32]."""
     amax = act.reshape(*act.shape[:-1], -1, 32).abs().amax(-1).clamp(min=torch.finfo(torch.float32).tiny)
     return (torch.ceil(torch.log2(amax / E4M3_MAX)) + 127).clamp(0, 254).to(torch.uint8)
 

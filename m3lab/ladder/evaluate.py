@@ -19,6 +19,7 @@ from m3lab.cost.sensitivity import sensitivity
 from m3lab.ladder.before import SCALE, BeforeCalibration
 from m3lab.serving.breakdown import decode_step_breakdown, run_decode_point
 from m3lab.serving.capacity import capacity
+from m3lab.serving.dispatch import dispatch_for
 from m3lab.serving.estimate import estimate
 from m3lab.workload.deployed import acceptance, fixed_contents
 
@@ -52,12 +53,16 @@ def _calibration(deployment, calibration, undone: tuple[str, ...], scale: float)
 
 def check(deployment) -> None:
     """Raise M3LabError (naming the field) for what the serving estimate of ``deployment`` would refuse: a workload
-    that is no fixed closed loop, speculative decoding without an acceptance length, a KV cache that does not fit.
-    The ladder and the advisor call it on every deployment before estimating any."""
+    that is no fixed closed loop, speculative decoding without an acceptance length, a deployment vLLM refuses to
+    start (vLLM's own message, from the resolver), a KV cache that does not fit. The ladder and the advisor call it
+    on every deployment before estimating any."""
     d = deployment.validate()
     wl, limits = d.workload, d.scheduler_limits()
     fixed_contents(d, what="the serving estimate")
     acceptance(d)
+    disp = dispatch_for(d)   # what vLLM runs (cached: the estimate reads the same answer)
+    if disp is not None:
+        disp.check_serves()
     capacity(d.model, d.plan, d.quant, d.hardware, isl=wl.isl, osl=wl.osl,
              gpu_memory_utilization=limits.gpu_memory_utilization,
              spec_tokens=d.serving.spec_tokens).check(wl.concurrency)

@@ -140,9 +140,9 @@ def _ffn_rows(c: StepContext, moe: bool) -> list[dict]:
     rows.append(ops.gemm("router", T, m.experts, H, m.router_dtype if m.router_dtype == "fp32"
                          else q.weight_dtype("router"), kind="router"))
     w_routed, w_shared = q.weight_dtype("routed_expert"), q.weight_dtype("shared_expert")
-    # the shared expert as extra grouped-GEMM rows: as vLLM resolved it, else ParallelPlan's rule (asked for, no
-    # EP, one expert format: ParallelPlan.shared_fusion_reason)
-    fused = c.dispatch.fused_shared_expert if c.dispatch is not None else p.fuses_shared(m, q)
+    # the shared expert as extra grouped-GEMM rows: as vLLM resolved it (the Dispatch's effective plan), else as
+    # asked (ParallelPlan.shared_fusion_reason)
+    fused = p.fuses_shared(m)
     if c.dispatch is not None:  # the routing top-k kernel: reads the fp32 logits, writes ids and weights
         rows.append(ops.row("routing", "topk", m=T, topk=m.topk, act_dtype="fp32", flops=4.0 * T * m.experts,
                             bytes_compute=T * m.experts * 4.0 + T * (m.topk + 1) * 8.0, bytes_weight=0.0,
@@ -297,6 +297,8 @@ def build_optable(model, plan: ParallelPlan | None = None, quant="bf16", step: E
 
     model = load_model(model)
     plan = (plan or ParallelPlan()).validate(model)
+    if dispatch is not None:  # local widths and fusion as vLLM runs the deployment
+        plan = dispatch.plan(plan)
     quant = load_quant(quant)
     step = step if step is not None else EngineStep.decode(1, 1)
     sp = model.sparse

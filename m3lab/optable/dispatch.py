@@ -6,10 +6,10 @@ and the status. :mod:`m3lab.serving.dispatch` builds it (it calls the resolver, 
 only reads it, so the OpTable stays below the resolver in the import graph.
 
 Given a Dispatch, :func:`~m3lab.optable.build_optable` follows vLLM's structure rather than the spec's defaults:
-shared-expert fusion (the resolver lists no separate shared-expert GEMMs), index sharing (the resolver has
-``sparse_reuse`` layers), the page-table builder (its ``page_table`` decision runs), the routing top-k kernel,
-and, in a step with decodes and prefill chunks, separate attention / indexer rows per phase (vLLM launches the
-decode and the prefill kernels separately). :data:`OP_DECISION` maps each OpTable op to the resolver op whose
+shared-expert fusion and the local widths (vLLM's answers in the resolver's effective plan: :meth:`Dispatch.plan`),
+index sharing (the resolver has ``sparse_reuse`` layers), the page-table builder (its ``page_table`` decision
+runs), the routing top-k kernel, and, in a step with decodes and prefill chunks, separate attention / indexer
+rows per phase (vLLM launches the decode and the prefill kernels separately). :data:`OP_DECISION` maps each OpTable op to the resolver op whose
 decision picks its kernel.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from m3lab.errors import M3LabError
+from m3lab.spec.plan import EffectivePlan, ParallelPlan
 from m3lab.spec.record_key import stable_key
 
 PHASES = ("decode", "prefill")
@@ -72,6 +73,10 @@ class Dispatch:
     hardware: str
     choices: Mapping[str, Mapping[tuple[str, str], PathChoice]]
     tokens: Mapping[str, int] = field(default_factory=dict)
+    # vLLM's answers that change local sizes (the resolver's effective plan, m3lab.vllm.fastpaths.effective_plan)
+    index_q_replicated: bool = False
+    shared_expert_fused: bool = False
+    fusion_off: str = ""
 
     def choice(self, op: str, layer_kind: str, phase: str) -> PathChoice | None:
         """The decision for resolver ``op`` on ``layer_kind`` in ``phase`` (the model-level row as fallback;
@@ -90,8 +95,14 @@ class Dispatch:
 
     @property
     def fused_shared_expert(self) -> bool:
-        """True when no separate shared-expert GEMM runs on the MoE layers (vLLM fused it into the experts)."""
-        return not self.runs("shared_gate_up", "sparse", "decode")
+        """True when vLLM fused the shared expert into the routed experts (no separate shared-expert MLP)."""
+        return self.shared_expert_fused
+
+    def plan(self, plan: ParallelPlan) -> EffectivePlan:
+        """``plan`` as vLLM runs it for this deployment: with vLLM's answers on index-q replication and
+        shared-expert fusion, so its local widths are the ones vLLM's model holds."""
+        return plan.as_run(index_q_replicated=self.index_q_replicated, shared_expert_fused=self.shared_expert_fused,
+                           fusion_off=self.fusion_off)
 
     def key(self) -> str:
         """Stable hash of every decision (what vLLM runs), for caches of anything built from it."""

@@ -1,9 +1,10 @@
 """The deployment's :class:`~m3lab.optable.dispatch.Dispatch`: the fast-path resolver's answer, resolved once.
 
 ``dispatch_for(deployment)`` resolves the deployment (:func:`m3lab.vllm.fastpaths.resolve`) for one decode step
-and one prefill step and keeps every decision as plain data. Decode is resolved at the deployment's steady
-decode batch (``concurrency`` requests, at most ``max_num_seqs``, x (1 + speculative tokens) rows) and prefill
-at ``max_num_batched_tokens`` tokens: every decode step of a run takes the decode decisions and every step with
+and one prefill step and keeps every decision as plain data, with vLLM's answers that change local widths
+(:func:`m3lab.vllm.fastpaths.plan_of`: index q replicated, shared expert fused). Decode is resolved at the
+deployment's steady decode batch (``concurrency`` requests, at most ``max_num_seqs``, x (1 + speculative tokens)
+rows) and prefill at ``max_num_batched_tokens`` tokens: every decode step of a run takes the decode decisions and every step with
 a prefill chunk the prefill ones (a decision that changes with the step size inside a phase, such as the GEMM
 tile between 32 and 128 decode rows, is taken at the resolved size).
 
@@ -13,8 +14,9 @@ the process, and on disk under ``$M3LAB_CACHE_DIR/dispatch`` (default ``~/.cache
 disables it), keyed also on a hash of the resolver's source (``m3lab/vllm``, ``m3lab/spec``) and vLLM's version,
 so a changed rule or vLLM never reads a stale answer.
 
-Returns None for models the resolver does not know (it resolves MiniMax M3's code paths): their rows are
-costed by kind (:mod:`m3lab.cost.sources`).
+Returns None for deployments the resolver does not build (other models; M3 in a weight format no M3 checkpoint
+has, e.g. fp8; on B200, whose vLLM kernels compile at construction): their rows are costed by kind
+(:mod:`m3lab.cost.sources`).
 """
 from __future__ import annotations
 
@@ -27,12 +29,14 @@ from pathlib import Path
 from m3lab.atomic import write_text
 from m3lab.optable.dispatch import PHASES, Dispatch, PathChoice
 from m3lab.spec.record_key import stable_key
+from m3lab.vllm.fastpaths import resolves
 
 _CACHE: dict = {}
 CACHE_SIZE = 64
 CACHE_ENV = "M3LAB_CACHE_DIR"
 _SOURCES = ("vllm", "spec")   # m3lab packages whose code decides a resolution
 _FIELDS = ("op", "layer_kind", "path", "kernels", "status", "decision", "note")
+_PLAN_FIELDS = ("index_q_replicated", "shared_expert_fused", "fusion_off")   # vLLM's answers in the effective plan
 
 
 def dispatch_key(deployment, decode_tokens: int, prefill_tokens: int) -> str:
@@ -50,9 +54,9 @@ def resolved_tokens(deployment) -> dict[str, int]:
 
 
 def resolvable(deployment) -> bool:
-    """True when the resolver knows the model (MiniMax M3's block-sparse attention)."""
-    sp = deployment.model.sparse
-    return sp is not None and sp.style == "block"
+    """True when the resolver builds the deployment (MiniMax M3's block-sparse attention, in a weight format an M3
+    checkpoint has, on a GPU whose vLLM model it builds)."""
+    return resolves(deployment.model, deployment.quant.name, deployment.hardware)
 
 
 def dispatch_for(deployment, tokens: dict[str, int] | None = None) -> Dispatch | None:
@@ -75,14 +79,17 @@ def dispatch_for(deployment, tokens: dict[str, int] | None = None) -> Dispatch |
 
 def _resolve(deployment, tokens: dict[str, int]) -> Dispatch:
     # heavy dependency: the resolver imports vLLM (seconds); only resolvable deployments reach it
-    from m3lab.vllm.fastpaths import resolve
-    choices = {}
+    from m3lab.vllm.fastpaths import plan_of, resolve
+    choices, res = {}, None
     for phase in PHASES:
         res = resolve(deployment, tokens=tokens[phase], phase=phase)
         choices[phase] = {(x.op, x.layer_kind): PathChoice(x.op, x.layer_kind, x.path, tuple(x.kernels), x.status,
                                                           x.decision, x.note)
                           for x in res.decisions}
-    return Dispatch(hardware=deployment.hardware.name, choices=choices, tokens=dict(tokens))
+    plan = plan_of(res)   # vLLM's answers taken while it built the model: the same for both phases
+    return Dispatch(hardware=deployment.hardware.name, choices=choices, tokens=dict(tokens),
+                    index_q_replicated=plan.index_q_replicated, shared_expert_fused=plan.shared_expert_fused,
+                    fusion_off=plan.fusion_off)
 
 
 # ---------------------------------------------------------------- the disk cache
@@ -123,7 +130,8 @@ def _read_disk(key: str) -> Dispatch | None:
         data = json.loads(p.read_text())
         choices = {ph: {(c["op"], c["layer_kind"]): PathChoice(**{**c, "kernels": tuple(c["kernels"])})
                         for c in data["choices"][ph]} for ph in PHASES}
-        return Dispatch(hardware=data["hardware"], choices=choices, tokens=data["tokens"])
+        return Dispatch(hardware=data["hardware"], choices=choices, tokens=data["tokens"],
+                        **{k: data["plan"][k] for k in _PLAN_FIELDS})
     except (OSError, ValueError, KeyError, TypeError):  # a damaged entry is resolved again and rewritten
         return None
 
@@ -132,7 +140,7 @@ def _write_disk(key: str, d: Dispatch) -> None:
     p = _disk_path(key)
     if p is None:
         return
-    data = {"hardware": d.hardware, "tokens": d.tokens,
+    data = {"hardware": d.hardware, "tokens": d.tokens, "plan": {k: getattr(d, k) for k in _PLAN_FIELDS},
             "choices": {ph: [{f: (list(getattr(c, f)) if f == "kernels" else getattr(c, f)) for f in _FIELDS}
                              for c in d.choices[ph].values()] for ph in PHASES}}
     try:

@@ -239,6 +239,8 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
     contents = fixed_contents(d, what="the serving estimate")
     limits = d.scheduler_limits()
     cal = resolve_calibration(hw, calibration)
+    coster = StepCoster(d, cal, routing)   # resolves what vLLM runs: a deployment vLLM refuses stops here
+    plan = coster.plan                     # local widths as vLLM runs it (index q replicated under indexer CP)
     cap = capacity(m, plan, q, hw, isl=wl.isl, osl=wl.osl, gpu_memory_utilization=limits.gpu_memory_utilization,
                    spec_tokens=spec_tokens)
     cfg = scheduler_config(d, block_size=block_size_of(m))
@@ -251,7 +253,6 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
     check = None
     if engine != "m3lab":
         records, check = _engine_check(cfg, contents, conc, outputs, records, m3lab_s, progress)
-    coster = StepCoster(d, cal, routing)
     modes = ("ceiling",) + (("calibrated",) if cal is not None else ())
     host = step_host_us(m.layers)
     steps = engine_steps(records, contents.prompt, per_record=False)
@@ -276,16 +277,16 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
               "calibration": cal.name if cal is not None else None,
               "routing": "balanced" if routing is None else str(routing)}
     return ServingEstimate(config=config, capacity=cap, results=results, runs=runs, coster=coster,
-                           notes=list(top.notes) + _kv_dtype_hint(d, cap, limits), host_sensitivity=_host_sensitivity(runs["calibrated"])
+                           notes=list(top.notes) + _kv_dtype_hint(d, plan, cap, limits), host_sensitivity=_host_sensitivity(runs["calibrated"])
                            if "calibrated" in runs else [], engine_check=check, step_keys=keys)
 
 
-def _kv_dtype_hint(d, cap, limits) -> list[str]:
+def _kv_dtype_hint(d, plan, cap, limits) -> list[str]:
     """A one-line hint when the KV cache holds fewer than C whole sequences and an fp8 KV cache would hold more."""
     wl, q = d.workload, d.quant
     if cap.max_concurrency >= wl.concurrency or q.kv_dtype == "fp8":
         return []
-    fp8 = capacity(d.model, d.plan, q.with_cache(kv_dtype="fp8"), d.hardware, isl=wl.isl, osl=wl.osl,
+    fp8 = capacity(d.model, plan, q.with_cache(kv_dtype="fp8"), d.hardware, isl=wl.isl, osl=wl.osl,
                    gpu_memory_utilization=limits.gpu_memory_utilization, spec_tokens=d.serving.spec_tokens)
     if fp8.max_concurrency <= cap.max_concurrency:
         return []

@@ -87,6 +87,7 @@ class StepCoster:
         self.dispatch = dispatch_for(d)
         if self.dispatch is not None:
             self.dispatch.check_serves()
+            self.plan = self.dispatch.plan(d.plan)   # local widths as vLLM runs the deployment
         self._classes = _layer_classes(self.model, self.dispatch)
         # every field of model, plan and quant (KV / index dtypes, index sharing, ...) and every decision of
         # what vLLM runs for them keys the shared OpTables

@@ -14,7 +14,7 @@ from m3lab.errors import M3LabError
 
 # Payload bytes per element (scales excluded).
 DTYPE_BYTES: Mapping[str, float] = MappingProxyType({
-    "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1, "mxfp4": 0.5, "nvfp4": 0.5, "int32": 4, "int64": 8,
+    "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e5m2": 1, "mxfp8": 1, "mxfp4": 0.5, "nvfp4": 0.5, "int32": 4, "int64": 8,
 })
 MX_BLOCK = 32      # elements per E8M0 scale byte (OCP MX)
 NVFP4_BLOCK = 16   # elements per fp8 scale byte (NVFP4)

@@ -194,10 +194,12 @@ def weight_bytes_per_gpu(m: ModelSpec, plan: ParallelPlan, quant: QuantScheme | 
     return float(sum(weight_bytes_breakdown(m, plan, quant).values()))
 
 
-def memory_facts(deployment) -> dict:
+def memory_facts(deployment, plan=None) -> dict:
     """The numbers ``m3lab model`` prints for a Deployment (one flat dict, bytes and parameter counts): its model
-    under its plan and quantisation (weights, KV and index-key cache dtypes)."""
-    m, plan, q = deployment.model, deployment.plan, deployment.quant
+    under its plan and quantisation (weights, KV and index-key cache dtypes). ``plan``: the plan as vLLM runs it
+    (``m3lab.vllm.fastpaths.effective_plan``); None: the deployment's own."""
+    m, q = deployment.model, deployment.quant
+    plan = deployment.plan if plan is None else plan
     whole = kv_bytes(m, q.kv_dtype, q.index_dtype)
     rank = kv_bytes(m, q.kv_dtype, q.index_dtype, plan)
     return {

@@ -561,8 +561,14 @@ _FAMILIES = {
 }
 
 
-def parse_hf_config(config: dict, name: str | None = None, source: str = "") -> ModelSpec:
-    """Build a :class:`ModelSpec` from a config dict; M3LabError names the missing or bad field."""
+def parse_hf_config(config: dict, name: str | None = None, source: str = "", *, reader: str = "auto") -> ModelSpec:
+    """Build a :class:`ModelSpec` from a config dict; M3LabError names the missing or bad field.
+
+    MiniMax M3 configs in the checkpoint's own format (``sparse_attention_config``) are parsed by vLLM's
+    ``MiniMaxM3Config`` (:mod:`m3lab.spec.vllm_config`) when vLLM is installed; m3lab's own reader serves the
+    flat transformers-5 names (which vLLM 0.33.0's class does not read) and machines without vLLM.
+    ``reader="m3lab"`` forces m3lab's reader (compared with vLLM's in a test).
+    """
     if not isinstance(config, dict):
         raise M3LabError("config must be a JSON object (a Hugging Face config.json)", field="config")
     text = config.get("text_config")
@@ -584,9 +590,35 @@ def parse_hf_config(config: dict, name: str | None = None, source: str = "") -> 
     if parser is None:
         raise M3LabError(f"config field 'model_type' is {model_type or 'missing'!r}: not supported",
                          field="model_type", hint=f"supported: {', '.join(sorted(_FAMILIES))}")
-    values = parser(t)
+    values = parser(t)  # m3lab's reader: its input checks run for every family
     name = name or str(config.get("_name_or_path") or model_type)
+    if parser is _minimax_m3 and reader != "m3lab" and "sparse_attention_config" in t and _vllm_parses():
+        spec = spec_via_vllm(config, name=name, source=source)  # vLLM's MiniMaxM3Config: the production parse
+        return dataclasses.replace(spec, extra={**spec.extra, "model_type": model_type})
     return ModelSpec(name=name, source=source, extra={"model_type": model_type}, **values)
+
+
+def spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> ModelSpec:
+    """The ModelSpec of what vLLM's AMD model reads from vLLM's parse of a MiniMax M3 ``config``
+    (:func:`m3lab.spec.vllm_config.cached_vllm_reads`)."""
+    from m3lab.spec.vllm_config import cached_vllm_reads  # loads vLLM's config class (torch + transformers)
+    v = dict(cached_vllm_reads(config))
+    n, sparse_ids, moe_ids = v.pop("layers"), set(v.pop("sparse_layers")), set(v.pop("moe_layers"))
+    attn = tuple(ATTN_SPARSE if i in sparse_ids else ATTN_DENSE for i in range(n))
+    sp, disable_v, scaling = v.pop("sparse"), v.pop("sparse_disable_index_value"), v.pop("rope_scaling")
+    model_type = v.pop("model_type")
+    return ModelSpec(name=name or str(config.get("_name_or_path") or model_type), family="minimax_m3", layers=n,
+                     attn_types=attn,
+                     mlp_types=tuple(MLP_MOE if i in moe_ids else MLP_DENSE for i in range(n)),
+                     sparse=SparseConfig(**sp, index_value=_index_value(disable_v, attn)) if sp else None,
+                     rope_scaling=_frozen(scaling) if scaling else None, source=source,
+                     extra={"model_type": model_type}, **v)
+
+
+def _vllm_parses() -> bool:
+    """Whether vLLM's config class parses M3 configs here (else m3lab's reader, with a one-time notice)."""
+    from m3lab.vllm import install  # the install check reads package metadata only (no vLLM import)
+    return install.tell_once("parsing MiniMax M3 configs with vLLM's MiniMaxM3Config (m3lab's own reader is used)")
 
 
 # ---- registry ----------------------------------------------------------------------------------------
@@ -607,8 +639,21 @@ def _load_named(key: str) -> ModelSpec:
     if key == "minimax-m3-mini":
         return ModelSpec.mini()
     entry = _index()[key]
-    cfg = json.loads((CONFIG_DIR / entry["file"]).read_text())
-    return parse_hf_config(cfg, name=key, source=entry["source"])
+    path = CONFIG_DIR / entry["file"]
+    spec = parse_hf_config(json.loads(path.read_text()), name=key, source=entry["source"])
+    spec.extra["config_file"] = str(path)
+    return spec
+
+
+def raw_config(model: ModelSpec) -> dict:
+    """The ``config.json`` dict ``model`` was parsed from (a fresh copy), for building vLLM's own model."""
+    if model.name == "minimax-m3-mini":
+        return json.loads(json.dumps(MINI_M3_CONFIG))
+    path = model.extra.get("config_file")
+    if not path:
+        raise M3LabError(f"model {model.name!r} was not loaded from a config.json", field="model",
+                         hint="load it by name or from a config.json path")
+    return json.loads(Path(path).read_text())
 
 
 def _resolve_name(name: str) -> str | None:
@@ -639,7 +684,9 @@ def load_model(name_or_path: str | ModelSpec) -> ModelSpec:
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             reason = err.msg if hasattr(err, "msg") else err
             raise M3LabError(f"model config {str(path)!r} is not valid JSON ({reason})", field="model") from None
-        return parse_hf_config(cfg, name=path.parent.name if path.name == "config.json" else path.stem,
+        spec = parse_hf_config(cfg, name=path.parent.name if path.name == "config.json" else path.stem,
                                source=f"file {path}")
+        spec.extra["config_file"] = str(path)
+        return spec
     raise M3LabError(f"unknown model {str(name_or_path)!r}", field="model",
                      hint=f"use one of {', '.join(list_models())} or a path to a config.json")

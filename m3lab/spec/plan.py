@@ -8,14 +8,21 @@ Rules as vLLM applies them:
 - Gated DeltaNet (linear attention) key and value heads shard by TP (both must be divisible).
 - M3 sparse layers project q, k, v, index q and index k with ONE fused GEMM (vLLM
   ``MinimaxM3QKVParallelLinearWithIndexer``, ``vllm/model_executor/layers/linear.py:1374-1445``): index q shards
-  like the KV heads, or is replicated on every rank with the indexer context parallelism
-  (``minimax_m3_indexer_cp``, ``replicate_index_q``, ``vllm/models/minimax_m3/amd/model.py:681-698``).
+  like the KV heads, or is replicated on every rank when vLLM runs the indexer context-parallel
+  (``index_q_replicated``: ``replicate_index_q``, ``vllm/models/minimax_m3/amd/model.py:681-698``; asking for it
+  with ``minimax_m3_indexer_cp`` is ``indexer_cp``, and vLLM turns it on only when its MSA-CP gate passes).
 - MoE: with ep == 1 every rank holds all experts at inter / tp (TP-MoE); with ep > 1 each rank holds
   experts / ep whole experts. The shared expert is a TP-sharded MergedColumnParallelLinear (shared_inter / tp)
   whatever the EP degree (``amd/model.py:286-300``). Shared-expert fusion (the shared expert as an extra row of
-  the routed grouped GEMM) is opt-in (``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS``), off under EP and off when
-  routed and shared experts have different weight formats (``amd/model.py:404-424``).
+  the routed grouped GEMM) is asked for with ``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS``; whether vLLM fuses
+  is vLLM's decision (``MiniMaxM3MoE.__init__``), taken by the fast-path resolver.
 - Embedding and LM head are vocab-parallel: ceil(vocab padded to 64 / tp) rows per rank.
+
+:class:`ParallelPlan` holds the inputs (what the launch line asks for). :class:`EffectivePlan` is the plan as vLLM
+runs it: the inputs plus vLLM's answers that change local sizes (index q replicated, shared expert fused), from
+``m3lab.vllm.fastpaths.effective_plan`` (or a Dispatch, :mod:`m3lab.optable.dispatch`). Without those answers a
+plan's sizes are what was asked: nothing replicated, the shared expert fused when asked and its slice per rank
+is a routed expert's.
 """
 from __future__ import annotations
 
@@ -43,7 +50,9 @@ class ParallelPlan:
     dp: int = 1
     role: str = "both"
     fused_shared_expert: bool = False  # asked for (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS); see fuses_shared
-    indexer_cp: bool = False           # --attention-config minimax_m3_indexer_cp: index q replicated per rank
+    indexer_cp: bool = False           # asked for: --attention-config minimax_m3_indexer_cp
+    # vLLM's answer, not an input (a class attribute, not a field): only an EffectivePlan replicates index q
+    index_q_replicated = False
 
     @property
     def world(self) -> int:
@@ -96,9 +105,15 @@ class ParallelPlan:
         return max(1, self.tp // model.heads_kv)
 
     def index_heads_local(self, model: ModelSpec) -> int:
-        """Index q heads per rank: sharded exactly like the KV heads (M3); all of them for DSA and under the
-        M3 indexer context parallelism (replicated)."""
-        if model.sparse is not None and (model.sparse.index_q_replicated or self.indexer_cp):
+        """Index q heads per rank: sharded exactly like the KV heads (M3); all of them for DSA and when vLLM
+        runs the M3 indexer context-parallel (``index_q_replicated``).
+
+        Asking for indexer CP (``indexer_cp``) does not replicate anything by itself: vLLM replicates index q
+        only when ``msa_indexer_cp_enabled`` holds (the MSA indexer runs and its CP gate passes,
+        ``vllm/models/minimax_m3/amd/indexer_msa.py``). That is vLLM's decision, taken by the fast-path
+        resolver (``m3lab.vllm.fastpaths.effective_plan`` gives the :class:`EffectivePlan` with it set).
+        """
+        if model.sparse is not None and (model.sparse.index_q_replicated or self.index_q_replicated):
             return model.index_heads
         return max(1, model.index_heads // self.tp)
 
@@ -113,49 +128,46 @@ class ParallelPlan:
         d = model.sparse.index_dim
         return (*qkv, self.index_heads_local(model) * d, d)
 
+    def dense_inter_local(self, model: ModelSpec) -> int:
+        """Dense-MLP intermediate width per rank (column-parallel over tp)."""
+        return model.dense_inter // self.tp
+
     def linear_heads_local(self, model: ModelSpec) -> tuple[int, int]:
         """Gated DeltaNet (key heads, value heads) per rank."""
         return model.linear.key_heads // self.tp, model.linear.value_heads // self.tp
 
     # ---- MoE ---------------------------------------------------------------------------------------
-    def shared_fusion_reason(self, model: ModelSpec, quant: Any = None) -> str | None:
-        """Why the shared expert is NOT fused into the routed grouped GEMM (None when it is).
-
-        vLLM's rule (``vllm/models/minimax_m3/amd/model.py:404-424``): fusion is asked for with
-        ``VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=1`` (default 0, ``vllm/envs.py:1384``), needs shared experts,
-        is off under expert parallelism, and needs the routed and shared experts in the same quant config
-        (``is_shared_expert_quant_fse_compatible``, ``quantization/utils/config_utils.py``). ``quant``: a
-        QuantScheme or preset name (None: formats not checked). The shared expert must also be expert-sized.
-        """
+    def shared_fusion_reason(self, model: ModelSpec) -> str | None:
+        """Why the shared expert is NOT fused into the routed grouped GEMM (None when it is), from the inputs and
+        the layout alone: not asked for, no shared expert, or a shared expert whose slice per rank is not a routed
+        expert's (it cannot be a row of the local expert table: the shared expert is TP-sharded, routed experts
+        are whole under EP). Whether vLLM fuses what was asked and fits is vLLM's decision
+        (``MiniMaxM3MoE.__init__``; the NVIDIA model has no fusion): :class:`EffectivePlan` carries it."""
         if not self.fused_shared_expert:
             return "not asked for (VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS=0, vLLM's default)"
         if model.n_shared <= 0 or model.expert_inter <= 0:
             return f"{model.name} has no shared expert"
-        if self.ep > 1:
-            return f"off under expert parallelism (ep={self.ep}): vLLM fuses only with enable_expert_parallel off"
         if model.shared_inter != model.n_shared * model.expert_inter:
             return (f"shared expert width {model.shared_inter} is not n_shared x expert width "
                     f"{model.n_shared} x {model.expert_inter}")
-        if quant is not None:
-            from m3lab.spec.quant import load_quant
-            q = load_quant(quant)
-            routed, shared = q.weight_dtype("routed_expert"), q.weight_dtype("shared_expert")
-            if routed != shared:
-                return f"routed experts ({routed}) and shared expert ({shared}) have different weight formats"
+        shared, routed = self.shared_inter_local(model) // model.n_shared, self.expert_inter_local(model)
+        if shared != routed:
+            return (f"the shared expert's slice per rank ({shared} wide, TP-sharded) is not a routed expert's "
+                    f"({routed}, ep={self.ep}): it cannot be a row of the local expert table")
         return None
 
-    def fuses_shared(self, model: ModelSpec, quant: Any = None) -> bool:
+    def fuses_shared(self, model: ModelSpec) -> bool:
         """True when the shared expert(s) run as extra rows of the routed grouped GEMM (see
         :meth:`shared_fusion_reason`)."""
-        return self.shared_fusion_reason(model, quant) is None
+        return self.shared_fusion_reason(model) is None
 
     def experts_local(self, model: ModelSpec) -> int:
         """Routed experts held per rank."""
         return model.experts // self.ep
 
-    def expert_rows_local(self, model: ModelSpec, quant: Any = None) -> int:
+    def expert_rows_local(self, model: ModelSpec) -> int:
         """Rows of the local grouped GEMM: local routed experts (+ n_shared when fused)."""
-        return self.experts_local(model) + (model.n_shared if self.fuses_shared(model, quant) else 0)
+        return self.experts_local(model) + (model.n_shared if self.fuses_shared(model) else 0)
 
     def expert_inter_local(self, model: ModelSpec) -> int:
         """Expert intermediate width per rank: inter / tp under TP-MoE, whole under EP."""
@@ -172,6 +184,39 @@ class ParallelPlan:
     def describe(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "role": self.role,
                 "fused_shared_expert": self.fused_shared_expert, "indexer_cp": self.indexer_cp}
+
+    def as_run(self, *, index_q_replicated: bool, shared_expert_fused: bool, fusion_off: str = "") -> EffectivePlan:
+        """This plan with vLLM's answers (see :class:`EffectivePlan`)."""
+        inputs = {f.name: getattr(self, f.name) for f in dataclasses.fields(ParallelPlan)}
+        return EffectivePlan(**inputs, index_q_replicated=index_q_replicated,
+                             shared_expert_fused=shared_expert_fused, fusion_off=fusion_off)
+
+
+@dataclass(frozen=True)
+class EffectivePlan(ParallelPlan):
+    """A plan as vLLM runs it: the inputs plus vLLM's answers that change local sizes, taken by vLLM's own code
+    (``m3lab.vllm.fastpaths.effective_plan``; the OpTable reads them off its Dispatch). Not a record field: a
+    Deployment holds the inputs, and this is derived from them.
+
+    ``index_q_replicated``: vLLM runs the M3 indexer context-parallel (``msa_indexer_cp_enabled``), so every
+    rank projects all index q heads; ``shared_expert_fused``: vLLM built the shared expert into the routed experts
+    (``MiniMaxM3MoE.is_fused_shared_expert_enabled``); ``fusion_off``: vLLM's reason when asked and not fused."""
+
+    index_q_replicated: bool = False
+    shared_expert_fused: bool = False
+    fusion_off: str = ""
+
+    def shared_fusion_reason(self, model: ModelSpec) -> str | None:
+        """vLLM's answer: None when it fused the shared expert, else why not (not asked, or vLLM's reason)."""
+        if self.shared_expert_fused:
+            return None
+        if not self.fused_shared_expert:
+            return super().shared_fusion_reason(model)
+        return self.fusion_off or "asked for; vLLM does not fuse it for this deployment"
+
+    def describe(self) -> dict:
+        return {**super().describe(), "index_q_replicated": self.index_q_replicated,
+                "shared_expert_fused": self.shared_expert_fused}
 
 
 def as_plan(plan: Any) -> ParallelPlan:

@@ -21,9 +21,11 @@ from m3lab.errors import M3LabError
 # Bytes per dtype live in m3lab.spec.dtypes; re-exported for the modules that read them with the presets.
 from m3lab.spec.dtypes import DTYPE_BYTES, MX_BLOCK, NVFP4_BLOCK, QUANTIZED, dtype_bytes, gemm_act_dtype, weight_bytes  # noqa: F401
 
-CACHE_DTYPES = ("bf16", "fp16", "fp8")
-_CACHE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
-                  "float8_e4m3fn": "fp8", "e4m3": "fp8"}
+# fp8 is vLLM's default fp8 cache format, e4m3 ("fp8" / "fp8_e4m3"); fp8_e5m2 is another format with other
+# kernels (e.g. no AITER fused QK-norm + insert, vllm/_aiter_ops.py fused_qknorm_idxrqknorm_enabled), kept apart.
+CACHE_DTYPES = ("bf16", "fp16", "fp8", "fp8_e5m2")
+_CACHE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "float16": "fp16", "fp8_e4m3": "fp8",
+                  "float8_e4m3fn": "fp8", "e4m3": "fp8", "float8_e5m2": "fp8_e5m2", "e5m2": "fp8_e5m2"}
 
 MODULES = ("attn_qkv", "attn_o", "indexer_qk", "dense_mlp", "shared_expert", "routed_expert", "router",
            "embedding", "lm_head")

@@ -58,6 +58,25 @@ _TRAFFIC_KEYS = ("workload", "isl", "osl", "concurrency", "num_prompts", "reques
                  "accept_len", "accept_dataset", "draft_cost")
 
 
+# The P/D KV connector (vLLM refuses a kv_role without one: "Connector name is not set in KVTransferConfig"), with
+# vLLM's roles for NixlConnector: kv_producer on prefill instances, kv_consumer on decode instances (kv_both is
+# deprecated there: vllm/distributed/kv_transfer/kv_connector/v1/nixl/connector.py NixlConnector.__init__)
+KV_CONNECTOR = "NixlConnector"
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def kv_transfer_config(role: str, connector: str = KV_CONNECTOR) -> dict[str, str]:
+    """``--kv-transfer-config`` of a P/D role (``prefill`` or ``decode``), as vLLM accepts it."""
+    return {"kv_connector": connector, "kv_role": KV_ROLES[role]}
+
+
+def block_size_args(d: Deployment) -> list[str]:
+    """``--block-size`` of every launch of ``d``: the model's sparse block (M3's sparse and indexer backends accept
+    only 128, ``vllm/models/minimax_m3/common/sparse_attention.py``, ``common/indexer.py``; vLLM checks the
+    monokernel's config against it at model construction). Not part of ``to_vllm``: it selects no code path."""
+    return ["--block-size", str(d.model.block_size)] if d.model.sparse is not None else []
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
@@ -190,8 +209,7 @@ class Deployment:
             args += ["--max-model-len", str(s.max_model_len)]
         args += self._limit_args()
         if p.role != "both":
-            args += ["--kv-transfer-config", json.dumps({"kv_role": {"prefill": "kv_producer", "decode":
-                                                                      "kv_consumer"}[p.role]}, separators=(",", ":"))]
+            args += ["--kv-transfer-config", json.dumps(kv_transfer_config(p.role), separators=(",", ":"))]
         return env, args
 
     def _limit_args(self) -> list[str]:
@@ -322,7 +340,7 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
             step = taken
         elif flag == "--kv-transfer-config":
             kv_role = _json_arg(flag, value).get("kv_role")
-            role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(kv_role, "both")
+            role = {v: k for k, v in KV_ROLES.items()}.get(kv_role, "both")
         else:
             raise M3LabError(f"vllm argument {flag!r} is not modelled by m3lab", field=flag)
         i += step

@@ -3,12 +3,14 @@ the model.
 
 :func:`write_synthetic_m3_trace` writes the calls of one decode step the way :mod:`m3lab.dispatch` records them
 (its op names, shape names and the registry's path names) for the optimised MXFP8 deployment on MI355X
-(``mxfp8-tp4-optimised``, whose generated expectations are ``minimax_m3_tp4``): AITER paged sparse attention
-needs one KV head per rank (M3 has 4 KV heads, so TP4 or TP8; at TP2 the call falls back with the failed
-condition), the indexer runs on the layers that compute their top-k (index sharing every 4th sparse layer),
-the shared expert is fused into the grouped GEMM (129 experts, top-5) unless told otherwise, decode GEMMs
-take the MXFP8 decode tiles. The header carries ``"synthetic": true``; timings are random. Real traces come
-from ``m3lab.dispatch.capture.capture_dispatch_trace``.
+(``mxfp8-tp4-optimised``, whose generated expectations are ``minimax_m3_tp4``): the sparse layers run AITER's
+paged sparse attention; at TP2 (two KV heads per rank) the call falls back to plain torch with the condition the
+reference model's dispatcher records when the resolver's answer for that launch is vLLM's refusal (vLLM starts
+AITER's paged sparse attention with more than one KV head per rank only when the fp8 MSA indexer emits its page
+table; the optimised deployment's index cache is bf16), the indexer runs on the layers that compute their top-k
+(index sharing every 4th sparse layer), the shared expert is fused into the grouped GEMM (129 experts, top-5)
+unless told otherwise, decode GEMMs take the MXFP8 decode tiles. The header carries ``"synthetic": true``;
+timings are random. Real traces come from ``m3lab.dispatch.capture.capture_dispatch_trace``.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # the MXFP8 decode tiles' M bound
+from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # m3lab's GEMM launcher bound (not vLLM's)
 from m3lab.traces.dispatch import DispatchTraceWriter
 
 KV_HEADS, Q_HEADS, HEAD_DIM, HIDDEN, EXPERTS, EXPERT_INTER, DENSE_LAYERS = 4, 64, 128, 6144, 128, 3072, 3
@@ -35,7 +37,8 @@ def _gemm(w: DispatchTraceWriter, rng: np.random.Generator, op: str, layer: int,
     w.write(op, layer=layer, shapes={"x": [m, k], "w": [n, k]}, dtypes={"x": "bfloat16", "w": "float8_e4m3fn"},
             path=DECODE_GEMM if decode else FALLBACK,
             kernels=["_mxfp8_linear_kernel"] if decode else ["m3lab.kernels.gemm.reference.linear_ref"],
-            rejected=[] if decode else [(DECODE_GEMM, f"M <= {DECODE_M_MAX} (got M={m})")],
+            rejected=[] if decode else [(DECODE_GEMM, f"M <= {DECODE_M_MAX} (m3lab's GEMM launcher decode bound) "
+                                                      f"(got M={m})")],
             t_us=float(rng.uniform(2, 20)))
 
 
@@ -69,7 +72,8 @@ def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32,
             if sparse:
                 attn_shapes["blocks"] = [kv_local, tokens, 16]
             why = ("sparse-attention layer (got dense layer)" if not sparse else None if kv_local == 1 else
-                   f"one KV head per rank (got {kv_local} KV heads per rank at tp={tp})")
+                   f"vLLM starts this deployment (mxfp8-tp4-optimised+tp={tp}) (got vLLM refuses AITER's paged "
+                   f"sparse attention with {kv_local} KV heads per rank: no fp8 MSA indexer emits its page table)")
             w.write("attention", layer=layer, shapes=attn_shapes, dtypes={"q": "bfloat16", "k_cache": "bfloat16"},
                     path=FALLBACK if why else SPARSE_PAGED,
                     kernels=["m3lab.model.attention.attention_varlen"] if why else ["pa_decode_gluon"],

@@ -100,3 +100,33 @@ class Flag:
 
     def __str__(self) -> str:
         return f"vllm/envs.py:{self.line()} {self.name}"
+
+
+def _relative(filename: str) -> str | None:
+    """``models/minimax_m3/amd/model.py`` for a file of the installed vllm package (None otherwise)."""
+    root = str(vllm_root())
+    return filename[len(root) + 1:] if filename.startswith(root + "/") else None
+
+
+def cite_line(filename: str, qualname: str, lineno: int) -> Cite | None:
+    """The citation of one executed line of vLLM (a frame of a call that decided), or None outside vLLM."""
+    rel = _relative(filename)
+    if rel is None:
+        return None
+    lines, spans = _source(rel)
+    function = qualname.replace(".<locals>", "")
+    while function and function not in spans:
+        function = function.rpartition(".")[2] if "." in function else ""
+    text = lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+    return Cite(rel, function, text) if function else None
+
+
+def cite_of(obj: Any, needle: str = "") -> Cite:
+    """The citation of a vLLM function, method or class (its definition, or ``needle``'s line in it)."""
+    import inspect
+    fn = getattr(obj, "__func__", obj)
+    fn = inspect.unwrap(fn) if callable(fn) else fn
+    rel = _relative(inspect.getsourcefile(fn) or "")
+    if rel is None:
+        raise M3LabError(f"{obj!r} is not vLLM code", field="vllm")
+    return Cite(rel, fn.__qualname__.replace(".<locals>", ""), needle)

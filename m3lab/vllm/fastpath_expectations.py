@@ -16,7 +16,7 @@ from typing import Any
 
 from m3lab.spec.serving import Deployment, load_preset
 from m3lab.traces.expectations import Expectations
-from m3lab.vllm.fastpaths import Decision, resolve
+from m3lab.vllm.fastpaths import Decision, resolve_cached
 
 PHASE_TOKENS = {"decode": 32, "prefill": 4096}
 GEMM_OPS = "qkv_proj|o_proj|gate_up_proj|down_proj|shared_gate_up|shared_down"
@@ -83,7 +83,7 @@ def expectations_for(dep: Deployment, name: str | None = None) -> dict[str, Any]
     """The expectations (a YAML-ready dict) of a deployment, from the resolver at a decode and a prefill step."""
     items: list[dict[str, Any]] = []
     for phase, tokens in PHASE_TOKENS.items():
-        res = resolve(dep, tokens=tokens, phase=phase)
+        res = resolve_cached(dep, tokens=tokens, phase=phase)
         if not res.ok:
             from m3lab.errors import M3LabError
             raise M3LabError(f"vLLM refuses {dep.name or 'this deployment'}: {res.refused[0].note}", field="--preset")
@@ -167,9 +167,9 @@ MOE_OPS = "moe_experts|moe_gate_up|moe_down"
 
 def _moe_structure(dep: Deployment) -> list[dict[str, Any]]:
     """What the plan's shared-expert fusion (as vLLM resolves it) means for the reference model's MoE calls."""
-    res = resolve(dep, tokens=PHASE_TOKENS["decode"])
+    res = resolve_cached(dep, tokens=PHASE_TOKENS["decode"])
     e = res.decision("experts", "sparse")
-    experts, topk = (int(x) for x in re.findall(r"\d+", e.shape))
+    experts, topk = e.shape.experts, e.shape.topk
     fused = topk == dep.model.topk + 1
     item: dict[str, Any] = {"id": "moe_expert_table", "op": MOE_OPS,
                             "description": f"{e.shape} per rank ({'shared expert fused' if fused else 'separate shared MLP'}"
@@ -217,3 +217,40 @@ def write_shipped(directory: str | Path | None = None) -> list[Path]:
         path.write_text(render_yaml(doc), encoding="utf-8")
         paths.append(path)
     return paths
+
+
+class _TileRegime:
+    """``gemm_regime`` of :class:`~m3lab.dispatch.registry.VllmAnswers`: vLLM's ``_select_cfg`` on the target,
+    asked in its worker process once per (m, n, k)."""
+
+    def __init__(self, hardware):
+        self.hardware, self.seen = hardware, {}
+
+    def __call__(self, m: int, n: int, k: int) -> str:
+        if (m, n, k) not in self.seen:
+            from m3lab.vllm import decide_linear, workers
+            from m3lab.vllm.emulate import Target
+            self.seen[(m, n, k)] = workers.call(Target.of(self.hardware), decide_linear.tile_regime,
+                                                self.hardware, m, n, k)
+        return self.seen[(m, n, k)]
+
+
+def registry_answers(dep: Deployment):
+    """The resolver's answers for ``dep`` as the reference model's registry reads them
+    (``m3_registry(answers=registry_answers(dep))``): per op family and phase, the path vLLM takes."""
+    from m3lab.dispatch.registry import VllmAnswers
+    paths: dict[str, str] = {}
+    source = dep.name or dep.hardware.name
+    for phase, tokens in PHASE_TOKENS.items():
+        res = resolve_cached(dep, tokens=tokens, phase=phase)
+        if not res.ok:
+            first = res.refused[0]
+            return VllmAnswers(source=source, refused=f"{first.note} ({first.decided_by})")
+        for d in res.decisions:
+            path = _registry_path(d, phase)
+            if path is None or d.status != "runs" or d.layer_kind == "sparse_reuse" or path.startswith("gemm."):
+                continue
+            family = path.split(".")[0]
+            key = f"{family}:{phase if family in ('attention', 'indexer', 'topk') else 'any'}"
+            paths.setdefault(key, path)
+    return VllmAnswers(paths=paths, gemm_regime=_TileRegime(dep.hardware), source=source)

@@ -5,13 +5,13 @@ speculative config, ...) is rendered by :meth:`m3lab.spec.serving.Deployment.to_
 only a launch needs:
 
 - the checkpoint to load (the model's Hugging Face id, or the quantised checkpoint that a preset names);
-- ``--block-size`` = the model's sparse block (M3's sparse and indexer backends accept only 128:
-  ``vllm/models/minimax_m3/common/sparse_attention.py:164-167``, ``common/indexer.py:93-95``);
+- ``--block-size`` = the model's sparse block (:func:`m3lab.spec.serving.block_size_args`; the resolver builds
+  vLLM's model with it too);
 - the port, and ``--profiler-config`` with a torch-profiler directory when a profile is wanted
   (``vllm/config/profiler.py:67``; ``vllm bench serve --profile`` then starts and stops it);
-- for prefill/decode disaggregation: one instance per replica, each on its own GPUs and ports, the KV
-  connector in ``--kv-transfer-config`` (vLLM transfers nothing without one:
-  ``KVTransferConfig.is_kv_transfer_instance``, ``vllm/config/kv_transfer.py:127``), NIXL side-channel ports, and the proxy that routes a request to a
+- for prefill/decode disaggregation: one instance per replica, each on its own GPUs and ports, the launch's KV
+  connector in the ``--kv-transfer-config`` the deployment renders (NixlConnector unless ``Launch.kv_connector``
+  names another), NIXL side-channel ports, and the proxy that routes a request to a
   prefill and then a decode instance (vLLM's ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``,
   prefill ports from 8100, decode from 8200, the proxy on 8000, as there).
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from m3lab.errors import M3LabError
-from m3lab.spec.serving import Deployment, load_preset
+from m3lab.spec.serving import KV_CONNECTOR, Deployment, block_size_args, load_preset
 from m3lab.vllm.plan_checks import check_weights_fit
 
 # Quantised checkpoints whose config.json m3lab reads under another name (same architecture): (model, quant) ->
@@ -53,7 +53,7 @@ class Launch:
     model_path: str | None = None       # the checkpoint; None: the preset's (see CHECKPOINTS) or the model's HF id
     port: int = SERVE_PORT
     profile_dir: str | None = None      # torch profiler output folder on the GPU box; None: no profiling
-    kv_connector: str = "NixlConnector"  # P/D only
+    kv_connector: str = KV_CONNECTOR  # P/D only
     gpus_per_node: int = 8
     input_len: int = 8192
     output_len: int = 1024
@@ -155,11 +155,12 @@ def _gpus(dep: Deployment) -> int:
 
 
 def _with_connector(args: list[str], connector: str) -> list[str]:
-    """``args`` with the KV connector added to the ``--kv-transfer-config`` that ``Deployment.to_vllm`` renders."""
+    """``args`` with the launch's KV connector in the ``--kv-transfer-config`` that ``Deployment.to_vllm`` renders
+    (:data:`~m3lab.spec.serving.KV_CONNECTOR` unless the launch names another)."""
     out = list(args)
     if "--kv-transfer-config" in out:
         i = out.index("--kv-transfer-config") + 1
-        out[i] = json.dumps({"kv_connector": connector, **json.loads(out[i])}, separators=(",", ":"))
+        out[i] = json.dumps({**json.loads(out[i]), "kv_connector": connector}, separators=(",", ":"))
     return out
 
 
@@ -172,9 +173,7 @@ def profiler_config(profile_dir: str) -> str:
 
 def _serve_args(dep: Deployment, launch: Launch, model: str, port: int, profile_dir: str | None) -> list[str]:
     _env, args = dep.to_vllm()
-    head = ["vllm", "serve", model]
-    if dep.model.sparse is not None:
-        head += ["--block-size", str(dep.model.block_size)]
+    head = ["vllm", "serve", model, *block_size_args(dep)]
     args = _with_connector(args, launch.kv_connector)
     tail = ["--port", str(port)]
     if profile_dir:

@@ -38,7 +38,7 @@ def attn_parts(model: ModelSpec, plan: ParallelPlan, i: int) -> dict[str, list[P
     a = f"{PREFIX}layers.{i}.self_attn."
     qkv = [Part(a + "q_proj", Q_HEADS), Part(a + "k_proj", KV_HEADS), Part(a + "v_proj", KV_HEADS)]
     if model.attn_types[i] == ATTN_SPARSE:
-        qkv += [Part(a + "index_q_proj", REPLICATE if plan.indexer_cp else KV_HEADS),
+        qkv += [Part(a + "index_q_proj", REPLICATE if plan.index_q_replicated else KV_HEADS),
                 Part(a + "index_k_proj", REPLICATE)]
     out = {
         f"layers.{i}.qkv": qkv,

@@ -107,14 +107,18 @@ def _template(model: ModelSpec, plan: ParallelPlan, quant, routing):
     return dense.rename(columns={"w_dtype": "dtype"}), grouped.rename(columns={"w_dtype": "dtype"})
 
 
-def shape_histograms(deployment, *, routing=None, seed: int = 0, runs: RunArrays | None = None) -> ShapeReport:
+def shape_histograms(deployment, *, routing=None, seed: int = 0, runs: RunArrays | None = None,
+                     plan: ParallelPlan | None = None) -> ShapeReport:
     """Histograms of local shapes over ``deployment``'s fixed-length workload (``num_prompts`` requests at its
     concurrency) scheduled by vLLM-style continuous batching under its scheduler limits. ``runs``: a schedule
-    already computed for that workload."""
+    already computed for that workload. ``plan``: the deployment's plan as vLLM runs it
+    (``m3lab.vllm.fastpaths.effective_plan``: index q replicated, shared expert fused as vLLM decided); None: the
+    deployment's own (what it asks for)."""
     import pandas as pd
 
     d = deployment.validate()
-    model, plan, quant = d.model, d.plan, d.quant
+    model, quant = d.model, d.quant
+    plan = d.plan if plan is None else plan.validate(model)
     workload = fixed_workload(d, what="the shape histograms")
     runs = runs if runs is not None else schedule(workload, scheduler_config(d))
     dense, grouped = _template(model, plan, quant, routing)
@@ -132,7 +136,7 @@ def shape_histograms(deployment, *, routing=None, seed: int = 0, runs: RunArrays
     rt = make_routing(routing, model.experts, model.topk) if model.is_moe else None
     gframes, tpe = [], pd.DataFrame({"tokens": [], "expert_steps": []})
     if rt is not None:
-        shared_rows = model.n_shared if plan.fuses_shared(model, quant) else 0
+        shared_rows = model.n_shared if plan.fuses_shared(model) else 0
         routed = rt.routed_tokens(t_vals, plan.ep) + t_vals * shared_rows
         for row in grouped.itertuples(index=False):
             gframes.append(pd.DataFrame({"op": row.op, "experts": row.experts, "topk": row.topk, "hidden": row.hidden,
@@ -164,16 +168,17 @@ def shape_histograms(deployment, *, routing=None, seed: int = 0, runs: RunArrays
     else:
         dg = pd.DataFrame(columns=["op", "experts", "topk", "hidden", "inter", "dtype", "tokens_values", "num_tokens"])
     meta = {"model": model.name, "plan": plan.describe(), "quant": quant.name,
-            "shared_expert_fusion": shared_fusion(model, plan, quant), "isl": workload.isl,
+            "shared_expert_fusion": shared_fusion(model, plan), "isl": workload.isl,
             "osl": workload.osl, "concurrency": workload.concurrency, "num_requests": workload.n_requests,
             "routing": rt.name if rt is not None else None, "num_runs": int(runs.repeat.size),
             "kind": "projected (analytic schedule and routing model)"}
     return ShapeReport(gemm_m, grouped_h, tpe, att, sel, distinct, dg, runs.num_steps, meta)
 
 
-def shared_fusion(model: ModelSpec, plan: ParallelPlan, quant) -> dict:
-    """Whether the shared expert runs fused into the routed grouped GEMM: asked (the plan), fused, and why not."""
-    reason = plan.shared_fusion_reason(model, quant)
+def shared_fusion(model: ModelSpec, plan: ParallelPlan) -> dict:
+    """Whether the shared expert runs fused into the routed grouped GEMM: asked (the plan), fused, and why not
+    (vLLM's answer for an :class:`~m3lab.spec.plan.EffectivePlan`)."""
+    reason = plan.shared_fusion_reason(model)
     return {"asked": plan.fused_shared_expert, "fused": reason is None, "reason": reason}
 
 
