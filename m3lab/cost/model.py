@@ -85,7 +85,7 @@ def cost_columns(cols, hw, calibration: Calibration | None, overrides=None, op_o
                  "inside": np.zeros(n, bool), "eff_terms": np.full(n, "", dtype=object),
                  "floor_term": np.full(n, "", dtype=object)}
     else:
-        chosen = select(cols, op_overrides)
+        chosen = select(cols, op_overrides, hw, calibration)
         terms = cost_terms(replaced_paths(cols, chosen), hw, calibration, overrides)
         if op_overrides:
             terms = apply(terms, cols, chosen, hw, calibration)

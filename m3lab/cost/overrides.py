@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from m3lab.cost.sources import Rows
 from m3lab.optable.dispatch import OP_DECISION
 from m3lab.spec.record_key import stable_key
 
@@ -70,9 +71,9 @@ def _vllm_op(cols, n: int) -> np.ndarray:
     return np.array([OP_DECISION.get(o, o) for o in np.asarray(cols["op"], dtype=object)], dtype=object)
 
 
-def select(cols, op_overrides: Sequence[OpOverride]) -> list[tuple[OpOverride, np.ndarray]]:
+def select(cols, op_overrides: Sequence[OpOverride], hw=None, cal=None) -> list[tuple[OpOverride, np.ndarray]]:
     """(override, row indices) of every override that touches a row of ``cols``; a row takes the first override
-    that selects it."""
+    that selects it. ``where`` gets the candidate rows as :class:`m3lab.cost.sources.Rows` (on ``hw``, ``cal``)."""
     if not op_overrides:
         return []
     n = len(cols["op"])
@@ -88,16 +89,11 @@ def select(cols, op_overrides: Sequence[OpOverride]) -> list[tuple[OpOverride, n
             hit &= np.isin(kinds, list(ov.kinds))
         if ov.where is not None and hit.any():
             idx = np.flatnonzero(hit)
-            hit[idx] = np.asarray(ov.where(_sub(cols, idx)), bool)
+            hit[idx] = np.asarray(ov.where(Rows(cols, idx, hw, cal, None)), bool)
         if hit.any():
             out.append((ov, np.flatnonzero(hit)))
             free &= ~hit
     return out
-
-
-def _sub(cols, idx: np.ndarray) -> dict:
-    """The rows ``idx`` of ``cols`` as a dict of arrays."""
-    return {c: np.asarray(cols[c])[idx] for c in (cols.keys() if hasattr(cols, "keys") else cols.columns)}
 
 
 def replaced_paths(cols, chosen: list[tuple[OpOverride, np.ndarray]]):
@@ -117,8 +113,6 @@ def replaced_paths(cols, chosen: list[tuple[OpOverride, np.ndarray]]):
 def apply(terms: dict, cols, chosen: list[tuple[OpOverride, np.ndarray]], hw, cal) -> dict:
     """``terms`` (:func:`m3lab.cost.sources.cost_terms` of the rows, replaced paths included) with each override's
     time factor on its rows' efficiency, its label in ``source`` and the :data:`OVERRIDE_COLUMNS`."""
-    from m3lab.cost.sources import Rows
-
     n = len(terms["efficiency"])
     eff, src = terms["efficiency"].copy(), terms["source"].copy()
     name, ratio = np.full(n, "", dtype=object), np.ones(n)
