@@ -21,6 +21,7 @@ from m3lab.ladder import ladder as lad
 from m3lab.ladder.before import BEFORE, overrides_for
 from m3lab.ladder.evaluate import evaluate, op_changes
 from m3lab.cost.model import cost_optable
+from m3lab.cost.sensitivity import sensitivity
 from m3lab.optable import build_optable
 from m3lab.optable.dispatch import OP_DECISION
 from m3lab.serving.breakdown import decode_step, decode_step_breakdown
@@ -145,7 +146,11 @@ def test_a_fix_that_hides_an_op_it_moves_is_caught():
 
 
 # ---- the ladder composes to its target -----------------------------------------------------------------------------
-def test_ladder_steps_compose_to_the_target():
+def test_ladder_steps_compose_to_the_target(monkeypatch):
+    from m3lab.ladder import evaluate as ev
+
+    tables = []   # the cost model's sensitivity: once per rung shown, never per rung climbed
+    monkeypatch.setattr(ev, "cost_sensitivity", lambda est: tables.append(est) or sensitivity(est))
     start, target = _dep("mxfp8-tp4-baseline"), _dep("mxfp8-tp4-optimised")
     todo = lad.plan(start, target)
     assert [f.name for f in todo] == LADDER
@@ -170,7 +175,9 @@ def test_ladder_steps_compose_to_the_target():
     assert out[0]["gain_pct"] is None
     aiter = next(s for s in out if s["fix"] == "aiter")   # a switch, not a write-up fix: never a published figure
     assert aiter["named"] is False and aiter["writeup_gain_pct"] is None and aiter["writeup_text"] is None
+    assert tables == []
     table = lad.sensitivity(run, top=3)
+    assert len(tables) == 2 and lad.sensitivity(run, top=3).equals(table) and len(tables) == 2
     assert set(table["rung"]) == {"start", "decode_gemm_launcher", "moe_program_order", "end"}
     assert {"launcher_h200_ratio", "moe_order_h200_ratio"} <= set(table["assumption"])
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-import pandas as pd
-
 import numpy as np
+import pandas as pd
 
 from m3lab.cost.overrides import rescaled_efficiency
 from m3lab.cost.sensitivity import at_value, retimed
