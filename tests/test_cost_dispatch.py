@@ -255,3 +255,17 @@ def test_rows_the_monokernel_replaces_are_costed_as_its_launch():
     from m3lab.cost.model import cost_optable
     c = cost_optable(ot, d.hardware, "default")
     assert set(c.loc[c["path"] == "mono_ffn", "source"]) == {"monokernel"}
+
+
+def test_the_all_reduce_is_costed_by_the_communicator_vllm_built():
+    # one path (allreduce_then_norm), two communicators: the decision's kernel names which one all-reduces
+    floors = {}
+    for preset in ("mxfp8-tp4-baseline", "mxfp8-tp4-optimised"):
+        t = cost_step(make_deployment(preset, {}), EngineStep.decode(8, 2048))
+        ar = t[(t.kind == "allreduce") & (t.path == "allreduce_then_norm")]
+        assert len(ar), preset
+        floors[preset] = set(ar.floor_term)
+        assert all(("custom all-reduce" in k.lower()) == (f == {"custom_allreduce_us"})
+                   for k, f in zip(ar.kernel, [floors[preset]] * len(ar)))
+    assert floors == {"mxfp8-tp4-baseline": {"rccl_allreduce_us"}, "mxfp8-tp4-optimised": {"custom_allreduce_us"}}
+    assert paths.source_of("allreduce_attn", "allreduce", "allreduce_then_norm", "RCCL / NCCL all-reduce") == "rccl"

@@ -7,6 +7,7 @@ import pytest
 from m3lab.cost import assumptions, peers
 from m3lab.cost.sensitivity import format_sensitivity, sensitivity
 from m3lab.serving.estimate import estimate
+from m3lab.spec.hardware import load_hardware
 from m3lab.spec.serving import make_deployment
 
 D = make_deployment("mxfp8-tp4-baseline", {"concurrency": 8, "num_prompts": 16, "isl": 2048, "osl": 64})
@@ -57,3 +58,21 @@ def test_peer_efficiencies_are_measured_fractions():
     far = peers.efficiency("sparse_decode", 10_000, 10**7, 1)[0]   # clamped to the largest measured point
     corner = t[(t["q"] == 1) & (t["B"] == t["B"].max()) & (t["ctx"] == t["ctx"].max())]["eff"].iloc[0]
     assert far == pytest.approx(corner)
+
+
+def test_the_moe_peer_is_bounded_by_the_experts_the_benchmark_touched():
+    # the benchmark's balanced routing (m3lab.bench.moe.route_call) gives each token distinct experts, so a call
+    # touches more experts than the OpTable's balanced routing expects: the peer's bound and regime follow the call
+    import torch
+
+    from m3lab.bench import moe as bm
+
+    t = peers.peer_table("fused_moe")
+    assert len(t) >= 4
+    for _, row in t.iterrows():
+        tokens = peers._fields(row["shape"])["T"]
+        ids = bm.route_call(tokens, "balanced", torch.device("cpu"))[1]
+        touched = len(torch.unique(ids))
+        assert row["rpe"] == pytest.approx(ids.numel() / touched, rel=1e-4), row["shape"]
+        hbm = load_hardware(peers.PEER_HARDWARE).hbm_bw
+        assert row["bound_us"] * 1e-6 * hbm >= touched * bm.expert_bytes("bf16"), row["shape"]

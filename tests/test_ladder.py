@@ -18,18 +18,24 @@ from m3lab.errors import M3LabError
 from m3lab.ladder import advise as adv
 from m3lab.ladder import fixes as fx
 from m3lab.ladder import ladder as lad
-from m3lab.ladder.before import BeforeCalibration
-from m3lab.ladder.before import REPRESENTED
+from m3lab.ladder.before import BEFORE, overrides_for
 from m3lab.ladder.evaluate import evaluate, op_changes
-from m3lab.serving.breakdown import decode_step_breakdown
+from m3lab.cost.model import cost_optable
+from m3lab.cost.sensitivity import sensitivity
+from m3lab.optable import build_optable
+from m3lab.optable.dispatch import OP_DECISION
+from m3lab.serving.breakdown import decode_step, decode_step_breakdown
+from m3lab.serving.dispatch import dispatch_for
 from m3lab.serving.estimate import estimate
 from m3lab.spec.settings import canonical
 from m3lab.spec.serving import make_deployment
 
 SMALL = {"isl": 2048, "osl": 128, "concurrency": 8, "num_prompts": 16}
-LADDER = ["decode_gemm_launcher", "moe_program_order", "shared_expert_fusion", "index_sharing", "sparse_page_adapter"]
+LADDER = ["decode_gemm_launcher", "moe_program_order", "aiter", "shared_expert_fusion", "index_sharing",
+          "sparse_page_adapter"]
 # the fixes whose effect m3lab estimates: every switch fix, and the code fixes it represents the state before of
-ESTIMATED = [f for f in fx.FIXES if not f.spec_only and (f.is_switch or f.name in REPRESENTED)]
+ESTIMATED = [f for f in fx.FIXES if not f.spec_only and (f.is_switch or f.name in BEFORE)]
+SPEC_CODE = [f for f in fx.FIXES if f.spec_only and not f.is_switch]
 
 
 def _dep(preset, **kw):
@@ -40,17 +46,26 @@ def _cal(d):
     return resolve_calibration(d.hardware, "default")
 
 
-def _ops(d, cal):
-    """The per-op breakdown of a small decode step of ``d``."""
-    return decode_step_breakdown(d, batch=8, context=2048 + 64, calibration=cal)
+def _ops(d, cal, undone=()):
+    """The per-op breakdown of a small decode step of ``d`` (``undone``: code fixes in their state before)."""
+    return decode_step_breakdown(d, batch=8, context=2048 + 64, calibration=cal, op_overrides=overrides_for(undone))
 
 
 def _fixed(fix, d):
-    """(breakdown without the fix, with it) of the small decode step of ``d``."""
+    """(breakdown without the fix, with it) of the small decode step of ``d``, with what the fix assumes on."""
+    d = d.with_settings(fix.requires)
     cal = _cal(d)
     if fix.is_switch:
         return _ops(d, cal), _ops(d.with_settings(fix.settings), cal)
-    return _ops(d, BeforeCalibration(cal, (fix.name,))), _ops(d, cal)
+    return _ops(d, cal, (fix.name,)), _ops(d, cal)
+
+
+def _overridden(fix, d) -> set:
+    """The vLLM ops whose rows the state before of code fix ``fix`` re-costs in the small decode step of ``d``."""
+    step = decode_step(d, 8, 2048 + 64)
+    costed = cost_optable(build_optable(d.model, d.plan, d.quant, step, None, dispatch_for(d)), d.hardware, _cal(d),
+                          overrides_for((fix.name,)))
+    return {OP_DECISION.get(o, o) for o in costed.loc[costed["override"] == fix.name, "op"]}
 
 
 def _stray(fix, without, with_fix) -> set:
@@ -89,7 +104,11 @@ def test_the_ladder_estimate_is_the_serving_estimate_when_nothing_is_undone():
 def test_a_fix_that_is_off_or_absent_costs_nothing_extra():
     bf16 = _dep(None, quant="bf16")   # no MXFP8 GEMM: the launcher's state before touches nothing
     cal = _cal(bf16)
-    assert op_changes(_ops(bf16, cal), _ops(bf16, BeforeCalibration(cal, ("decode_gemm_launcher",)))).empty
+    assert op_changes(_ops(bf16, cal), _ops(bf16, cal, ("decode_gemm_launcher",))).empty
+    opt = _dep("mxfp8-tp4-optimised")   # AITER's MoE runs: the Triton MoE's program order touches nothing
+    assert op_changes(_ops(opt, _cal(opt)), _ops(opt, _cal(opt), ("moe_program_order",))).empty
+    for name in ("request_level_index_batching", "multi_token_verification"):   # no verify rows: nothing to touch
+        assert op_changes(_ops(opt, _cal(opt)), _ops(opt, _cal(opt), (name,))).empty, name
     opt = _dep("mxfp8-tp4-optimised")   # a switch fix already on: applying it again changes nothing
     for fix in (f for f in ESTIMATED if f.is_switch):
         assert opt.with_settings(fix.settings).key() == opt.key()
@@ -101,11 +120,22 @@ def test_a_fix_that_is_off_or_absent_costs_nothing_extra():
 
 
 # ---- each fix changes only the ops it touches ----------------------------------------------------------------------
-@pytest.mark.parametrize("fix", ESTIMATED, ids=[f.name for f in ESTIMATED])
+SPEC = {**SMALL, "accept_len": 2.7, "accept_dataset": "MT-Bench"}
+
+
+@pytest.mark.parametrize("fix", ESTIMATED + SPEC_CODE, ids=[f.name for f in ESTIMATED + SPEC_CODE])
 def test_each_fix_changes_only_the_ops_it_touches(fix):
-    without, with_fix = _fixed(fix, _dep("mxfp8-tp4-baseline"))
+    d = make_deployment("eagle3-mxfp8-tp4", SPEC) if fix.spec_only else _dep("mxfp8-tp4-baseline")
+    without, with_fix = _fixed(fix, d)
     assert not _stray(fix, without, with_fix), fix.name
-    assert len(op_changes(without, with_fix)), f"{fix.name} moves none of its ops"
+    # it moves the time of one of its ops, or the kernel vLLM runs for one (the page adapter's AITER attention is
+    # costed at the Triton attention's efficiency: a kernel change at the same µs)
+    repathed = {op for op in fix.touches() if set(without[without.op == op].path) != set(with_fix[with_fix.op == op].path)}
+    touched = set() if fix.is_switch else _overridden(fix, d)    # a code fix's state before: the rows it re-costs
+    assert touched <= fix.touches(), fix.name
+    # (multi-token verification's state before costs the verify attention on the Triton path, at the AITER path's
+    # efficiency while aiter_pa_vs_triton is 1: rows touched at the same µs)
+    assert len(op_changes(without, with_fix)) or repathed or touched, f"{fix.name} moves none of its ops"
 
 
 def test_a_fix_that_hides_an_op_it_moves_is_caught():
@@ -116,7 +146,11 @@ def test_a_fix_that_hides_an_op_it_moves_is_caught():
 
 
 # ---- the ladder composes to its target -----------------------------------------------------------------------------
-def test_ladder_steps_compose_to_the_target():
+def test_ladder_steps_compose_to_the_target(monkeypatch):
+    from m3lab.ladder import evaluate as ev
+
+    tables = []   # the cost model's sensitivity: once per rung shown, never per rung climbed
+    monkeypatch.setattr(ev, "cost_sensitivity", lambda est: tables.append(est) or sensitivity(est))
     start, target = _dep("mxfp8-tp4-baseline"), _dep("mxfp8-tp4-optimised")
     todo = lad.plan(start, target)
     assert [f.name for f in todo] == LADDER
@@ -126,20 +160,26 @@ def test_ladder_steps_compose_to_the_target():
     assert d.key() == target.key()
     run = lad.run(start, target)
     assert [s.fix for s in run.steps] == ["start", *LADDER]
-    unestimated = [s for s in run.steps if s.rung is None]   # a code fix m3lab cannot represent says why
-    assert [s.fix for s in unestimated] == [f for f in LADDER if f not in REPRESENTED and not fx.get_fix(f).is_switch]
-    assert all("not estimated" in s.to_dict()["note"] for s in unestimated)
-    estimated = [s for s in run.steps if s.rung is not None]
-    rungs = [s.rung for s in estimated]
-    assert rungs[0].undone == ("decode_gemm_launcher",) and rungs[0].deployment.key() == start.key()
-    assert rungs[1].undone == () and rungs[1].deployment.key() == start.key()     # code fixes on: the start itself
+    assert all(s.rung is not None for s in run.steps)            # every code fix has a state before
+    rungs = [s.rung for s in run.steps]
+    assert rungs[0].undone == ("decode_gemm_launcher", "moe_program_order") and rungs[0].deployment.key() == start.key()
+    assert rungs[1].undone == ("moe_program_order",)
+    assert rungs[2].undone == () and rungs[2].deployment.key() == start.key()     # code fixes on: the start itself
+    assert rungs[2].figures == evaluate(start).figures
+    assert rungs[3].deployment.key() == start.with_settings(fx.get_fix("aiter").settings).key()   # AITER alone
     assert rungs[-1].deployment.key() == target.key() and rungs[-1].undone == ()
     assert rungs[-1].figures == evaluate(target).figures                           # the end is the target's estimate
-    for prev, step in zip(estimated, estimated[1:]):
+    for prev, step in zip(run.steps, run.steps[1:]):
         assert step.gain_pct == pytest.approx((step.rung.throughput / prev.rung.throughput - 1) * 100)
-    assert json.loads(json.dumps(run.to_dict()))["steps"][0]["gain_pct"] is None
+    out = json.loads(json.dumps(run.to_dict()))["steps"]
+    assert out[0]["gain_pct"] is None
+    aiter = next(s for s in out if s["fix"] == "aiter")   # a switch, not a write-up fix: never a published figure
+    assert aiter["named"] is False and aiter["writeup_gain_pct"] is None and aiter["writeup_text"] is None
+    assert tables == []
     table = lad.sensitivity(run, top=3)
-    assert set(table["rung"]) == {"start", "end"} and "ladder.before.SCALE" in set(table["assumption"])
+    assert len(tables) == 2 and lad.sensitivity(run, top=3).equals(table) and len(tables) == 2
+    assert set(table["rung"]) == {"start", "decode_gemm_launcher", "moe_program_order", "end"}
+    assert {"launcher_h200_ratio", "moe_order_h200_ratio"} <= set(table["assumption"])
 
 
 def test_ladder_refuses_two_deployments_that_differ_in_more_than_fixes():
@@ -178,7 +218,11 @@ def test_advise_ranks_by_gain_and_never_lists_what_is_applied(monkeypatch):
     d = _dep("mxfp8-tp4-baseline")
     first = adv.advise(d)
     names = [e["fix"] for e in first.fixes]
-    assert set(names) == {"shared_expert_fusion", "index_sharing", "sparse_page_adapter"}
+    assert set(names) == {"aiter", "shared_expert_fusion", "index_sharing"}
+    # the page adapter without AITER: vLLM runs no other kernel, and the advisor says what it assumes
+    blocked = {b["fix"]: b["reason"] for b in first.blocked}
+    assert "VLLM_ROCM_USE_AITER=1" in blocked["sparse_page_adapter"]
+    assert next(e for e in first.fixes if e["fix"] == "shared_expert_fusion")["assumes"] == {"VLLM_ROCM_USE_AITER": "1"}
     gains = [e["gain_pct"] for e in first.fixes]
     assert gains == sorted(gains, reverse=True)
     for e in first.fixes:
@@ -188,15 +232,16 @@ def test_advise_ranks_by_gain_and_never_lists_what_is_applied(monkeypatch):
     applied = d.with_settings(best["settings"])
     again = adv.advise(applied)
     assert best["fix"] not in [e["fix"] for e in again.fixes]
-    assert {e["fix"] for e in again.fixes} == set(names) - {best["fix"]}
-    monkeypatch.setattr(adv, "applied", lambda fix, dep: False)   # planted: a check that forgets the record
+    assert set(names) - {best["fix"]} <= {e["fix"] for e in again.fixes}
+    # planted: a check that forgets the record (and a vLLM that objects to nothing)
+    monkeypatch.setattr(adv, "applied", lambda fix, dep: False)
+    monkeypatch.setattr(adv, "vllm_objection", lambda fix, dep, after: None)
     assert best["fix"] in [e["fix"] for e in adv.advise(applied).fixes]
 
 
 def test_advise_lists_what_vllm_refuses_or_turns_off_with_its_reason():
-    # TP2 (2 KV heads per rank), AITER off, a bf16 index cache: vLLM refuses the page adapter's AITER sparse PA
-    # (MXFP8 weights: vLLM refuses MXFP4 experts with AITER off, see the test below)
-    tp2 = _dep("mxfp8-tp4-baseline", tp=2)
+    # TP2 (2 KV heads per rank), AITER on, a bf16 index cache: vLLM refuses the page adapter's AITER sparse PA
+    tp2 = _dep("mxfp8-tp4-baseline", tp=2).with_settings({"VLLM_ROCM_USE_AITER": "1"})
     blocked = {b["fix"]: b["reason"] for b in adv.advise(tp2).blocked}
     assert "num_kv_heads" in blocked["sparse_page_adapter"]
     ep = _dep("mxfp8-tp4-optimised", enable_expert_parallel=1)
@@ -254,10 +299,10 @@ def test_a_toggle_per_fix_re_estimates_live_and_a_pipeline_run_gets_the_static_l
     monkeypatch.setattr(lad, "evaluate", lambda *a, **k: calls.append(a[1]) or evaluate(*a, **k))
     box = pl.fix_toggles(d, todo)
     checks = {c.description: c for c in box.children[0].children}
-    assert list(checks) == [f.name for f in todo] and calls == [("decode_gemm_launcher",)]
-    assert checks["moe_program_order"].disabled            # not estimated: no toggle pretends otherwise
+    assert list(checks) == [f.name for f in todo] and calls == [("decode_gemm_launcher", "moe_program_order")]
+    assert not any(c.disabled for c in checks.values())    # every code fix has a state before
     checks["decode_gemm_launcher"].value = True
-    assert calls[-1] == ()
+    assert calls[-1] == ("moe_program_order",)
 
 
 def test_a_pipeline_names_an_unknown_fix_before_any_step_runs():

@@ -64,6 +64,8 @@ def ladder_cmd(
 def _writeup(step: dict) -> str:
     """The write-up's figure for this step's fix when its configuration is this one, else a dash."""
     value = step["writeup_gain_pct"]
+    if not step["named"]:
+        return "none: a switch, not a write-up fix"
     if value is None:
         return "—" if step["writeup_text"] else ""
     shown = f"{value[0]:+g}–{value[1]:+g}%" if isinstance(value, list) else f"{value:+g}%"

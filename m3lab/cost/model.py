@@ -13,6 +13,7 @@
 | ``inside`` | the row's work is inside a kernel whose measured time covers it (0 µs when calibrated) |
 | ``eff_terms`` / ``floor_term`` | the assumptions (:mod:`m3lab.cost.assumptions`) the efficiency / floor depend on |
 | ``t_us`` | ``max(t_bound_us / efficiency, floor_us)`` (0 when ``inside``) |
+| ``override``, ``override_ratio`` | only with ``op_overrides`` (:mod:`m3lab.cost.overrides`): the override that re-costed the row and its ratio |
 
 ``calibration=None`` gives the pure ceiling (labelled "uncalibrated bound"); a :class:`Calibration`
 (or ``"default"`` for the hardware's shipped one) gives the estimate. ``cost_label`` names the hardware profile
@@ -25,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from m3lab.cost.calibration import UNCALIBRATED, Calibration, default_calibration
+from m3lab.cost.overrides import apply, replaced_paths, select
 from m3lab.cost.roofline import bound_times_us, compute_dtype, peak_flops
 from m3lab.cost.sources import cost_terms
 
@@ -54,10 +56,12 @@ def _col(cols, name: str, n: int, fill=np.nan) -> np.ndarray:
     return np.asarray(v)
 
 
-def cost_columns(cols, hw, calibration: Calibration | None, overrides=None) -> dict:
+def cost_columns(cols, hw, calibration: Calibration | None, overrides=None, op_overrides=()) -> dict:
     """The cost model on column arrays (a dict or DataFrame of OpTable columns): returns the cost columns
     of the module docstring as numpy arrays. ``calibration`` must already be resolved (or None);
-    ``overrides``: assumption values to use instead of :mod:`m3lab.cost.assumptions`' (the sensitivity table)."""
+    ``overrides``: assumption values to use instead of :mod:`m3lab.cost.assumptions`' (the sensitivity table);
+    ``op_overrides``: :class:`m3lab.cost.overrides.OpOverride` s of the calibrated cost (with any, the result also
+    has ``override`` and ``override_ratio``)."""
     kind = np.asarray(cols["kind"], dtype=object)
     n = len(kind)
     w = np.asarray(_col(cols, "w_dtype", n, None), dtype=object)
@@ -81,16 +85,20 @@ def cost_columns(cols, hw, calibration: Calibration | None, overrides=None) -> d
                  "inside": np.zeros(n, bool), "eff_terms": np.full(n, "", dtype=object),
                  "floor_term": np.full(n, "", dtype=object)}
     else:
-        terms = cost_terms(cols, hw, calibration, overrides)
+        chosen = select(cols, op_overrides, hw, calibration)
+        terms = cost_terms(replaced_paths(cols, chosen), hw, calibration, overrides)
+        if op_overrides:
+            terms = apply(terms, cols, chosen, hw, calibration)
     t_us = np.where(terms["inside"], 0.0, np.maximum(t_b / terms["efficiency"], terms["floor_us"]))
     return {**out, **terms, "t_us": t_us}
 
 
-def cost_optable(optable: pd.DataFrame, hw, calibration=None) -> pd.DataFrame:
-    """Per-op time on ``hw``: the OpTable with the cost columns of the module docstring added."""
+def cost_optable(optable: pd.DataFrame, hw, calibration=None, op_overrides=()) -> pd.DataFrame:
+    """Per-op time on ``hw``: the OpTable with the cost columns of the module docstring added (``op_overrides``: as
+    for :func:`cost_columns`)."""
     cal = resolve_calibration(hw, calibration)
     out = optable.copy()
-    for name, values in cost_columns(optable, hw, cal).items():
+    for name, values in cost_columns(optable, hw, cal, op_overrides=op_overrides).items():
         out[name] = values
     out["cost_label"] = cost_label(hw, cal)
     return out

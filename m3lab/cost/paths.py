@@ -90,16 +90,23 @@ KIND_COST: Mapping[str, str] = {
     "allreduce": "custom_ar", "allgather": "collective", "all2all": "collective",
 }
 UNRESOLVED_FUSED = frozenset({"post_attn_norm", "rope", "cache_write", "topk", "moe_act"})
+# one path whose rows run a kernel the decision names among others: (path, source) -> (words of the decision's
+# kernel, source). ``allreduce_then_norm`` all-reduces with whatever the TP communicator holds (AITER's custom
+# all-reduce when VLLM_ROCM_USE_AITER=1: vllm/distributed/device_communicators/cuda_communicator.py)
+KERNEL_COST: Mapping[tuple[str, str], tuple[str, str]] = {
+    ("allreduce_then_norm", "rccl"): ("custom all-reduce", "custom_ar"),
+}
 
 
-def source_of(op: str, kind: str, path) -> str:
-    """The cost source of one row (see the module docstring)."""
+def source_of(op: str, kind: str, path, kernel=None) -> str:
+    """The cost source of one row (see the module docstring); ``kernel``: the decision's kernels (the OpTable's
+    ``kernel``), which :data:`KERNEL_COST` reads where one path runs different kernels."""
     if isinstance(path, str) and path:
         entry = PATH_COST.get(path)
         if entry is None:
             raise M3LabError(f"no cost source for vLLM path {path!r} (op {op})", field="path",
                              hint="add it to m3lab.cost.paths.PATH_COST")
-        if isinstance(entry, str):
-            return entry
-        return entry.get(op) or entry.get(kind) or entry["*"]
+        src = entry if isinstance(entry, str) else entry.get(op) or entry.get(kind) or entry["*"]
+        words, other = KERNEL_COST.get((path, src), ("", ""))
+        return other if words and isinstance(kernel, str) and words in kernel.lower() else src
     return "fused" if op in UNRESOLVED_FUSED else KIND_COST.get(kind, "elementwise")

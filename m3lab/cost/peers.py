@@ -11,7 +11,11 @@ On an H200 (``device`` NVIDIA_H200 in the tables) vLLM 0.33.0's MiniMax-M3 kerne
 - ``traces/bench/moe.csv``: provider ``vllm-triton`` = vLLM's Triton ``fused_experts`` (bf16, 129 experts, top-5).
 
 Each measured point becomes an efficiency: the roofline bound of the same step's OpTable rows on the H200
-profile (:mod:`m3lab.optable`, :mod:`m3lab.cost.roofline`) divided by the measured µs. A row on another GPU takes
+profile (:mod:`m3lab.optable`, :mod:`m3lab.cost.roofline`) divided by the measured µs. The MoE benchmark's
+``balanced`` routing gives every token distinct experts (``T * 4`` consecutive picks of a permutation), so it
+touches ``min(4 T, 128) + 1`` experts, where the OpTable's balanced routing expects fewer (independent uniform
+picks: about 83 at T = 32): the bound takes the expert-weight bytes the benchmark recorded for the call (its
+``tbps`` x ``us_p50``) in place of the OpTable's, and the regime (rows per active expert) the benchmark's count. A row on another GPU takes
 the efficiency at its own regime (interpolated in log space over the measured grid, clamped to it) times the
 assumption ``amd_vs_h200_fraction`` on AMD GPUs: labelled projected.
 
@@ -87,17 +91,29 @@ def _peer_table(family: str, mtime: float) -> pd.DataFrame:
         raise M3LabError(f"traces/bench/{name} has no {PEER_DEVICE} rows of {provider} {op}", field="peers",
                          hint="the cost model needs vLLM's measured kernels; restore the table from git")
     hw = load_hardware(PEER_HARDWARE)
+    touched = (df["tbps"] * df["us_p50"] * 1e6).groupby(df["shape"]).median()   # bytes (TB/s x µs)
     rows = []
     for shape, us in df.groupby("shape")["us_p50"].median().items():  # repeated sessions: the median
         f = _fields(shape)
         ref = _reference_rows(family, f)
-        mem = ref[["bytes_compute", "bytes_weight", "bytes_kv"]].fillna(0).to_numpy().sum(axis=1)
+        weight = ref["bytes_weight"].fillna(0).to_numpy(float)
+        if family == "fused_moe":   # the experts the benchmark touched, not the OpTable's expectation
+            weight = weight * float(touched[shape]) / max(weight.sum(), 1.0)
+        mem = ref[["bytes_compute", "bytes_kv"]].fillna(0).to_numpy().sum(axis=1) + weight
         flops = ref["flops"].fillna(0).to_numpy()
         bound = float(bound_times_us(flops, mem, 0.0, hw.peak_flops["bf16"], hw.hbm_bw, hw.link_bw)[3].sum())
-        regime = {"rpe": float(ref["routed_tokens"].sum() / max(ref["experts_active"].sum(), 1.0))} \
-            if family == "fused_moe" else {"B": float(f["B"]), "ctx": float(f["ctx"]), "q": float(f["q"])}
+        regime = {"rpe": _bench_rpe(ref, weight)} if family == "fused_moe" else \
+            {"B": float(f["B"]), "ctx": float(f["ctx"]), "q": float(f["q"])}
         rows.append({**regime, "shape": shape, "us": float(us), "bound_us": bound, "eff": min(bound / float(us), 1.0)})
     return pd.DataFrame(rows)
+
+
+def _bench_rpe(ref: pd.DataFrame, weight: np.ndarray) -> float:
+    """Rows per active expert of the benchmark's call: the OpTable's routed rows over the experts whose weight bytes
+    the call read (``weight``: per reference row, the OpTable's bytes per active expert unchanged)."""
+    per_expert = ref["bytes_weight"].to_numpy(float) / np.maximum(ref["experts_active"].to_numpy(float), 1e-9)
+    active = weight / np.maximum(per_expert, 1e-9)
+    return float(ref["routed_tokens"].sum() / max(active.sum(), 1.0))
 
 
 def peer_table(family: str) -> pd.DataFrame:

@@ -47,6 +47,38 @@ def _per_key(rows: dict, eff: np.ndarray, floor: np.ndarray, n: int) -> np.ndarr
     return np.bincount(rows["key"], weights=t * rows["weight"], minlength=n)
 
 
+def _moved(rows: dict, a, v: float, terms: list) -> tuple[np.ndarray, np.ndarray]:
+    """(efficiency, floor) of the costed ``rows`` with assumption ``a`` at ``v`` (``terms``: each row's eff terms)."""
+    eff, floor = rows["efficiency"].astype(float), rows["floor_us"].astype(float)
+    if a.kind == "floor":
+        return eff, np.where(rows["floor_term"] == a.name, v, floor)
+    hit = np.array([a.name in t for t in terms])
+    return np.where(hit, eff * v / a.value, eff), floor
+
+
+def retimed(est, adjust, mode: str = "calibrated") -> float:
+    """Output tok/s/GPU of ``est`` re-timed exactly (the same schedule, timeline and metrics) with its costed rows'
+    efficiency and floor replaced by ``adjust(rows) -> (efficiency, floor)`` (``rows``: every costed row as flat
+    arrays: the coster's row terms, ``key`` and ``weight``); ``adjust(rows, name, value)`` forms: :func:`at_value`."""
+    keys, rows = _flat(est.coster, mode)
+    tok = est.results[mode][FIGURE]
+    if not rows:
+        return tok
+    eff, floor = adjust(rows)
+    base = _per_key(rows, rows["efficiency"].astype(float), rows["floor_us"].astype(float), len(keys))
+    us = _per_key(rows, np.asarray(eff, float), np.asarray(floor, float), len(keys))
+    if np.array_equal(us, base):
+        return tok
+    index = {k: i for i, k in enumerate(keys)}
+    return est.retimed(lambda k: us[index[k]], mode).summary()[FIGURE]
+
+
+def at_value(est, name: str, v: float, mode: str = "calibrated") -> float:
+    """Output tok/s/GPU of ``est`` with the assumption ``name`` (:mod:`m3lab.cost.assumptions`) at ``v``."""
+    a = ASSUMPTIONS[name]
+    return retimed(est, lambda rows: _moved(rows, a, v, [set(t.split("+")) for t in rows["eff_terms"]]), mode)
+
+
 def sensitivity(est, mode: str = "calibrated") -> pd.DataFrame:
     """The sensitivity table of a serving estimate ``est`` under ``mode`` (see the module docstring)."""
     keys, rows = _flat(est.coster, mode)
@@ -54,18 +86,13 @@ def sensitivity(est, mode: str = "calibrated") -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     tok = est.results[mode][FIGURE]
     index = {k: i for i, k in enumerate(keys)}
-    eff, floor = rows["efficiency"].astype(float), rows["floor_us"].astype(float)
-    base = _per_key(rows, eff, floor, len(keys))
+    base = _per_key(rows, rows["efficiency"].astype(float), rows["floor_us"].astype(float), len(keys))
     terms = [set(t.split("+")) for t in rows["eff_terms"]]
     out = []
     for a in ASSUMPTIONS.values():
         at = []
         for v in (a.low, a.high):
-            if a.kind == "floor":
-                us = _per_key(rows, eff, np.where(rows["floor_term"] == a.name, v, floor), len(keys))
-            else:
-                hit = np.array([a.name in t for t in terms])
-                us = _per_key(rows, np.where(hit, eff * v / a.value, eff), floor, len(keys))
+            us = _per_key(rows, *_moved(rows, a, v, terms), len(keys))
             same = np.array_equal(us, base)   # the assumption touches no costed row: the estimate itself
             at.append(tok if same else est.retimed(lambda k, us=us: us[index[k]], mode).summary()[FIGURE])
         changes = [x / tok - 1.0 for x in at]

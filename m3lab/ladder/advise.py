@@ -1,8 +1,12 @@
 """The next fix: what the write-up's team did by hand, for any deployment.
 
 For each switch fix (:data:`m3lab.ladder.fixes.FIXES`) the deployment has not applied, vLLM's own rules
-(:func:`m3lab.vllm.fastpaths.resolve`) say whether it would take it: a fix vLLM refuses at start-up or quietly turns
-off is listed under ``blocked`` with vLLM's reason, never ranked. Each remaining fix is estimated
+(the resolver's answer, :func:`m3lab.serving.dispatch.dispatch_for`) say whether it would take it: a fix vLLM refuses
+at start-up or quietly turns off, or one with which vLLM runs no other kernel for this deployment (the page adapter
+without AITER), is listed under ``blocked`` with the reason, never ranked. A ranked fix whose ``requires`` the
+deployment lacks says so (``assumes``: shared-expert fusion with AITER off fuses into vLLM's Triton experts, not the
+write-up's AITER kernel). ``aiter`` is ranked like a fix and marked ``named`` False: a switch of the write-up's
+optimised deployment, not one of its fixes. Each remaining fix is estimated
 (:func:`m3lab.ladder.evaluate.evaluate`); ``fixes`` ranks them by the estimated gain in output tokens/s/GPU, best
 first, each with the op it relieves most (from the per-op time of the decode step before and after), that op's share
 of the step now, and the checklist step that would confirm it ran. A fix the deployment has is never listed, so
@@ -20,6 +24,7 @@ import pandas as pd
 from m3lab.errors import M3LabError
 from m3lab.ladder.evaluate import Rung, evaluate
 from m3lab.ladder.fixes import CHECKLIST, FIXES, Fix, applied
+from m3lab.serving.dispatch import dispatch_for
 
 
 @dataclass
@@ -42,17 +47,38 @@ class Advice:
         return pd.DataFrame(self.fixes)
 
 
+def _status(disp, status: str) -> list:
+    """The decisions of ``disp`` (a Dispatch) with ``status`` (``off``, ``refused``), every phase."""
+    return [c for table in disp.choices.values() for c in table.values() if c.status == status]
+
+
 def vllm_objection(fix: Fix, d, after) -> str | None:
     """vLLM's reason not to run ``fix`` on ``after`` (= ``d`` with the fix applied), or None when it takes it:
-    a refusal at start-up, or a path vLLM turns off that it does not turn off for ``d``."""
-    from m3lab.vllm.fastpaths import resolve  # vLLM's rules: loaded on first use (seconds)
+    a refusal at start-up, a path vLLM turns off that it does not turn off for ``d``, or no kernel vLLM runs
+    differently (the resolver's answers, cached: :func:`m3lab.serving.dispatch.dispatch_for`)."""
+    res, base = dispatch_for(after), dispatch_for(d)
+    if res is None or base is None:
+        return None
+    if res.refused():
+        return "; ".join(dict.fromkeys(f"vLLM refuses {x.op}: {x.note}" for x in res.refused()))
+    before = {(x.op, x.layer_kind) for x in _status(base, "off")}
+    new = [x for x in _status(res, "off") if (x.op, x.layer_kind) not in before]
+    if new:
+        return "; ".join(dict.fromkeys(f"{x.op}: {x.note}" for x in new))
+    if res.choices == base.choices:
+        need = {k: v for k, v in fix.requires.items() if not _has(d, {k: v})}
+        return "vLLM runs no other kernel for this deployment with " + _text(fix.settings) + \
+            (f": the fix assumes {_text(need)} (apply it first)" if need else "")
+    return None
 
-    res = resolve(after)
-    if res.refused:
-        return "; ".join(f"vLLM refuses {x.op}: {x.note}" for x in res.refused)
-    before = {(x.op, x.layer_kind) for x in resolve(d).turned_off}
-    new = [x for x in res.turned_off if (x.op, x.layer_kind) not in before]
-    return "; ".join(dict.fromkeys(f"{x.op}: {x.note}" for x in new)) or None
+
+def _text(settings) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
+
+
+def _has(d, settings) -> bool:
+    """True when ``d`` already has ``settings`` (applying them changes nothing)."""
+    return d.with_settings(settings).key() == d.key()
 
 
 def relieved_op(fix: Fix, base: Rung, after: Rung) -> tuple[str, float, float]:
@@ -82,7 +108,9 @@ def _entry(fix: Fix, base: Rung, after: Rung) -> dict:
             "op_share_pct": share * 100, "op_saved_us": saved, "settings": dict(fix.settings),
             "checklist_step": fix.confirm_step, "confirm": f"step {fix.confirm_step} "
                                                            f"({CHECKLIST[fix.confirm_step]}): {fix.confirm}",
-            "found_by": f"step {fix.found_by} ({CHECKLIST[fix.found_by]}): {fix.found}", "vllm": fix.vllm}
+            "found_by": f"step {fix.found_by} ({CHECKLIST[fix.found_by]}): {fix.found}", "vllm": fix.vllm,
+            "named": fix.named, "assumes": {k: v for k, v in fix.requires.items() if not _has(base.deployment,
+                                                                                              {k: v})}}
 
 
 def advise(d, *, calibration="default", progress: Callable[[str], None] | None = None) -> Advice:
@@ -111,11 +139,11 @@ def advise(d, *, calibration="default", progress: Callable[[str], None] | None =
 
 def already_off(d) -> list[dict]:
     """Switch fixes ``d`` asks for that vLLM turns off or refuses (listed with vLLM's reason)."""
-    from m3lab.vllm.fastpaths import resolve  # vLLM's rules: loaded on first use (seconds)
-
-    res = resolve(d)
+    res = dispatch_for(d)
+    if res is None:
+        return []
     out = {}
-    for x in res.turned_off + res.refused:
+    for x in _status(res, "off") + res.refused():
         fix = next((f for f in FIXES if f.is_switch and (f.name == x.op or x.op in f.ops) and applied(f, d)), None)
         name = fix.name if fix else f"(as deployed: {x.op})"
         out.setdefault(name, {"fix": name, "reason": f"{x.op}: {x.note}",

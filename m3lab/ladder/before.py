@@ -1,34 +1,63 @@
 """m3lab's representation of the state before a fix that vLLM 0.33.0 has as code: there is no switch to turn it off.
 
-The cost follows vLLM's dispatch (:mod:`m3lab.cost.sources`): vLLM's MXFP8 linear (``_mxfp8_linear_kernel``,
-paths ``mxfp8_dot_scaled_*``) is costed from the calibration's FP8 GEMM fit at the row's (M, N, K). The state
-before the **decode GEMM launcher** is represented there (:class:`BeforeCalibration`): the decode-M (at most
-``DECODE_MAX_M`` rows) MXFP8 GEMMs run the large-M tile, their efficiency divided by the prefill-tile / decode-tile
-time ratio m3lab measured with its own GEMM kernel on an H200 at the nearest (M, N, K)
-(``traces/bench/gemm.csv``, bf16, ``m3lab.bench.analysis.tile_gain``). **Projected**: the ratio is carried to the
-deployment's GPU, an assumption whose :data:`SCALE` the sensitivity table moves. A ceiling (no calibration) has no
-efficiency to lose and does not move.
+Each state before is a per-op override of the calibrated cost (:class:`m3lab.cost.overrides.OpOverride`, carried by
+the estimate's :class:`~m3lab.serving.step_cost.StepCoster`) on exactly the rows of the (vLLM op, path) that runs the
+fix's code, fed by m3lab's own kernel measurements or by paths the cost model already costs. It is **m3lab's
+representation, not vLLM's** and every figure it gives is **projected**:
 
-The other code fixes act on kernels costed from their H200 measurements (:mod:`m3lab.cost.peers`: vLLM's Triton
-MoE, indexer and sparse attention), which no calibration reaches: :data:`REPRESENTED` leaves them out, and the
-ladder reports their step as not estimated, with the representation it would use (``Fix.before``).
+| fix | rows | state before |
+|---|---|---|
+| ``decode_gemm_launcher`` | the MXFP8 dense GEMMs (``mxfp8_dot_scaled_*``) with M <= ``DECODE_MAX_M`` | time x the prefill-tile / decode-tile ratio of m3lab's GEMM kernel on an H200 at the nearest (M, N, K) (``traces/bench/gemm.csv``, bf16) |
+| ``moe_program_order`` | vLLM's Triton MXFP8 grouped GEMMs (``experts`` on ``triton_mxfp8*``) | time x the slower / faster of the two program orders of m3lab's grouped-MoE kernel on an H200 at the nearest tokens per step (``traces/bench/moe.csv``, ``m3lab-order=token`` vs ``m3lab-order=expert``, bf16, balanced routing) |
+| ``request_level_index_batching`` | the decode indexer (``indexer`` on ``triton_amd*``) of verify steps (1 + k rows per request) | every query row re-reads its request's index keys: the row's bound with ``bytes_kv`` x rows per request over its bound, at the indexer's measured efficiency |
+| ``multi_token_verification`` | the verify steps' sparse attention on AITER's paged path (``attention`` on ``aiter_sparse_pa``) | costed as vLLM's Triton sparse attention (``triton_sparse``: what ``VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0`` runs) |
+
+Each has one named assumption (:data:`ASSUMPTIONS`: value, range, source) that the ladder's sensitivity table moves:
+a ratio measured on an H200 carries to the target GPU (its part above 1 scaled), the re-reads reach HBM, and for
+multi-token verification the cost model's own ``aiter_pa_vs_triton``. A ceiling (no calibration) has no efficiency
+to lose: no state before moves it.
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
 from m3lab.bench.analysis import newest_harness, tile_gain
 from m3lab.bench.table import TRACES_BENCH, read_table
+from m3lab.cost.assumptions import ASSUMPTIONS as COST_ASSUMPTIONS
+from m3lab.cost.assumptions import Assumption
+from m3lab.cost.overrides import OpOverride
+from m3lab.cost.roofline import bound_times_us, compute_dtype, peak_flops
 from m3lab.kernels.gemm.tables import DECODE_MAX_M
 
-SCALE = 1.0      # assumed: the H200 before/after ratio carries to the target hardware unchanged (1 = as measured)
-LAUNCHER_FIT = "fp8"   # the calibration fit vLLM's MXFP8 linear is costed from (m3lab.cost.sources, dot_scaled_*)
-REPRESENTED = {"decode_gemm_launcher": "H200 tile ratio (traces/bench/gemm.csv), projected"}
+_MXFP8_DENSE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "shared_gate_up", "shared_down")
+GEMM_TABLE, MOE_TABLE = "traces/bench/gemm.csv", "traces/bench/moe.csv"
+MOE_ORDERS = ("m3lab-order=token", "m3lab-order=expert")
+
+
+def _scale(name: str, what: str) -> Assumption:
+    return Assumption(name, 1.0, 0.5, 1.5, "x (ratio excess over 1)", "scale",
+                      f"assumed: {what} carries to the target GPU unchanged (1 = as measured on the H200); the "
+                      "range halves its part above 1 and raises it by half")
+
+
+#: The assumption of each state before (value, range, source); ``kind`` "scale" moves the override's scale, and
+#: multi-token verification's is the cost model's own (moved through the cost sensitivity).
+ASSUMPTIONS: Mapping[str, Assumption] = {
+    "decode_gemm_launcher": _scale("launcher_h200_ratio", "m3lab's H200 prefill-tile / decode-tile GEMM ratio "
+                                   f"({GEMM_TABLE})"),
+    "moe_program_order": _scale("moe_order_h200_ratio", "m3lab's H200 slower / faster grouped-MoE program order "
+                                f"ratio ({MOE_TABLE})"),
+    "request_level_index_batching": Assumption(
+        "index_reread_hbm_fraction", 1.0, 0.5, 1.0, "x (re-read bytes that reach HBM)", "scale",
+        "assumed: scored row by row, each verify row's re-read of its request's index keys comes from HBM (1); low: "
+        "half of them hit in cache"),
+    "multi_token_verification": COST_ASSUMPTIONS["aiter_pa_vs_triton"],
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,6 +66,17 @@ def launcher_ratios() -> pd.DataFrame:
     g = tile_gain(newest_harness(read_table(TRACES_BENCH / "gemm.csv")))
     g = g[(g["dtype"] == "bf16") & (g["M"] <= DECODE_MAX_M)]
     return g[["M", "N", "K", "ratio"]].astype(float).reset_index(drop=True)
+
+
+@functools.lru_cache(maxsize=1)
+def moe_order_ratios() -> pd.DataFrame:
+    """``[T, ratio]``: slower / faster p50 time of m3lab's grouped-MoE kernel under its two program orders on the
+    H200 (bf16, 129 experts, top-5, balanced routing), per tokens per step ``T``."""
+    df = newest_harness(read_table(TRACES_BENCH / "moe.csv"))
+    df = df[df["provider"].isin(MOE_ORDERS) & df["shape"].astype(str).str.contains("routing=balanced")]
+    p = df.pivot_table(index="T", columns="provider", values="us_p50", aggfunc="median").dropna()
+    out = pd.DataFrame({"T": p.index.astype(float), "ratio": (p.max(axis=1) / p.min(axis=1)).to_numpy(float)})
+    return out.reset_index(drop=True)
 
 
 def _nearest(table: pd.DataFrame, keys: list[str], query: np.ndarray) -> np.ndarray:
@@ -49,75 +89,95 @@ def _nearest(table: pd.DataFrame, keys: list[str], query: np.ndarray) -> np.ndar
     return (near * ratio).sum(axis=1) / near.sum(axis=1)
 
 
-def launcher_slowdown(m, n, k, scale: float = SCALE) -> np.ndarray:
-    """Time factor (>= 1) of GEMMs ``(m, n, k)`` before the decode launcher: 1 above DECODE_MAX_M rows."""
-    m, n, k = (np.atleast_1d(np.asarray(x, float)) for x in (m, n, k))
+def launcher_ratio(rows) -> np.ndarray:
+    """Time factor (>= 1) of GEMM rows before the decode launcher: the nearest measured ratio at M <= DECODE_MAX_M,
+    1 above (``rows``: :class:`m3lab.cost.sources.Rows`)."""
+    m, n, k = rows.f("m"), rows.f("n"), rows.f("k")
     ratio = _nearest(launcher_ratios(), ["M", "N", "K"], np.column_stack([m, n, k]))
-    return np.where(m <= DECODE_MAX_M, 1.0 + scale * (ratio - 1.0), 1.0)
+    return np.where(m <= DECODE_MAX_M, ratio, 1.0)
+
+
+def moe_order_ratio(rows) -> np.ndarray:
+    """Time factor (>= 1) of grouped-GEMM rows at the slower program order, at the nearest measured tokens per step
+    (the row's routed tokens over its top-k)."""
+    tokens = rows.f("routed_tokens") / np.maximum(rows.f("topk"), 1.0)
+    return _nearest(moe_order_ratios(), ["T"], tokens[:, None])
+
+
+def _rows_per_request(rows) -> np.ndarray:
+    return rows.f("q_tokens") / np.maximum(rows.f("requests"), 1.0)
+
+
+def index_reread_ratio(rows) -> np.ndarray:
+    """Time factor (>= 1) of indexer rows whose every query row re-reads its request's index keys (``bytes_kv``):
+    the roofline bound with those bytes times the rows per request over the row's own bound."""
+    hw = rows.hw
+    extra = (np.maximum(_rows_per_request(rows), 1.0) - 1.0) * rows.f("bytes_kv")
+    mem = rows.f("bytes_compute") + rows.f("bytes_weight") + rows.f("bytes_kv")
+    peak = np.array([peak_flops(hw, compute_dtype(w if isinstance(w, str) else None, a, hw))
+                     for w, a in zip(rows("w_dtype", None), rows("act_dtype", "bf16"))], dtype=float)
+    flops, comm = rows.f("flops"), rows.f("bytes_comm")
+    own = bound_times_us(flops, mem, comm, peak, hw.hbm_bw, hw.link_bw)[3]
+    more = bound_times_us(flops, mem + extra, comm, peak, hw.hbm_bw, hw.link_bw)[3]
+    return more / np.maximum(own, 1e-12)
+
+
+def _verify_rows(rows) -> np.ndarray:
+    """Decode rows that verify more than one token per request (speculative decoding)."""
+    phase = np.asarray(rows("phase", None), dtype=object)
+    return (phase != "prefill") & (_rows_per_request(rows) > 1.0)
 
 
 @dataclass(frozen=True)
-class SlowedFit:
-    """A GEMM fit (``m3lab.cost.calibration.GemmFit``) whose efficiency is divided by the launcher's slowdown."""
+class Before:
+    """How m3lab represents the state before one code fix (see the module docstring)."""
 
-    base: Any
-    scale: float
-
-    @property
-    def points(self) -> pd.DataFrame:
-        return self.base.points
-
-    @property
-    def family(self) -> str:
-        return self.base.family
-
-    def efficiency(self, m, n, k) -> np.ndarray:
-        return np.asarray(self.base.efficiency(m, n, k), float) / launcher_slowdown(m, n, k, self.scale)
-
-
-_SLOWED: dict = {}   # (id of a calibration, scale) -> (the calibration, its fits with the launcher's slowed)
-
-
-def _slowed_fits(base, scale: float) -> dict:
-    """``base.fits`` with the launcher's fit slowed: one object per calibration and scale, as the cost model
-    memoises fits by identity (the calibration is kept alive while its id keys the cache)."""
-    key = (id(base), float(scale))
-    if key not in _SLOWED:
-        fits = dict(base.fits)
-        if LAUNCHER_FIT in fits:
-            fits[LAUNCHER_FIT] = SlowedFit(fits[LAUNCHER_FIT], scale)
-        _SLOWED[key] = (base, fits)
-    return _SLOWED[key][1]
-
-
-@dataclass(frozen=True)
-class BeforeCalibration:
-    """A calibration (``m3lab.cost.calibration.Calibration``) with the code fixes ``undone`` in their state before
-    (see the module docstring); everything else is ``base``'s."""
-
-    base: Any
-    undone: tuple[str, ...]
-    scale: float = SCALE
-
-    def __post_init__(self):
-        unknown = [f for f in self.undone if f not in REPRESENTED]
-        if unknown:
-            raise ValueError(f"no representation of the state before {unknown}; represented: {list(REPRESENTED)}")
-
-    def __getattr__(self, name: str):   # floors_us, residuals, family_for, hardware, source: the base's
-        if name.startswith("__") or name == "base":
-            raise AttributeError(name)
-        return getattr(self.base, name)
+    fix: str
+    ops: tuple[str, ...]
+    path: str
+    label: str                       # what it is and its source ("m3lab's representation: ...")
+    ratio: Callable | None = None
+    path_as: str = ""
+    where: Callable | None = None
+    kinds: tuple[str, ...] = ()
+    data: str = ""
 
     @property
-    def fits(self) -> dict:
-        return _slowed_fits(self.base, self.scale) if "decode_gemm_launcher" in self.undone else self.base.fits
+    def assumption(self) -> Assumption:
+        return ASSUMPTIONS[self.fix]
 
-    @property
-    def name(self) -> str:
-        return self.base.name
+    def override(self, scale: float | None = None) -> OpOverride:
+        """The per-op override of this state before (``scale``: of its ratio's part above 1; None: the value)."""
+        s = self.assumption.value if scale is None or self.assumption.kind != "scale" else scale
+        return OpOverride(self.fix, self.ops, self.path, self.ratio, self.path_as, self.where, self.kinds, float(s),
+                          f"{self.fix} in its state before ({self.label}; scale {s:g})", self.data)
 
-    @property
-    def label(self) -> str:
-        before = "; ".join(f"{f} undone ({REPRESENTED[f]}, scale {self.scale:g})" for f in self.undone)
-        return f"{self.base.label}; m3lab's representation of the state before: {before}"
+
+BEFORE: Mapping[str, Before] = {b.fix: b for b in (
+    Before("decode_gemm_launcher", _MXFP8_DENSE, "mxfp8_dot_scaled",
+           "m3lab's representation: the decode-M MXFP8 GEMMs at the large-M tile, time x m3lab's H200 prefill-tile / "
+           f"decode-tile ratio ({GEMM_TABLE}, bf16, nearest M, N, K)", launcher_ratio, kinds=("gemm",),
+           data=GEMM_TABLE),
+    Before("moe_program_order", ("experts",), "triton_mxfp8",
+           "m3lab's representation: vLLM's Triton MXFP8 grouped GEMMs at the slower of m3lab's two program orders, "
+           f"time x the H200 slower / faster ratio ({MOE_TABLE}, m3lab-order=token vs m3lab-order=expert, bf16, "
+           "balanced routing, nearest tokens per step)", moe_order_ratio, kinds=("grouped_gemm",), data=MOE_TABLE),
+    Before("request_level_index_batching", ("indexer",), "triton_amd",
+           "m3lab's representation: the verify step's indexer reads each request's index keys once per query row "
+           "(bytes_kv x rows per request, from the OpTable) at the indexer's measured efficiency",
+           index_reread_ratio, where=_verify_rows, kinds=("indexer",)),
+    Before("multi_token_verification", ("attention",), "aiter_sparse_pa",
+           "m3lab's representation: the verify rows' sparse attention costed as vLLM's Triton path (triton_sparse, "
+           "what VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0 runs), beside AITER's paged path; both from the cost model",
+           path_as="triton_sparse", where=_verify_rows, kinds=("attention",)),
+)}
+
+
+def overrides_for(undone, scales: Mapping[str, float] | None = None) -> tuple[OpOverride, ...]:
+    """The per-op overrides of the code fixes ``undone`` (names of :data:`BEFORE`), at ``scales`` (fix -> scale of
+    its assumption; missing: the assumption's value). Raises ValueError for a fix with no representation."""
+    unknown = [f for f in undone if f not in BEFORE]
+    if unknown:
+        raise ValueError(f"no representation of the state before {unknown}; represented: {list(BEFORE)}")
+    scales = scales or {}
+    return tuple(BEFORE[f].override(scales.get(f)) for f in undone)

@@ -3,23 +3,34 @@ estimated (:func:`m3lab.ladder.evaluate.evaluate`) beside the write-up's own fig
 configuration it states is this step's (:func:`m3lab.published.fix_gain_for`), else its configuration beside a null.
 
 :func:`plan` finds the fixes between two deployments: every switch fix whose settings the target has and the start
-has not, and every code fix (vLLM 0.33.0 has no switch for it) whose code path the start runs. The ladder starts
-from the start deployment with those code fixes in m3lab's representation of their state before
-(:mod:`m3lab.ladder.before`); once they are on it is the start deployment, and once every switch is on it is the
-target (:func:`run` checks the keys). Figures are **projected** (hardware profile and calibration named in ``label``).
+has not (``aiter``, the optimised deployment's ``VLLM_ROCM_USE_AITER=1``, among them: its own rung, before the fixes
+that assume it, and never a write-up figure beside it), and every code fix (vLLM 0.33.0 has no switch for it) whose
+code path runs. The ladder starts from the start deployment with those code fixes in m3lab's representation of their
+state before (:mod:`m3lab.ladder.before`: per-op overrides of the cost on the rows that run the fix's code); once they
+are on it is the start deployment, and once every switch is on it is the target (:func:`run` checks the keys).
+Figures are **projected** (hardware profile and calibration named in ``label``).
+
+:func:`sensitivity` is where the sensitivity is computed: the cost model's table for the first and last rungs, and
+for each code fix its step's gain with the assumption of its state before at the low and high end of its range
+(exact re-timing of the rungs either side of the step).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
+from m3lab.cost.overrides import rescaled_efficiency
+from m3lab.cost.sensitivity import at_value, retimed
 from m3lab.errors import M3LabError
-from m3lab.ladder.before import REPRESENTED, SCALE
+from m3lab.ladder.before import ASSUMPTIONS as BEFORE_ASSUMPTIONS
+from m3lab.ladder.before import BEFORE as REPRESENTED
 from m3lab.ladder.evaluate import Rung, evaluate
-from m3lab.ladder.fixes import FIXES, Fix, applied, get_fix
+from m3lab.ladder.fixes import FIXES, NOT_NAMED, Fix, applied, get_fix
 from m3lab.published import fix_gain_for
+from m3lab.serving.dispatch import dispatch_for
 from m3lab.spec.settings import changes
 
 START = "start"
@@ -40,17 +51,16 @@ def compare_config(d) -> dict:
 
 
 def code_fix_runs(fix: Fix, d) -> str | None:
-    """None when vLLM runs ``fix``'s code path for ``d`` (:func:`m3lab.vllm.fastpaths.resolve`), else why not."""
-    from m3lab.vllm.fastpaths import resolve  # vLLM's rules: loaded on first use (seconds)
-
+    """None when vLLM runs ``fix``'s code path for ``d`` at decode (its Dispatch, :func:`m3lab.serving.dispatch.
+    dispatch_for`: the resolver's answer, cached), else why not."""
     if fix.spec_only and not d.serving.spec_tokens:
         return "no speculative decoding"
     op, prefix = CODE_PATHS[fix.name]
-    try:
-        got = resolve(d).decision(op, "sparse").path
-    except KeyError:
+    disp = dispatch_for(d)
+    got = disp.choice(op, "sparse", "decode") if disp is not None else None
+    if got is None:
         return f"{d.model.name} has no sparse-layer {op}"
-    return None if got.startswith(prefix) else f"{op} runs {got}, not the fix's {prefix}* path"
+    return None if got.path.startswith(prefix) else f"{op} runs {got.path}, not the fix's {prefix}* path"
 
 
 def plan(start, target) -> list[Fix]:
@@ -97,19 +107,26 @@ class Step:
     rung: Rung | None             # None: a fix m3lab cannot represent (not estimated)
     gain_pct: float | None
     tpot_change_pct: float | None
-    writeup: dict | None          # m3lab.published.fix_gain_for
+    writeup: dict | None          # m3lab.published.fix_gain_for (None for the start and for a switch it names not)
+
+    @property
+    def named(self) -> bool:
+        """False for a rung that is no fix the write-up names (``aiter``)."""
+        return self.fix == START or get_fix(self.fix).named
 
     def to_dict(self) -> dict:
         f = self.rung.figures if self.rung is not None else {}
         w = self.writeup or {}
+        note = None if self.named else NOT_NAMED
+        if self.rung is None:
+            note = "not estimated: " + get_fix(self.fix).before
         return {"fix": self.fix, "title": self.title, "deployment": self.rung.deployment.name if self.rung else None,
-                "undone": list(self.rung.undone) if self.rung else None,
+                "undone": list(self.rung.undone) if self.rung else None, "named": self.named,
                 **{k: f.get(k) for k in ("output_tokens_per_s_per_gpu", "ttft_s", "tpot_ms")},
                 "gain_pct": self.gain_pct, "tpot_change_pct": self.tpot_change_pct,
                 "writeup_gain_pct": w.get("value_pct"), "writeup_metric": w.get("metric"),
                 "writeup_text": w.get("text"), "writeup_configuration": w.get("configuration"),
-                "writeup_not_stated": w.get("not_stated"),
-                "note": None if self.rung is not None else get_fix(self.fix).before}
+                "writeup_not_stated": w.get("not_stated"), "note": note}
 
 
 @dataclass
@@ -130,8 +147,7 @@ class Ladder:
         """How the first step represents the code fixes it starts without ("" when none)."""
         first = self.steps[0].rung
         undone = first.undone if first is not None else ()
-        return "; ".join(f"{u} in its state before: {BEFORE[u]} (m3lab's representation, not vLLM's)"
-                         for u in undone)
+        return "; ".join(f"{u} in its state before: {BEFORE[u]}" for u in undone)
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame([s.to_dict() for s in self.steps])
@@ -157,11 +173,12 @@ def _switch_on(d, fix: Fix, acceptance: dict | None):
     return d.with_settings({**fix.settings, **extra})
 
 
-def climb(start, fixes: Sequence[Fix], *, calibration="default", scale: float = SCALE,
+def climb(start, fixes: Sequence[Fix], *, calibration="default", scales: Mapping[str, float] | None = None,
           progress: Callable[[str], None] | None = None, acceptance: dict | None = None) -> Ladder:
     """Switch ``fixes`` on one at a time from ``start``: the code fixes among them start in m3lab's representation of
-    their state before. ``acceptance`` (:func:`acceptance_of`) goes with a fix that switches speculation on.
-    ``progress`` gets one line per step before it is estimated."""
+    their state before (``scales``: as for :func:`~m3lab.ladder.evaluate.evaluate`). ``acceptance``
+    (:func:`acceptance_of`) goes with a fix that switches speculation on. ``progress`` gets one line per step before it
+    is estimated."""
     undone = tuple(f.name for f in fixes if not f.is_switch and f.name in REPRESENTED)
     lad, d, prev = Ladder(start, start), start, None
     names = [START] + [f.name for f in fixes]
@@ -173,11 +190,11 @@ def climb(start, fixes: Sequence[Fix], *, calibration="default", scale: float = 
             d = _switch_on(d, fix, acceptance)
         elif fix is not None:
             undone = tuple(u for u in undone if u != fix.name)
-        writeup = fix_gain_for(fix.name, compare_config(d)) if fix else None
+        writeup = fix_gain_for(fix.name, compare_config(d)) if fix is not None and fix.named else None
         if fix is not None and not fix.is_switch and fix.name not in REPRESENTED:
             lad.steps.append(Step(fix.name, fix.title, None, None, None, writeup))
             continue
-        rung = evaluate(d, undone, calibration=calibration, scale=scale)
+        rung = evaluate(d, undone, calibration=calibration, scales=scales)
         gain = _change(rung.throughput, prev.throughput) if prev else None
         tpot = _change(rung.figures["tpot_ms"], prev.figures["tpot_ms"]) if prev else None
         title = fix.title if fix else start.name + (" with the code fixes in their state before" if undone else "")
@@ -187,10 +204,10 @@ def climb(start, fixes: Sequence[Fix], *, calibration="default", scale: float = 
     return lad
 
 
-def run(start, target, *, calibration="default", scale: float = SCALE,
+def run(start, target, *, calibration="default", scales: Mapping[str, float] | None = None,
         progress: Callable[[str], None] | None = None) -> Ladder:
     """The ladder from ``start`` to ``target`` (the fixes of :func:`plan`); it ends at ``target`` (checked)."""
-    lad = climb(start, plan(start, target), calibration=calibration, scale=scale, progress=progress,
+    lad = climb(start, plan(start, target), calibration=calibration, scales=scales, progress=progress,
                 acceptance=acceptance_of(target))
     if lad.target.key() != target.key():
         raise AssertionError(f"the ladder ends at {lad.target.name}, not {target.name}")
@@ -198,7 +215,7 @@ def run(start, target, *, calibration="default", scale: float = SCALE,
     return lad
 
 
-def toggled(start, fixes: Sequence[Fix], on, *, calibration="default", scale: float = SCALE) -> Rung:
+def toggled(start, fixes: Sequence[Fix], on, *, calibration="default") -> Rung:
     """The estimate of ``start`` with the fixes named in ``on`` switched on and the other ``fixes`` off: switch
     fixes applied, code fixes not in ``on`` in m3lab's representation of their state before (what a toggle per fix
     shows)."""
@@ -207,36 +224,63 @@ def toggled(start, fixes: Sequence[Fix], on, *, calibration="default", scale: fl
         if fix.is_switch and fix.name in on:
             d = d.with_settings(fix.settings)
     undone = tuple(f.name for f in fixes if not f.is_switch and f.name in REPRESENTED and f.name not in on)
-    return evaluate(d, undone, calibration=calibration, scale=scale)
+    return evaluate(d, undone, calibration=calibration)
 
 
 SENSITIVITY_COLUMNS = ("rung", "assumption", "value", "low", "high", "unit", "tok_s", "change_low_pct",
-                       "change_high_pct", "swing_pct", "source")
+                       "change_high_pct", "swing_pct", "gain_pct", "gain_low_pct", "gain_high_pct", "source")
 
 
-def sensitivity(lad: Ladder, *, calibration="default", scales: Sequence[float] = (0.5, 1.5),
-                top: int = 6) -> pd.DataFrame:
-    """Which assumption matters, for the ladder's first and last estimated rungs: the cost model's ``top``
-    assumptions by swing (``m3lab.cost.sensitivity``: exact re-timing of each run with one assumption at its low
-    and high value) and the ladder's own, :data:`SCALE` of the code fixes' H200 ratios (re-estimated at each of
-    ``scales``). Columns :data:`SENSITIVITY_COLUMNS`; changes in % of output tokens/s/GPU."""
+def _tok_at(rung: Rung, fix: str, v: float) -> float:
+    """Output tok/s/GPU of ``rung`` with the assumption of ``fix``'s state before at ``v`` (exact re-timing)."""
+    a = BEFORE_ASSUMPTIONS[fix]
+    if a.kind != "scale":                        # one of the cost model's own assumptions
+        return at_value(rung.estimate, a.name, v)
+    if fix not in rung.undone:                   # the fix is on: its assumption moves nothing
+        return rung.throughput
+    old = dict(rung.scales).get(fix, a.value)
+    return retimed(rung.estimate, lambda rows: (rescaled_efficiency(rows, fix, old, v), rows["floor_us"]))
+
+
+def fix_sensitivity(lad: Ladder) -> pd.DataFrame:
+    """For each code fix of the ladder, its step's gain with the assumption of its state before
+    (:data:`m3lab.ladder.before.ASSUMPTIONS`) at its value, low and high: the rungs either side of the step re-timed
+    exactly. ``tok_s`` and ``change_*_pct`` are the rung before the step (the fix in its state before); ``gain_*_pct``
+    the step's gain in % of output tokens/s/GPU. Columns :data:`SENSITIVITY_COLUMNS`."""
+    rows, prev = [], None
+    for step in lad.steps:
+        if step.rung is None:
+            continue
+        if prev is not None and step.fix in BEFORE_ASSUMPTIONS and prev.rung.estimate is not None \
+                and prev.rung.figures["kind"] == "calibrated":
+            a = BEFORE_ASSUMPTIONS[step.fix]
+            b = {v: _tok_at(prev.rung, step.fix, v) for v in (a.low, a.high)}
+            g = {v: (_tok_at(step.rung, step.fix, v) / b[v] - 1) * 100 for v in (a.low, a.high)}
+            lo, hi = (b[x] / prev.rung.throughput - 1 for x in (a.low, a.high))
+            rows.append({"rung": step.fix, "assumption": a.name, "value": a.value, "low": a.low, "high": a.high,
+                         "unit": a.unit, "tok_s": prev.rung.throughput, "change_low_pct": 100 * lo,
+                         "change_high_pct": 100 * hi, "swing_pct": 100 * max(abs(lo), abs(hi)),
+                         "gain_pct": step.gain_pct, "gain_low_pct": g[a.low], "gain_high_pct": g[a.high],
+                         "source": a.source})
+        prev = step
+    return pd.DataFrame(rows, columns=list(SENSITIVITY_COLUMNS))
+
+
+def sensitivity(lad: Ladder, *, top: int = 6) -> pd.DataFrame:
+    """Which assumption matters: the cost model's ``top`` assumptions by swing for the ladder's first and last
+    estimated rungs (``m3lab.cost.sensitivity``: exact re-timing of each run with one assumption at its low and high
+    value; computed here, once per rung shown), and each code fix's :func:`fix_sensitivity` between them. Columns
+    :data:`SENSITIVITY_COLUMNS`; changes in % of output tokens/s/GPU."""
     rungs = [s.rung for s in lad.steps if s.rung is not None]
     parts = []
-    for name, rung in (("start", rungs[0]), ("end", rungs[-1])):
-        if rung.sensitivity is not None:
-            t = rung.sensitivity.head(top).assign(rung=name, tok_s=rung.throughput)
-            parts.append(t)
-    first = rungs[0]
-    if first.undone:
-        runs = {x: evaluate(first.deployment, first.undone, calibration=calibration, scale=x).throughput
-                for x in scales}
-        lo, hi = runs[min(scales)] / first.throughput - 1, runs[max(scales)] / first.throughput - 1
-        parts.append(pd.DataFrame([{
-            "rung": "start", "assumption": "ladder.before.SCALE", "value": SCALE, "low": min(scales),
-            "high": max(scales), "unit": "x (ratio excess over 1)", "tok_s": first.throughput,
-            "change_low_pct": 100 * lo, "change_high_pct": 100 * hi, "swing_pct": 100 * max(abs(lo), abs(hi)),
-            "source": "assumed: m3lab's H200 before/after kernel ratios (" + ", ".join(first.undone) + ") carry to "
-                      f"{first.deployment.hardware.name}"}]))
+    for name, rung in (("start", rungs[0]), ("fixes", None), ("end", rungs[-1])):
+        if rung is None:
+            parts.append(fix_sensitivity(lad))
+        elif rung.sensitivity is not None:
+            t = rung.sensitivity.head(top).assign(rung=name, tok_s=rung.throughput, gain_pct=np.nan,
+                                                  gain_low_pct=np.nan, gain_high_pct=np.nan)
+            parts.append(t[list(SENSITIVITY_COLUMNS)])
+    parts = [p for p in parts if len(p)]
     if not parts:
         return pd.DataFrame(columns=list(SENSITIVITY_COLUMNS))
     return pd.concat(parts, ignore_index=True)[list(SENSITIVITY_COLUMNS)]

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from m3lab.artifacts import INTERACTIVE_STEP, current_step
-from m3lab.ladder.before import REPRESENTED
+from m3lab.ladder.before import BEFORE as REPRESENTED
 
 
 def _published(row) -> str:
@@ -21,14 +21,20 @@ def _published(row) -> str:
     return f"<br>write-up: {shown} {row['writeup_metric']} (published)"
 
 
+def _switch(row) -> str:
+    return "" if row.get("named", True) else "<br>(a switch, not a write-up fix)"
+
+
 def waterfall(table: pd.DataFrame, title: str) -> go.Figure:
     """Output tokens/s/GPU rung by rung (``Ladder.table()``): the start, each fix's change, the end. A fix's bar
-    carries its gain in % and, where the write-up's configuration is this one, the published figure."""
+    carries its gain in % and, where the write-up's configuration is this one, the published figure; a rung that is
+    no fix the write-up names (``aiter``) says so."""
     rows = table[table["output_tokens_per_s_per_gpu"].notna()].to_dict("records")
     thr = [r["output_tokens_per_s_per_gpu"] for r in rows]
     x = [r["fix"] for r in rows] + ["end"]
     y = [thr[0]] + [b - a for a, b in zip(thr, thr[1:])] + [thr[-1]]
-    text = [f"{thr[0]:.1f}"] + [f"{r['gain_pct']:+.1f}%{_published(r)}" for r in rows[1:]] + [f"{thr[-1]:.1f}"]
+    text = [f"{thr[0]:.1f}"] + [f"{r['gain_pct']:+.1f}%{_published(r)}{_switch(r)}" for r in rows[1:]] + \
+        [f"{thr[-1]:.1f}"]
     fig = go.Figure(go.Waterfall(x=x, y=y, measure=["absolute"] + ["relative"] * (len(rows) - 1) + ["total"],
                                  text=text, textposition="outside", connector={"line": {"color": "#999"}},
                                  hovertemplate="%{x}: %{y:+.1f} tok/s/GPU<extra></extra>"))

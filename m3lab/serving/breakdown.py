@@ -68,9 +68,10 @@ def decode_step(deployment, batch: int, context: int) -> EngineStep:
 
 
 def decode_step_breakdown(deployment, *, batch: int | None = None, context: int | None = None,
-                          calibration="default") -> pd.DataFrame:
+                          calibration="default", op_overrides=()) -> pd.DataFrame:
     """Per (vLLM op, path) of one decode step of ``deployment``: kernel, calls, bytes, FLOPs, µs and share (see
-    the module docstring). ``calibration``: as for :func:`m3lab.serving.estimate.estimate` (None: the ceiling)."""
+    the module docstring). ``calibration``, ``op_overrides``: as for :func:`m3lab.serving.estimate.estimate`
+    (calibration None: the ceiling)."""
     from m3lab.errors import M3LabError
 
     d = deployment.validate()
@@ -83,12 +84,13 @@ def decode_step_breakdown(deployment, *, batch: int | None = None, context: int 
         disp.check_serves()
     cal = resolve_calibration(d.hardware, calibration)
     step = decode_step(d, batch, context)
-    costed = cost_optable(build_optable(d.model, d.plan, d.quant, step, None, disp), d.hardware, cal)
+    ov = tuple(op_overrides) if cal is not None else ()
+    costed = cost_optable(build_optable(d.model, d.plan, d.quant, step, None, disp), d.hardware, cal, ov)
     out = _group(costed, d)
     k = d.serving.spec_tokens
     if k:
         plain = cost_optable(build_optable(d.model, d.plan, d.quant, EngineStep.decode(batch, context), None, disp),
-                             d.hardware, cal)
+                             d.hardware, cal, ov)
         draft = {"op": "draft_model", "layer_kinds": "", "decision": "", "path": d.serving.spec_method,
                  "kernel": "the draft model's decode steps", "optable_ops": "", "calls": k, "bytes": np.nan,
                  "comm_bytes": np.nan, "flops": np.nan,

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from m3lab.cost.host_time import step_host_us
+from m3lab.cost.model import cost_label
 from m3lab.errors import M3LabError
 from m3lab.serving.bench_load import BenchRun, engine_steps, simulate_records, stretch_runs, time_records
 from m3lab.serving.capacity import Capacity, block_size_of, capacity
@@ -223,14 +224,23 @@ def _host_sensitivity(run: BenchRun) -> list[dict]:
     return rows
 
 
+def _label(hw, cal, mode: str, op_overrides) -> str:
+    """The cost label of ``mode``'s figures: the hardware profile and calibration, and any per-op overrides."""
+    label = cost_label(hw, None if mode == "ceiling" else cal)
+    if mode == "calibrated" and op_overrides:
+        label += "; per-op overrides: " + "; ".join(o.label or o.name for o in op_overrides)
+    return label
+
+
 def estimate(deployment, *, calibration="default", routing=None, engine: str = "m3lab",
-             progress: bool = False) -> ServingEstimate:
+             progress: bool = False, op_overrides=()) -> ServingEstimate:
     """Estimate serving ``deployment`` (a :class:`~m3lab.spec.serving.Deployment` with a fixed-length workload;
     see the module docstring). ``calibration``: "default" (the hardware's shipped one, if any), None (ceiling
     only), a shipped name, a CSV path or a Calibration. ``routing``: the MoE routing model (None: balanced).
     ``engine``: ``m3lab`` (the step generator) or ``vllm`` (vLLM's own scheduler runs the schedule; the estimate
-    then says how much slower it is and whether both agree). ``progress``: a bar on long runs."""
-    from m3lab.cost.model import cost_label, resolve_calibration
+    then says how much slower it is and whether both agree). ``progress``: a bar on long runs. ``op_overrides``:
+    per-op overrides of the calibrated cost (:mod:`m3lab.cost.overrides`; their labels join the estimate's)."""
+    from m3lab.cost.model import resolve_calibration
 
     d = deployment.validate()
     m, hw, plan, q, wl = d.model, d.hardware, d.plan, d.quant, d.workload
@@ -239,7 +249,7 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
     contents = fixed_contents(d, what="the serving estimate")
     limits = d.scheduler_limits()
     cal = resolve_calibration(hw, calibration)
-    coster = StepCoster(d, cal, routing)   # resolves what vLLM runs: a deployment vLLM refuses stops here
+    coster = StepCoster(d, cal, routing, op_overrides=tuple(op_overrides))  # vLLM refusing it stops here
     plan = coster.plan                     # local widths as vLLM runs it (index q replicated under indexer CP)
     cap = capacity(m, plan, q, hw, isl=wl.isl, osl=wl.osl, gpu_memory_utilization=limits.gpu_memory_utilization,
                    spec_tokens=spec_tokens)
@@ -262,7 +272,7 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
         runs[mode] = time_records(records, cfg, contents, device[mode], max_concurrency=conc,
                                   host_us=host if mode == "calibrated" else None, gpus=plan.world, engine=engine,
                                   seconds=m3lab_s, steps=steps)
-        results[mode] = _figures(runs[mode], mode, cost_label(hw, None if mode == "ceiling" else cal))
+        results[mode] = _figures(runs[mode], mode, _label(hw, cal, mode, op_overrides))
     top = runs["calibrated" if cal is not None else "ceiling"]
     config = {"deployment": d.name, "deployment_key": d.key(), "model": m.name, "hardware": hw.name, "tp": plan.tp,
               "ep": plan.ep, "gpus": plan.world, "quant": q.name, "kv_dtype": q.kv_dtype, "index_dtype": q.index_dtype,
@@ -275,6 +285,7 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
               "acceptance_model": ACCEPTANCE_MODEL if spec_tokens else None, "engine": engine,
               "steps": top.config["steps"], "schedule_s": m3lab_s,
               "calibration": cal.name if cal is not None else None,
+              "op_overrides": [o.name for o in op_overrides] if cal is not None else [],
               "routing": "balanced" if routing is None else str(routing)}
     return ServingEstimate(config=config, capacity=cap, results=results, runs=runs, coster=coster,
                            notes=list(top.notes) + _kv_dtype_hint(d, plan, cap, limits), host_sensitivity=_host_sensitivity(runs["calibrated"])

@@ -16,6 +16,11 @@ The OpTable is built with the deployment's :class:`~m3lab.optable.dispatch.Dispa
 Speculative decoding (``spec_tokens`` = K > 0): every decode row verifies K + 1 tokens, and a draft
 model runs K steps costing ``draft_cost`` × the target's plain decode step each.
 
+Per-op overrides: ``op_overrides`` (:class:`m3lab.cost.overrides.OpOverride`, default none) re-cost the rows of
+chosen (vLLM op, path) pairs in the calibrated mode (a time factor or another path's source); their
+:func:`~m3lab.cost.overrides.overrides_key` is part of :attr:`StepCoster.cost_key`, and the costed rows keep the
+override's name and ratio for the sensitivity table.
+
 Host time: ``host_time`` (a callable ``EngineStep -> µs``, default none) adds the host work of each step that the
 GPU waits for to the calibrated step time, reported as op ``host_time`` (kind ``host``); the ceiling stays the
 GPU roofline.
@@ -33,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from m3lab.cost.model import cost_columns, cost_optable
+from m3lab.cost.overrides import OVERRIDE_COLUMNS, overrides_key
 from m3lab.optable.builder import topk_sources
 from m3lab.serving.dispatch import dispatch_for
 from m3lab.spec.quant import load_quant
@@ -69,12 +75,14 @@ def _layer_classes(model, dispatch=None) -> dict[int, int]:
 @dataclass
 class StepCoster:
     """Time (µs) of an engine step of ``deployment`` under the ceiling and (optionally) a calibration; see the
-    module docstring. ``host_time``: ``EngineStep -> µs`` of host work per step (None: no host term)."""
+    module docstring. ``host_time``: ``EngineStep -> µs`` of host work per step (None: no host term);
+    ``op_overrides``: per-op overrides of the calibrated cost (:mod:`m3lab.cost.overrides`)."""
 
     deployment: object
     calibration: object = None          # a Calibration or None (ceiling only)
     routing: object = None
     host_time: Callable[[EngineStep], float] | None = None
+    op_overrides: tuple = ()
     _memo: dict = field(default_factory=dict, repr=False)
     _uses: Counter = field(default_factory=Counter, repr=False)
     _host: dict = field(default_factory=dict, repr=False)
@@ -93,6 +101,15 @@ class StepCoster:
         # what vLLM runs for them keys the shared OpTables
         self._spec_key = stable_key(self.model, self.plan, load_quant(self.quant),
                                     self.dispatch.key() if self.dispatch is not None else None)
+        self.op_overrides = tuple(self.op_overrides)
+
+    @property
+    def cost_key(self) -> tuple:
+        """What decides every step's cost besides the step: the OpTables' key, the hardware, the calibration (name
+        and label) and the per-op overrides (:func:`m3lab.cost.overrides.overrides_key`). A cache of costs keys on it."""
+        cal = self.calibration
+        return (self._spec_key, self.hw.name, None if cal is None else (cal.name, cal.label),
+                overrides_key(self.op_overrides))
 
     # ---- keys and representative steps -------------------------------------------------------------
     def key(self, step: EngineStep) -> tuple:
@@ -147,7 +164,7 @@ class StepCoster:
     def _per_op(self, cols: dict, cal) -> tuple[float, dict, dict, dict]:
         """(step µs, {(op, kind): [t_us, t_bound_us, flops, bytes..., calls]}, {(op, kind): bound}, row terms) of a
         compact OpTable's columns."""
-        res = cost_columns(cols, self.hw, cal)
+        res = cost_columns(cols, self.hw, cal, op_overrides=self.op_overrides if cal is not None else ())
         calls = cols["calls"].astype(float)
         mat = np.column_stack([res["t_us"], res["t_bound_us"]]
                               + [np.nan_to_num(cols[c].astype(float)) for c in AGG_COLUMNS[2:]]) * calls[:, None]
@@ -159,7 +176,7 @@ class StepCoster:
             per_op[lab] = per_op[lab] + mat[i] if lab in per_op else mat[i].copy()
             if lab not in bounds or mat[i, 0] > bounds[lab][0]:
                 bounds[lab] = (mat[i, 0], res["bound"][i])
-        terms = {c: res[c] for c in TERM_COLUMNS} | {"calls": calls}
+        terms = {c: res[c] for c in TERM_COLUMNS + OVERRIDE_COLUMNS if c in res} | {"calls": calls}
         return float(mat[:, 0].sum()), per_op, {lab: b for lab, (_, b) in bounds.items()}, terms
 
     def _cost_entry(self, key: tuple) -> dict:
