@@ -258,14 +258,19 @@ def test_rows_the_monokernel_replaces_are_costed_as_its_launch():
 
 
 def test_the_all_reduce_is_costed_by_the_communicator_vllm_built():
-    # one path (allreduce_then_norm), two communicators: the decision's kernel names which one all-reduces
+    # one path (allreduce_then_norm), three communicators: the decision's kernel names which one all-reduces
+    # (vLLM's own custom all-reduce for a decode message with AITER off, AITER's with it on, RCCL above 8 MiB)
     floors = {}
-    for preset in ("mxfp8-tp4-baseline", "mxfp8-tp4-optimised"):
-        t = cost_step(make_deployment(preset, {}), EngineStep.decode(8, 2048))
+    steps = {"decode": EngineStep.decode(8, 2048), "prefill": EngineStep.prefill(2048)}
+    for preset, phase in (("mxfp8-tp4-baseline", "decode"), ("mxfp8-tp4-baseline", "prefill"),
+                          ("mxfp8-tp4-optimised", "decode")):
+        t = cost_step(make_deployment(preset, {}), steps[phase])
         ar = t[(t.kind == "allreduce") & (t.path == "allreduce_then_norm")]
         assert len(ar), preset
-        floors[preset] = set(ar.floor_term)
+        floors[preset, phase] = set(ar.floor_term)
         assert all(("custom all-reduce" in k.lower()) == (f == {"custom_allreduce_us"})
-                   for k, f in zip(ar.kernel, [floors[preset]] * len(ar)))
-    assert floors == {"mxfp8-tp4-baseline": {"rccl_allreduce_us"}, "mxfp8-tp4-optimised": {"custom_allreduce_us"}}
+                   for k, f in zip(ar.kernel, [floors[preset, phase]] * len(ar)))
+    assert floors == {("mxfp8-tp4-baseline", "decode"): {"custom_allreduce_us"},
+                      ("mxfp8-tp4-baseline", "prefill"): {"rccl_allreduce_us"},
+                      ("mxfp8-tp4-optimised", "decode"): {"custom_allreduce_us"}}
     assert paths.source_of("allreduce_attn", "allreduce", "allreduce_then_norm", "RCCL / NCCL all-reduce") == "rccl"

@@ -68,6 +68,19 @@ def test_fused_allreduce_norm_checks_the_message_size():
     assert prefill.path == "allreduce_then_norm" and "_can_use_aiter_fused_ar_rms" in str(prefill.checks[1].cite)
 
 
+def test_tp_all_reduce_follows_the_communicator_vllm_builds():
+    """AITER off on gfx950: vLLM's own CustomAllreduce takes a message below its max_size (8 MiB: 682 x 6144
+    bf16 rows fit, 683 do not), RCCL a larger one; AITER on: AITER's custom all-reduce."""
+    base = load_preset("mxfp8-tp4-baseline")
+    kernels = lambda dep, tokens, phase="decode": resolve(dep, tokens=tokens, phase=phase).decision(
+        "allreduce_norm").kernels[0]
+    assert kernels(base, 32) == "vLLM custom all-reduce"
+    assert kernels(base, 8192, "prefill") == "RCCL / NCCL all-reduce"          # 96 MiB > max_size
+    assert kernels(load_preset("mxfp8-tp4-optimised"), 32) == "AITER custom all-reduce"
+    assert kernels(base, 682, "prefill") == "vLLM custom all-reduce"
+    assert kernels(base, 683, "prefill") == "RCCL / NCCL all-reduce"
+
+
 @pytest.mark.parametrize("tp, index, width, path", [(4, "bf16", 2560, "triton_cp"), (8, "bf16", 1536, "triton_cp"),
                                                    (4, "fp8", 2944, "msa_fp8_cp"), (8, "fp8", 1536, "msa_fp8")])
 def test_indexer_cp_widens_qkv_only_where_vllms_model_does(tp, index, width, path):

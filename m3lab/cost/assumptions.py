@@ -88,7 +88,7 @@ ASSUMPTIONS: Mapping[str, Assumption] = dict((
        "assumed: latency of one small RCCL all-reduce across the TP group in a graph (H200 NCCL, 2 GPUs, "
        "12 KB: 10 µs measured, traces/bench/collectives.csv)"),
     _a("custom_allreduce_us", 6.0, 3.0, 12.0, "us", "floor",
-       "assumed: latency of one small one-stage custom all-reduce (AITER's on ROCm, with the fused norm)"),
+       "assumed: latency of one small one-stage custom all-reduce (AITER's or vLLM's own IPC kernel on ROCm)"),
 ))
 
 

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+from m3lab.vllm import emulate_stubs as stubs
 from m3lab.vllm import recorder
 from m3lab.vllm.cite import cite_of
 from m3lab.vllm.fastpath_types import Check, Decision
@@ -47,7 +48,7 @@ def allreduce_norm(kind: str, layer, tokens: int, tp: int) -> Decision:
         return Decision("allreduce_norm", kind, "N2", path, kernels, checks,
                         cite_of(fused.fused_allreduce_gemma_rms_norm, "if ok:" if fi_ok else
                                 "if _can_use_aiter_fused_ar_rms(hidden_states):"), note=ffn, vllm=path)
-    comm = _tp_all_reduce()
+    comm = _tp_all_reduce(hs, tp)
     return Decision("allreduce_norm", kind, "N2", "allreduce_then_norm", (comm, *_norm_kernels(norm, tokens)),
                     checks, cite_of(fused.fused_allreduce_gemma_rms_norm, "reduced = tensor_model_parallel_all_reduce("),
                     note=ffn, vllm=f"{comm} + {type(norm).__name__}")
@@ -66,10 +67,37 @@ def _cuda_allreduce_norm(kind: str, norm, tokens: int, fused) -> Decision:
                     vllm="")
 
 
-def _tp_all_reduce() -> str:
-    """What the TP group's all-reduce is: AITER's custom all-reduce when the communicator holds one."""
+def _tp_all_reduce(message, tp: int) -> str:
+    """What the TP group's all-reduce of ``message`` (tokens x hidden) runs on ROCm, in the order
+    ``CudaCommunicator.all_reduce`` tries its communicators: AITER's custom all-reduce when the communicator
+    holds one; else vLLM's own ``CustomAllreduce`` when it was built (custom AR on, a supported world size; the
+    platform's ``use_custom_allreduce``: gfx94x/gfx95x) and its ``should_custom_ar`` takes the message; else RCCL.
+
+    The one input vLLM measures on real GPUs, whether the group is fully connected, is the serving image's
+    declared mesh (:attr:`m3lab.vllm.target_image.TargetImage.fully_connected`, as the emulation set it).
+    """
     from vllm._aiter_ops import rocm_aiter_ops
-    return "AITER custom all-reduce" if rocm_aiter_ops.get_aiter_allreduce() is not None else "RCCL / NCCL all-reduce"
+    if rocm_aiter_ops.get_aiter_allreduce() is not None:
+        return "AITER custom all-reduce"
+    return "vLLM custom all-reduce" if _vllm_custom_ar_takes(message, tp) else "RCCL / NCCL all-reduce"
+
+
+def _vllm_custom_ar_takes(message, tp: int) -> bool:
+    """``CustomAllreduce.should_custom_ar`` (vLLM's own size/contiguity rule) on a communicator built as
+    ``CudaCommunicator.__init__`` builds it for the TP group, when it builds one."""
+    import inspect
+    import types
+    import vllm.envs as envs
+    from vllm.distributed import parallel_state
+    from vllm.distributed.device_communicators.custom_all_reduce import CustomAllreduce
+    from vllm.platforms import current_platform
+    if not (parallel_state._ENABLE_CUSTOM_ALL_REDUCE and current_platform.use_custom_allreduce()
+            and tp in CustomAllreduce._SUPPORTED_WORLD_SIZES):
+        return False
+    built = types.SimpleNamespace(disabled=False, world_size=tp, fully_connected=stubs.AiterCustomAllreduceStandIn.fully_connected,
+                                  batch_invariant=envs.VLLM_BATCH_INVARIANT,
+                                  max_size=inspect.signature(CustomAllreduce).parameters["max_size"].default)
+    return bool(CustomAllreduce.should_custom_ar(built, message))
 
 
 def _norm_kernels(norm, tokens: int) -> tuple[str, ...]:
