@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from ..device import table_device_name
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 KERNELS = ("tiled", "splitk", "gemv", "streamk", "persistent", "mxdec", "mxdec_fp8", "mxdec_fold")
 PREFILL_KERNELS = ("tiled", "persistent")       # the kernels tuned for prefill M
@@ -96,10 +98,7 @@ class GemmConfig:
 
 def device_name(device: torch.device | str) -> str:
     """'NVIDIA_H200', 'AMD_Instinct_MI355X', ... or 'cpu' (spaces as underscores, as vLLM names tables)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return device.type
-    return torch.cuda.get_device_name(device).replace(" ", "_")
+    return table_device_name(device)
 
 
 def table_path(n: int, k: int, w_format: str, device: str, config_dir: Path | None = None) -> Path:

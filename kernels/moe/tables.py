@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..device import table_device_name
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 AMD_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
@@ -93,8 +95,7 @@ class MoeConfig:
 def vllm_device_name(device: torch.device | str | None = None, name: str | None = None) -> str:
     """vLLM's device part of the file name: the GPU name with spaces as '_', any H200 variant -> NVIDIA_H200."""
     if name is None:
-        device = torch.device(device or "cuda")
-        name = torch.cuda.get_device_name(device).replace(" ", "_") if device.type == "cuda" else device.type
+        name = table_device_name(device)
     return "NVIDIA_H200" if "H200" in name.split("_") else name
 
 

@@ -9,7 +9,6 @@ figure's title. ``device``: ``"auto"`` (cuda when torch sees a GPU), ``"cpu"`` (
 """
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import commit
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -72,11 +72,7 @@ class Source:
 def checkout_commit() -> str:
     """The commit of the m3lab checkout that is running (``unknown`` outside a git checkout; benchmark rows
     take ``$GIT_COMMIT`` first)."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=10, check=True).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    return commit()
 
 
 def _progress(line: str) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import REPO_ROOT
 
 REQUIRED_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "output_throughput")
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -166,7 +167,7 @@ def bench_table(paths, gpus: int | dict) -> "pandas.DataFrame":  # noqa: F821
 
 
 DATA_DIR = Path(__file__).with_name("data")
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = REPO_ROOT
 
 
 def cited(path: str | Path) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import KERNELS_DIR
 
 NAME = re.compile(r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<device>[^,]+?)(?:,dtype=(?P<dtype>[^,]+?))?"
                   r"(?:,block_shape=\[(?P<bn>\d+),\s*(?P<bk>\d+)\])?(?:,backend=(?P<backend>[^,]+?))?\.json$")
@@ -39,7 +40,7 @@ def shipped_dir() -> Path:
 
 def our_tables_dir() -> Path:
     """m3lab's own tuned tables (``kernels/moe/configs`` of the checkout)."""
-    return Path(__file__).resolve().parents[2] / "kernels" / "moe" / "configs"
+    return KERNELS_DIR / "moe" / "configs"
 
 
 def parse_name(name: str) -> dict[str, Any] | None:
