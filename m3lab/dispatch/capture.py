@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from m3lab.arith import ceil_div
 from m3lab.kernels.device import device_name as accelerator_name
 from m3lab.provenance import commit as provenance_commit
 from m3lab.dispatch.dispatcher import Dispatcher, plan_dict
@@ -35,7 +36,7 @@ def run_steps(model, steps: list[list[int]], *, num_blocks: int | None = None, l
     for s in steps:
         for r, n in enumerate(s):
             totals[r] += n
-    need = sum(-(-t // c.sparse.block_size) for t in totals)
+    need = sum(ceil_div(t, c.sparse.block_size) for t in totals)
     cache = model.new_cache(num_blocks or need + len(totals), layout=layout)
     gen = torch.Generator().manual_seed(seed)
     logits = None

@@ -23,6 +23,7 @@ import os
 
 import torch
 
+from m3lab.arith import ceil_div
 from ..kernels.indexer import reference as index_ref
 from ..kernels.sparse_attn import reference as attn_ref
 from .checks import poison_
@@ -136,8 +137,8 @@ def _topk_case(device, ql, module) -> Case:
     def run():
         it = _module(module)
         p = _problem(device, ql)
-        width = max(-(-n // BLOCK) for n in p.lens)
-        scores = torch.full((p.iq.shape[1], p.q.shape[0], -(-width // 16) * 16), float("-inf"), device=device)
+        width = max(ceil_div(n, BLOCK) for n in p.lens)
+        scores = torch.full((p.iq.shape[1], p.q.shape[0], ceil_div(width, 16) * 16), float("-inf"), device=device)
         for r, s in enumerate(block_scores_ref(p)):
             scores[:, p.rows(r), :s.shape[-1]] = s
         prefix = p.seq_lens - (p.cu_seqlens_q[1:] - p.cu_seqlens_q[:-1])
