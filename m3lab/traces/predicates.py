@@ -173,7 +173,7 @@ class Expression:
             raise Absent(err.name) from None
         except simpleeval.InvalidExpression as err:
             raise M3LabError(f"{self.where}: {self.text!r} is not allowed ({err})", field=self.where,
-                             hint="only literals, names, [], arithmetic, comparisons and len/min/max/sum/prod") from None
+                             hint="only literals, names, [], arithmetic, comparisons, len/min/max/sum/prod") from None
 
     def __repr__(self) -> str:
         return f"Expression({self.text!r})"
