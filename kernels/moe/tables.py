@@ -26,7 +26,6 @@ from ..nearest import nearest_key
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
-AMD_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 META_SUFFIX = ".m3lab.json"
 COMBINES = ("atomic", "store")
 

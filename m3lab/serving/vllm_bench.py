@@ -171,7 +171,7 @@ _REPO = REPO_ROOT
 
 
 def cited(path: str | Path) -> str:
-    """A file as a report cites it: its repository path (``m3lab/serving/data/x.json``) when it lies in the
+    """A file as a report cites it: its repository path (``m3lab/serving/data/SOURCE.md``) when it lies in the
     checkout, else its name: no absolute path of one machine in a shared report."""
     p = Path(path).resolve()
     return p.relative_to(_REPO).as_posix() if p.is_relative_to(_REPO) else p.name

@@ -1,4 +1,4 @@
-"""Parallel plan (TP, EP, DP, prefill/decode role) and the local sizes it implies (reference §3).
+"""Parallel plan (TP, EP, DP, prefill/decode role) and the local sizes it implies.
 
 Rules as vLLM applies them:
 - q heads per rank = heads_q / tp; KV heads per rank = max(1, heads_kv / tp): when tp > heads_kv each KV head is

@@ -215,7 +215,8 @@ def verify(expectations: Expectations | str | Path, *traces: pd.DataFrame | str 
     check kernels/absent_kernels/min_share. ``ok`` is False when any row fails or is missing, or when
     nothing could be checked.
 
-    >>> v = verify(Expectations.load("minimax_m3_tp4"), "traces/dispatch_tp4.jsonl.gz")
+    >>> v = verify(Expectations.load("minimax_m3_h200_tp4"),
+    ...            "traces/dispatch/m3_tp4_L0-4_h200_14782d0.dispatch.jsonl.gz")
     >>> v.ok, v.results[["id", "status", "ran", "why", "share"]]
     """
     if not isinstance(expectations, Expectations):
