@@ -46,8 +46,17 @@ def _lookup(env: dict[str, Any], name: str) -> Any:
     return env[name]
 
 
+class _Shown:
+    """Shown as its text (in messages, tables and YAML)."""
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+
 @dataclass(frozen=True, repr=False)
-class Dim:
+class Dim(_Shown):
     """``shape[axis]``: one dimension of a named shape of the record."""
     shape: str
     axis: int
@@ -63,11 +72,10 @@ class Dim:
     def __call__(self, env: dict[str, Any]) -> int:
         return _lookup(env, self.shape)[self.axis]
 
-    __repr__ = __str__ = lambda self: self.text
 
 
 @dataclass(frozen=True, repr=False)
-class Has:
+class Has(_Shown):
     """``'name' in shapes``: the record has this shape."""
     shape: str
 
@@ -80,11 +88,10 @@ class Has:
     def __call__(self, env: dict[str, Any]) -> bool:
         return self.shape in _lookup(env, "shapes")
 
-    __repr__ = __str__ = lambda self: self.text
 
 
 @dataclass(frozen=True, repr=False)
-class Cmp:
+class Cmp(_Shown):
     """``left op right + offset`` with ``op`` one of ``== != < <= > >=``; ``right`` a :class:`Dim` or a number."""
     left: Dim
     op: str
@@ -109,45 +116,37 @@ class Cmp:
         right = self.right(env) if isinstance(self.right, Dim) else self.right
         return _OPS[self.op](self.left(env), right + self.offset)
 
-    __repr__ = __str__ = lambda self: self.text
 
 
 @dataclass(frozen=True, repr=False)
-class AllOf:
-    """Every part holds (``a and b``; evaluated left to right, stopping at the first that does not)."""
+class _Join(_Shown):
     parts: tuple
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n for p in self.parts for n in p.names))
+
+
+class AllOf(_Join):
+    """Every part holds (``a and b``; evaluated left to right, stopping at the first that does not)."""
 
     @property
     def text(self) -> str:
         return " and ".join(f"({p.text})" if isinstance(p, AnyOf) else p.text for p in self.parts)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(n for p in self.parts for n in p.names))
-
     def __call__(self, env: dict[str, Any]) -> bool:
         return all(p(env) for p in self.parts)
 
-    __repr__ = __str__ = lambda self: self.text
 
-
-@dataclass(frozen=True, repr=False)
-class AnyOf:
+class AnyOf(_Join):
     """One part holds (``a or b``; evaluated left to right, stopping at the first that does)."""
-    parts: tuple
 
     @property
     def text(self) -> str:
         return " or ".join(p.text for p in self.parts)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(n for p in self.parts for n in p.names))
-
     def __call__(self, env: dict[str, Any]) -> bool:
         return any(p(env) for p in self.parts)
-
-    __repr__ = __str__ = lambda self: self.text
 
 
 class Expression:
