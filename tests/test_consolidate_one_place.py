@@ -1,9 +1,15 @@
 """One fact, one place: each of these facts is defined in exactly one module of the library (m3lab/ and
-kernels/), and everything else imports it. Found by reading the source, as grep would."""
+kernels/), and everything else imports it. Definitions are found by spelling (FACTS) and, for M3's dimensions
+and the H200 ceilings, by value: constants are evaluated and compared with the spec, the plan and the hardware
+profile (tests/one_place_values.py), so ``H, I = 6144, 768`` or ``3 * 2048`` is found however it is named."""
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
+
+import one_place_values as opv
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted([*(ROOT / "m3lab").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")])
@@ -58,3 +64,81 @@ def test_the_patterns_find_a_second_definition(tmp_path):
     assert found == {"decode/prefill boundary": ["copy.py:1: DECODE_M_MAX = 64"],
                      "weight bytes": ['copy.py:2: W_BYTES = {"bf16": 2.0, "mxfp8": 1.0 + 1 / 32}'],
                      "scale bytes per dtype": ['copy.py:2: W_BYTES = {"bf16": 2.0, "mxfp8": 1.0 + 1 / 32}']}
+
+
+# ---------------------------------------------------------------- by value: M3 dimensions and H200 ceilings
+# Literals in m3lab/bench/ and m3lab/gates/ that the bench-room branch removes; the lead deletes this set at merge.
+AWAITING_BENCH_ROOM = {
+    "m3lab/bench/ceilings.py:17: ceiling copy_tbps",
+    "m3lab/bench/ceilings.py:18: ceiling mm_tflops",
+    "m3lab/bench/moe.py:41: H = 6144",
+    "m3lab/bench/moe.py:41: I = 768",
+    "m3lab/bench/moe.py:41: ROUTED = 128",
+    "m3lab/bench/moe.py:41: TOPK = 4",
+    "m3lab/bench/peers.py:47: SHIPPED_EXPERTS = 128",
+    "m3lab/gates/moe.py:34: h = 6144",
+    "m3lab/gates/moe.py:34: i = 768",
+    "m3lab/gates/moe.py:34: experts = 128",
+    "m3lab/gates/moe.py:34: topk = 4",
+}
+# Numbers that equal an M3 value of their kind but are another model's: path:line prefix -> why
+NOT_M3 = {"m3lab/spec/model.py:237": "the reduced CPU test model's config (8 heads)"}
+
+
+def _awaited(finding: str) -> bool:
+    return any(finding.startswith(a) for a in AWAITING_BENCH_ROOM) or \
+        any(finding.startswith(k + ":") for k in NOT_M3)
+
+
+def test_m3_dims_and_ceilings_only_in_their_owners():
+    left = [f for f in opv.scan() if not _awaited(f)]
+    assert left == [], "numbers outside their owner:\n" + "\n".join(left)
+
+
+def test_the_awaited_entries_are_still_there():
+    """So that the set shrinks as the bench room lands (a stale entry fails here)."""
+    found = opv.scan()
+    stale = [a for a in AWAITING_BENCH_ROOM if not any(f.startswith(a) for f in found)]
+    assert stale == [], f"no longer found, delete from AWAITING_BENCH_ROOM: {stale}"
+
+
+def test_the_owner_values_are_the_spec():
+    dims = opv.m3_dims()
+    assert 6144 in dims["hidden"] and {768, 1536, 3072, 12288} <= dims["inter"] and {128, 129} <= dims["experts"]
+    assert {4, 5} <= dims["topk"] and {64, 16, 4, 1} <= dims["heads"] and 128 in dims["head_dim"]
+
+
+@pytest.mark.parametrize("planted, what", [
+    ("H = 6144\n", "H = 6144 is M3's hidden"),
+    ("HIDDEN, INTER = 3 * 2048, 1536 // 2\n", "INTER = "),               # derived, not spelled
+    ("SHAPE = {'experts': 128 + 1, 'topk': 5}\n", "experts = 129"),
+    ("import torch\nx = torch.empty(8, 6144)\n", "6144 in a shape"),
+    ("def bench(t, i=768):\n    return t\n", "i = 768"),
+    ("class C:\n    copy_tbps: float = 4.8\n", "ceiling copy_tbps"),
+])
+def test_a_planted_copy_in_a_benchmark_module_is_found(tmp_path, planted, what):
+    (tmp_path / "m3lab" / "bench").mkdir(parents=True)
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(opv.ROOT / "m3lab" / "bench" / "gemm.py", tmp_path / "m3lab" / "bench" / "gemm.py")
+    clean = opv.scan(tmp_path)
+    (tmp_path / "m3lab" / "bench" / "planted.py").write_text(planted)
+    new = [f for f in opv.scan(tmp_path) if f not in clean]
+    assert new and all(f.startswith("m3lab/bench/planted.py:") for f in new) and any(what in f for f in new), new
+
+
+def test_a_planted_copy_in_a_notebook_cell_is_found(tmp_path):
+    (tmp_path / "m3lab").mkdir()
+    (tmp_path / "notebooks").mkdir()
+    nb = {"cells": [{"cell_type": "markdown", "source": ["hidden 6144"]},
+                    {"cell_type": "code", "source": ["%matplotlib inline\n", "topk = 4\n"]}]}
+    (tmp_path / "notebooks" / "99_x.ipynb").write_text(json.dumps(nb))
+    assert opv.scan(tmp_path) == ["notebooks/99_x.ipynb[cell 1]:2: topk = 4 is M3's topk (take it from the spec / "
+                                  "ParallelPlan)"]
+
+
+@pytest.mark.parametrize("innocent", ["TOPK = 16\n", "index_topk_freq = 4\n", "kv_heads = 1\n", "x = np.zeros(8192)\n",
+                                      "BLOCK = 128\n", "bandwidth = 5e10\n"])
+def test_numbers_that_are_not_m3_facts_pass(tmp_path, innocent):
+    (tmp_path / "m3lab").mkdir()
+    (tmp_path / "m3lab" / "x.py").write_text(innocent)
+    assert opv.scan(tmp_path) == []

@@ -85,3 +85,30 @@ def test_generated_yaml_is_valid_yaml():
     for name in SHIPPED:
         doc = yaml.safe_load((_shipped_dir() / f"{name}.yaml").read_text())
         assert doc["name"] == name and doc["expectations"]
+
+
+def test_generated_conditions_are_typed_and_mean_what_their_text_says():
+    """Generated expectations carry predicates (no text to parse); their text, as written to the shipped YAML
+    and read back by simpleeval, gives the same answer on records that have the names and on records that lack one."""
+    from m3lab.traces.predicates import Absent, Expression
+    from m3lab.vllm.fastpath_expectations import ATTN_WHERE, GEMM_WHERE, INDEXER_WHERE, TOPK_WHERE
+    doc = expectations_for_preset(SHIPPED["minimax_m3_tp4"])
+    conds = [c for it in doc["expectations"] for c in (it.get("where"), it.get("require")) if c is not None]
+    assert conds and not any(isinstance(c, str) for c in conds)
+    conds += [*ATTN_WHERE.values(), *INDEXER_WHERE.values(), *GEMM_WHERE.values(), *TOPK_WHERE.values()]
+    records = [{"x": [32, 6144]}, {"x": [4096, 6144]}, {"q": [8, 16, 128], "seq_lens": [8], "blocks": [1]},
+               {"q": [8, 16, 128], "seq_lens": [9], "blocks": [1]}, {"q": [8, 16, 128], "seq_lens": [8]},
+               {"iq": [7, 1], "cu_seqlens_q": [8]}, {"iq": [9, 1], "cu_seqlens_q": [8]}, {"positions": [64]},
+               {"positions": [65]}, {"ids": [8, 5], "w13": [129, 384, 6144]}, {"ids": [8, 5], "w": [128, 384, 6144]},
+               {"ids": [8, 4], "w": [129, 384, 6144]}]
+
+    def answer(cond, env):
+        try:
+            return bool(cond(env))
+        except Absent:
+            return "absent"
+    for cond in conds:
+        text = Expression(cond.text)
+        for rec in records:
+            env = {**rec, "shapes": rec}
+            assert answer(cond, env) == answer(text, env), (cond.text, rec)

@@ -91,8 +91,7 @@ def test_kernel_trace_expectations(shared_dir):
     ("expectations: [{op: x}]", "needs an id"),
     ("expectations: [{id: a, op: x, colour: red}]", "unknown key"),
     ("expectations: [{id: a}]", "says nothing to check"),
-    ("expectations: [{id: a, op: x, where: '__import__(\"os\")'}]", "may be called"),
-    ("expectations: [{id: a, op: x, where: 'x.__class__'}]", "Attribute is not allowed"),
+    ("expectations: [{id: a, op: x, where: 'x[0] <='}]", "cannot parse"),
     ("expectations: [{id: a, op: '('}]", "bad regex"),
     ("expectations: [{id: a, op: x, layers: 'three'}]", "not a range"),
     ("expectations: [{id: a, op: x}, {id: a, op: y}]", "duplicate"),
@@ -106,7 +105,34 @@ def test_bad_expectations(tmp_path, text, match):
 def test_expression_evaluates():
     e = Expression("len(x) == 2 and prod(x) > 10 and x[-1] in [4, 8] and not y")
     assert e({"x": [3, 4], "y": False}) and not e({"x": [1, 4], "y": False})
-    assert e.names == ["x", "y"]
+    assert e.names == ("x", "y")
+
+
+@pytest.mark.parametrize("text", ['__import__("os")', "x.__class__", "open('/etc/passwd')"])
+def test_unsafe_expressions_are_refused(text):
+    with pytest.raises(M3LabError, match="not allowed"):
+        Expression(text, "where")({"x": [1]})
+
+
+def _o_proj_trace(tmp_path):
+    path = tmp_path / "d.jsonl"
+    with DispatchTraceWriter(path, device="cpu", plan={"tp": 4}) as w:
+        w.write("o_proj", layer=1, shapes={"x": [16, 8]}, dtypes={}, path="decode")
+        w.write("o_proj", layer=2, shapes={"y": [16, 8]}, dtypes={}, path="decode")
+    return path
+
+
+def test_a_record_lacking_a_name_does_not_match(tmp_path):
+    exp = Expectations.from_dict({"expectations": [{"id": "small", "op": "o_proj", "where": "x[0] <= 64",
+                                                    "path": "decode"}]})
+    assert verify(exp, _o_proj_trace(tmp_path)).results.iloc[0]["calls"] == 1   # the record with y only is left out
+
+
+@pytest.mark.parametrize("where", ["x[5] <= 64", "x[0] <= 'sixty'", "plan['pp'] == 1", "x[0] / 0 > 1"])
+def test_a_bad_expectation_is_an_error_naming_it(tmp_path, where):
+    exp = Expectations.from_dict({"expectations": [{"id": "bad_one", "op": "o_proj", "where": where}]})
+    with pytest.raises(M3LabError, match="expectation 'bad_one'"):
+        verify(exp, _o_proj_trace(tmp_path))
 
 
 def test_unknown_expectations_name():

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import torch
 
+from ..device import table_device_name
+from ..nearest import nearest_key
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 KERNELS = ("tiled", "splitk", "gemv", "streamk", "persistent", "mxdec", "mxdec_fp8", "mxdec_fold")
 PREFILL_KERNELS = ("tiled", "persistent")       # the kernels tuned for prefill M
@@ -96,10 +99,7 @@ class GemmConfig:
 
 def device_name(device: torch.device | str) -> str:
     """'NVIDIA_H200', 'AMD_Instinct_MI355X', ... or 'cpu' (spaces as underscores, as vLLM names tables)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return device.type
-    return torch.cuda.get_device_name(device).replace(" ", "_")
+    return table_device_name(device)
 
 
 def table_path(n: int, k: int, w_format: str, device: str, config_dir: Path | None = None) -> Path:
@@ -125,10 +125,9 @@ def write_table(path: Path, table: dict[int, GemmConfig]) -> Path:
 
 
 def nearest(table: dict[int, GemmConfig], m: int) -> GemmConfig | None:
-    """The entry with the nearest M (ties: the smaller M), or None for an empty table."""
-    if not table:
-        return None
-    return table[min(table, key=lambda t: (abs(t - m), t))]
+    """The entry with the nearest M (:func:`kernels.nearest.nearest_key`: vLLM's rule), or None for an empty table."""
+    key = nearest_key(table, m)
+    return None if key is None else table[key]
 
 
 def heuristic_config(m: int, n: int, k: int, w_format: str = "bf16", regime: str | None = None,

@@ -1,6 +1,6 @@
 """Plain-torch reference of the M3 lightning indexer (block-max scores, causal top-k blocks).
 
-Math (reference §2.3): for index head h, query token t at position p_t and key token j,
+Math (vLLM ``vllm/models/minimax_m3/common/indexer.py``): for index head h, query token t at position p_t and key token j,
 s_h(t, j) = IQ_h(t) · IK(j) if j <= p_t else -inf (fp32, no scale, no softmax). The block score
 is the max over the keys of a block; blocks after the query's own block are invalid; the last
 ``local_blocks`` blocks up to the query's own block and the first ``init_blocks`` blocks are

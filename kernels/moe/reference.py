@@ -1,4 +1,4 @@
-"""Plain-torch reference of the MiniMax M3 MoE (reference §2.4).
+"""Plain-torch reference of the MiniMax M3 MoE (vLLM ``vllm/models/minimax_m3/amd/model.py``).
 
 Router: logits r = x·Wg^T in fp32, s = sigmoid(r), experts = top-k of (s + bias), weights = the
 unbiased s of the chosen experts renormalised to sum 1, times ``routed_scaling`` (2.0).

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import torch
 
+from ..device import table_device_name
+from ..nearest import nearest_key
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
-AMD_KEYS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 META_SUFFIX = ".m3lab.json"
 COMBINES = ("atomic", "store")
 
@@ -93,8 +95,7 @@ class MoeConfig:
 def vllm_device_name(device: torch.device | str | None = None, name: str | None = None) -> str:
     """vLLM's device part of the file name: the GPU name with spaces as '_', any H200 variant -> NVIDIA_H200."""
     if name is None:
-        device = torch.device(device or "cuda")
-        name = torch.cuda.get_device_name(device).replace(" ", "_") if device.type == "cuda" else device.type
+        name = table_device_name(device)
     return "NVIDIA_H200" if "H200" in name.split("_") else name
 
 
@@ -109,10 +110,18 @@ def meta_path(path: Path) -> Path:
 
 
 def read_vllm_table(path: Path | str) -> dict[int, dict]:
-    """A vLLM fused-MoE JSON -> {M: entry} (``triton_version`` dropped, as vLLM does)."""
-    raw = json.loads(Path(path).read_text())
+    """A vLLM fused-MoE JSON -> {M: entry}, ascending M. As vLLM's ``get_moe_configs``: ``triton_version`` is
+    dropped and every other key is a token count; any other key, or an entry that is not an object, raises
+    ValueError naming the file (vLLM would fail on it at ``int(key)``)."""
+    path = Path(path)
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a fused-MoE table is a JSON object keyed by M")
     raw.pop("triton_version", None)
-    return {int(m): dict(v) for m, v in raw.items()}
+    bad = [k for k, v in raw.items() if not (k.isdigit() and isinstance(v, dict))]
+    if bad:
+        raise ValueError(f"{path}: keys {bad} are not token counts M with a config object")
+    return {int(m): dict(raw[m]) for m in sorted(raw, key=int)}
 
 
 @lru_cache(maxsize=None)
@@ -140,10 +149,9 @@ def write_table(path: Path | str, table: dict[int, MoeConfig], triton_version: s
 
 
 def nearest(table: dict, m: int):
-    """The entry with the nearest M (vLLM's rule: ``min(keys, key=|key - M|)``, first key on ties)."""
-    if not table:
-        return None
-    return table[min(table.keys(), key=lambda k: abs(k - m))]
+    """The entry with the nearest M (:func:`kernels.nearest.nearest_key`: vLLM's rule), or None for an empty table."""
+    key = nearest_key(table, m)
+    return None if key is None else table[key]
 
 
 def heuristic_config(m: int, topk: int) -> MoeConfig:

@@ -9,7 +9,6 @@ figure's title. ``device``: ``"auto"`` (cuda when torch sees a GPU), ``"cpu"`` (
 """
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,9 @@ from pathlib import Path
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import commit
+from m3lab.spec.model import load_model
+from m3lab.spec.plan import ParallelPlan
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -72,11 +74,7 @@ class Source:
 def checkout_commit() -> str:
     """The commit of the m3lab checkout that is running (``unknown`` outside a git checkout; benchmark rows
     take ``$GIT_COMMIT`` first)."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=10, check=True).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    return commit()
 
 
 def _progress(line: str) -> None:
@@ -142,8 +140,13 @@ def sparse(device: str = "auto", batches=(1, 32, 128), contexts=(8192, 65536), q
     return table, Source.of(table, live=True)
 
 
-def tuned_moe_table(device_name: str = "NVIDIA_H200", experts: int = 129, n: int = 768) -> pd.DataFrame:
-    """The tuned grouped-MoE launch table in vLLM's format (``kernels/moe/configs``) as rows: T and its config."""
+def tuned_moe_table(device_name: str = "NVIDIA_H200", experts: int | None = None,
+                    n: int | None = None) -> pd.DataFrame:
+    """The tuned grouped-MoE launch table in vLLM's format (``kernels/moe/configs``) as rows: T and its config.
+    ``experts``/``n`` default to M3 at TP4 with the shared expert fused (129 rows of 768 columns)."""
     from m3lab.kernels.moe import tables
+    m, plan = load_model("minimax-m3"), ParallelPlan(tp=4, fused_shared_expert=True)
+    experts = plan.expert_rows_local(m) if experts is None else experts
+    n = plan.expert_inter_local(m) if n is None else n
     table = tables.load_table(tables.CONFIG_DIR / tables.file_name(experts, n, device_name))
     return pd.DataFrame([{"T": t, **cfg.to_dict()} for t, cfg in sorted(table.items())])

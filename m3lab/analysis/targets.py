@@ -12,8 +12,6 @@ from typing import Iterable
 
 import pandas as pd
 
-STATUSES = ("pass", "fail", "incomplete", "info")
-
 
 def _point(v) -> str:
     return str(int(v)) if isinstance(v, (int, float)) and float(v).is_integer() else str(v)

@@ -262,7 +262,7 @@ def bench(providers, ts=TS, routings=ROUTINGS, ceilings=None, log=print, deadlin
 # Candidates per regime: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages, ORDER, DOWN_BLOCK_N, DOWN_BLOCK_K,
 # DOWN warps, DOWN stages), each with both combines. Large T adds the tiles vLLM's shipped H200 table runs at
 # M >= 1024 (E=128,N=768: 128 x 256 x 64, GROUP 1, 8 warps, 4 stages; our BLOCK_N counts gate and up rows each,
-# so 128 here is vLLM's 256 of the fused gate_up rows) next to the earlier winners (64 x 64 / 128 x 128 tiles).
+# so 128 here is vLLM's 256 of the fused gate_up rows) next to 64 x 64 / 128 x 128 tiles.
 SMALL_TILES = [(16, bn, bk, 1, 4, st, "token", dbn, dbk, 4, dst)
                for bn, bk, st in ((16, 256, 4), (32, 128, 4), (64, 128, 3), (32, 128, 5))
                for dbn, dbk, dst in ((32, 256, 3), (64, 128, 4))]
@@ -408,7 +408,7 @@ if __name__ == "__main__":
 
 
 # --- analysis of a recorded table ----------------------------------------------------------------------------
-TARGET_SMALL_T = 128   # the issue's targets: every T <= 128
+TARGET_SMALL_T = 128   # the small-T targets: every T <= 128
 BW_MIN_T = 32
 
 
@@ -425,7 +425,7 @@ def copy_ceiling(df) -> float:
 
 
 def moe_targets(df):
-    """The issue's H200 targets against a recorded table (moe_table()): one row per target and routing,
+    """The H200 targets against a recorded table (moe_table()): one row per target and routing,
     measured figure over the T its title names (``TS``), the named T the table lacks (``missing``), threshold,
     ``status``/``passed`` (m3lab.analysis.targets: a missing T is ``incomplete``, never passed)."""
     import numpy as np

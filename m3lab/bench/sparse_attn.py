@@ -394,7 +394,7 @@ def versus_vllm(df):
 
 
 def targets(df):
-    """The issue's targets against the recorded rows: one line each with the figure, the points its title names
+    """The H200 targets against the recorded rows: one line each with the figure, the points its title names
     that the rows lack (``missing``), and ``status`` (m3lab.analysis.targets: pass / fail / incomplete) and
     ``met`` (None when incomplete)."""
     import pandas as pd

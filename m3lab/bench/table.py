@@ -12,16 +12,13 @@ filled by the peers run (m3lab.bench.peers: a provider's configuration, the repe
 seen while it was timed). Rows written before the numeric columns existed (the label carried
 the numbers: ``"copy_tbps=4.21"``) are read into the same columns by :func:`read_table`.
 """
-import csv
-import datetime as _dt
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TRACES_BENCH = REPO_ROOT / "traces" / "bench"
+from m3lab.provenance import REPO_ROOT, TRACES_BENCH, append_csv, today  # noqa: F401  (re-exported to bench)
+from m3lab.provenance import commit as commit_id  # noqa: F401
 
 
 @dataclass
@@ -57,30 +54,13 @@ OPTIONAL = NUMERIC_SHAPE + TEXT_OPTIONAL + ("round",)
 REQUIRED = tuple(c for c in COLUMNS if c not in OPTIONAL)   # rows of older tables have only these
 
 
-def commit_id() -> str:
-    """The commit the benchmark command was given ($GIT_COMMIT), else 'unknown' (the GPU box has no .git)."""
-    return os.environ.get("GIT_COMMIT", "unknown") or "unknown"
-
-
-def today() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-
-
 def append_rows(path: Path | str, rows: list[BenchRow]) -> Path:
     """Append rows to a CSV table (header written when the file is new; a table with older columns is
     rewritten once with the current header, its rows read by :func:`read_table`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    if not new and path.open().readline().strip() != ",".join(COLUMNS):
+    if path.exists() and path.stat().st_size and path.open().readline().strip() != ",".join(COLUMNS):
         read_table(path)[list(COLUMNS)].to_csv(path, index=False, float_format="%.6g")
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new:
-            writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in asdict(row).items()})
-    return path
+    return append_csv(path, [asdict(row) for row in rows], COLUMNS)
 
 
 def _label_fields(df: pd.DataFrame) -> pd.DataFrame:

@@ -10,8 +10,8 @@ measures the L2 cache. :func:`graph_time` (the ``graph24`` harness, :data:`HARNE
   events bracket batches of replays, and each batch gives one per-call sample (batch time / calls);
 - quantiles (p20, p50, p80) over the batches.
 
-A flush before each replay (the earlier method) added a fixed 9–13 µs per replay on the H200; spread
-over 3–17 calls it inflated decode times by 10–21%. :func:`profile_check` verifies the harness: it
+A flush before each replay adds a fixed 9–13 µs per replay on the H200; spread over 3–17 calls it
+inflates decode times by 10–21%. :func:`profile_check` verifies the harness: it
 compares the per-call time with the kernel durations the profiler records for the same graph.
 """
 import math

@@ -18,19 +18,15 @@ prefix used, default 1,000 Mooncake requests), ``--repeats``, ``--no-vllm``, ``-
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as _dt
-import os
-import platform
-import subprocess
 import time
 from pathlib import Path
 
 from m3lab.cache.replay import M3LabKVCache, blocks_for_tokens, replay
 from m3lab.cache.trace import MOONCAKE_SYNTHETIC, Trace, read_mooncake
+from m3lab.provenance import TRACES_BENCH, append_csv, commit, cpu_name, today
 
 MOONCAKE = MOONCAKE_SYNTHETIC
-CSV = Path(__file__).resolve().parents[2] / "traces" / "bench" / "cache_sim.csv"
+CSV = TRACES_BENCH / "cache_sim.csv"
 FIELDS = ("measurement", "engine", "trace", "requests", "blocks", "seconds", "rate", "unit", "speedup_vs_vllm",
           "device", "commit", "date")
 
@@ -69,28 +65,6 @@ def lookup_rate(trace: Trace, engine: str, repeats: int = 3) -> tuple[int, float
     get = kv.manager.get_computed_blocks
     found = sum(n for _, n, _ in (get(r) for r in reqs)) // bs
     return found, _best(lambda: [get(r) for r in reqs], repeats)
-
-
-def _device() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu: {model} ({os.cpu_count()} cores)"
-
-
-def _commit() -> str:
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def run(requests: int = 1000, repeats: int = 3, with_vllm: bool = True) -> list[dict]:
@@ -132,20 +106,12 @@ def run(requests: int = 1000, repeats: int = 3, with_vllm: bool = True) -> list[
                      "engine": "m3lab", "trace": sessions.source, "requests": len(sessions),
                      "blocks": int(r.stats["query_blocks"]), "seconds": t_gen + r.seconds,
                      "rate": r.stats["query_blocks"] / (t_gen + r.seconds), "unit": "prompt blocks/s"})
-    stamp = {"device": _device(), "commit": _commit(), "date": _dt.date.today().isoformat()}
+    stamp = {"device": cpu_name(), "commit": commit(), "date": today()}
     return [{**{k: "" for k in FIELDS}, **row, **stamp} for row in rows]
 
 
 def append(rows: list[dict], path: Path = CSV) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            w.writeheader()
-        for row in rows:
-            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
-    return path
+    return append_csv(path, rows, FIELDS)
 
 
 def main(argv=None) -> None:

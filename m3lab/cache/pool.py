@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from m3lab.arith import ceil_div
 from m3lab.cache.policies import make_policy
 from m3lab.errors import M3LabError
 
@@ -66,7 +67,7 @@ class PrefixCacheStats:
         self.requests += 1
         self.queries += num_tokens
         self.hits += num_hits
-        self.query_blocks += -(-num_tokens // block_size)
+        self.query_blocks += ceil_div(num_tokens, block_size)
         self.hit_blocks += num_hits // block_size
 
     @property
@@ -245,7 +246,7 @@ class PrefixCache:
     def blocks_to_allocate(self, rid, num_tokens_slot: int, hit: list[int] = (), evictable: int | None = None) -> int:
         """Free blocks an allocation needs (``get_num_blocks_to_allocate``); ``evictable``: how many ``hit``
         blocks sit in the free queue, when already counted."""
-        required = -(-num_tokens_slot // self.block_size)
+        required = ceil_div(num_tokens_slot, self.block_size)
         blocks = self.req_blocks.get(rid)
         if blocks is not None and rid in self._req_cached:
             return max(required - len(blocks), 0)
@@ -298,7 +299,7 @@ class PrefixCache:
                     policy.on_hit(b)
             blocks.extend(hit)
             self._req_cached[rid] = len(blocks)
-        k = -(-slot // bs) - len(blocks)
+        k = ceil_div(slot, bs) - len(blocks)
         if k > 0:
             blocks.extend(self._take(k))
         if self.num_blocks is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from m3lab.arith import ceil_div
 from m3lab.cache.pool import PrefixCache
 from m3lab.cache.trace import Trace
 from m3lab.errors import M3LabError
@@ -211,7 +212,7 @@ def _stats(kv, trace: Trace, rows_req: list, rows_hit: list) -> dict:
     else:
         s = {k: v for k, v in kv.stats.as_dict().items()}
     prompts = trace.prompt[rows_req] if rows_req else np.zeros(0, np.int64)
-    s["query_blocks"] = int((-(-prompts // bs)).sum())
+    s["query_blocks"] = int(ceil_div(prompts, bs).sum())
     s["hit_blocks"] = int(sum(rows_hit) // bs)
     s["evicted_blocks"] = kv.evicted_blocks
     return s

@@ -32,8 +32,9 @@ import numpy as np
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import TRACES_BENCH
 
-BENCH = Path(__file__).resolve().parents[2] / "traces" / "bench"
+BENCH = TRACES_BENCH
 DATA_DIR = Path(__file__).with_name("data")
 PEER_DEVICE = "NVIDIA_H200"
 PEER_HARDWARE = "h200"

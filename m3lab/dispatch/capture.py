@@ -5,12 +5,14 @@ layers=6)`` builds the model for rank 0 of the plan (random weights; ``meta`` al
 runs each step (a list of new-token counts, one per request; request r continues across steps) and
 writes every dispatched call through ``m3lab.traces.dispatch.DispatchTraceWriter``.
 """
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from m3lab.arith import ceil_div
+from m3lab.kernels.device import device_name as accelerator_name
+from m3lab.provenance import commit as provenance_commit
 from m3lab.dispatch.dispatcher import Dispatcher, plan_dict
 
 
@@ -34,7 +36,7 @@ def run_steps(model, steps: list[list[int]], *, num_blocks: int | None = None, l
     for s in steps:
         for r, n in enumerate(s):
             totals[r] += n
-    need = sum(-(-t // c.sparse.block_size) for t in totals)
+    need = sum(ceil_div(t, c.sparse.block_size) for t in totals)
     cache = model.new_cache(num_blocks or need + len(totals), layout=layout)
     gen = torch.Generator().manual_seed(seed)
     logits = None
@@ -50,8 +52,8 @@ def capture_dispatch_trace(model: Any, plan: Any, steps: list[list[int]], path: 
     """Run ``steps`` on the reference model and write the dispatch trace to ``path`` (.gz compresses)."""
     from m3lab.traces.dispatch import DispatchTraceWriter
     m = build_traced_model(model, plan, device=device, layers=layers, timed=timed, registry=registry)
-    dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else device
-    with DispatchTraceWriter(path, device=dev_name, commit=commit or os.environ.get("GIT_COMMIT", "unknown"),
+    dev_name = accelerator_name(device)
+    with DispatchTraceWriter(path, device=dev_name, commit=commit or provenance_commit(),
                              model=m.model.name, plan=plan_dict(plan), layers=m.model.layers, steps=steps,
                              torch=torch.__version__, **header) as w:
         m.dispatcher.writer = w

@@ -16,13 +16,14 @@ plain-torch references from the same weights and inputs: the logits' relative di
 """
 import gzip
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 import torch
 
+from m3lab.kernels.device import device_name as accelerator_name
+from m3lab.provenance import commit as provenance_commit
 from m3lab.dispatch.capture import build_traced_model, run_steps
 from m3lab.dispatch.dispatcher import plan_dict
 from m3lab.dispatch.registry import attach_repo_kernels, m3_registry
@@ -32,7 +33,7 @@ LAYOUT = "triton"  # vLLM's Triton KV layout [blocks, kv_heads, 128, 2*head_dim]
 
 def _device_slug(device: str) -> str:
     if device.startswith("cuda"):
-        return torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-")
+        return accelerator_name(device).lower().replace("nvidia ", "").replace(" ", "-")
     return device
 
 
@@ -91,7 +92,7 @@ def capture(out_dir: str, *, model: str = "minimax-m3", plan: dict | None = None
     """Run the capture; returns the summary dict (also written as JSON)."""
     from m3lab.traces.dispatch import DispatchTraceWriter
     plan = plan if plan is not None else {"tp": 4, "fused_shared_expert": False}  # vLLM's default (no FSE)
-    commit = commit or os.environ.get("GIT_COMMIT", "unknown")
+    commit = commit or provenance_commit()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -102,7 +103,7 @@ def capture(out_dir: str, *, model: str = "minimax-m3", plan: dict | None = None
     kernels = _attach(m.dispatcher.registry, m, device, with_kernels, vllm_kernels)
     check = _check_vs_reference(m, steps[:2], kernels)  # also the warm-up: Triton compilation, allocator growth
     name = f"m3_tp{plan_dict(plan)['tp']}_L0-{layers - 1}_{_device_slug(device)}_{commit}"
-    dev_name = torch.cuda.get_device_name() if device.startswith("cuda") else device
+    dev_name = accelerator_name(device)
     header = dict(device=dev_name, commit=commit, model=m.model.name, plan=plan_dict(plan), layers=layers, steps=steps,
                   torch=torch.__version__, kernels_attached=kernels, weights=f"random, {str(m.dtype).removeprefix('torch.')}, seed 0",
                   note="m3lab reference decoder, rank 0 of the plan, KV cache in vLLM's Triton layout; t_us per "

@@ -1,4 +1,4 @@
-"""Triton CPU-interpreter fix needed to run vLLM's page-table builders (vllm_install_notes §e pitfall 4).
+"""Triton CPU-interpreter fix needed to run vLLM's page-table builders.
 
 Triton 3.9's interpreter turns ``block_bool & scalar_bool`` into an int32 numpy mask, which its own masked
 load/store then reject ("mask has unsupported dtype"). :func:`apply` wraps both to cast the mask to bool. It

@@ -132,7 +132,7 @@ def vllm_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights
     e, n2, _ = w13.shape
     k = ids.shape[1]
     if config is None:
-        try:    # vLLM's lookup needs its platform's device name, which a CPU does not have (install notes, 12)
+        try:    # vLLM's lookup needs its platform's device name, which a CPU does not have
             config = fm.try_get_optimal_moe_config(tuple(w13.shape), tuple(w2.shape), k, None, t)
         except NotImplementedError:
             config = fm.get_default_config(t, e, w2.shape[2], h, k, None, None)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from m3lab.arith import ceil_div
 from ..kernels.indexer import launcher as index_launcher
 from ..kernels.indexer import reference as index_ref
 from ..kernels.sparse_attn import launcher as attn_launcher
@@ -50,7 +51,7 @@ class PagedProblem:
 
     def keys(self, cache: torch.Tensor, r: int) -> torch.Tensor:
         """Request r's written entries of a paged cache, in position order: [len, ...]."""
-        n = -(-self.lens[r] // self.block)
+        n = ceil_div(self.lens[r], self.block)
         return cache[self.block_tables[r, :n].long()].flatten(0, 1)[:self.lens[r]]
 
 
@@ -59,7 +60,7 @@ def paged_problem(lens, q_lens, *, block: int, kv_heads: int, group: int, head_d
                   index_dtype: torch.dtype | None = None, spare: int = 3) -> PagedProblem:
     """Fresh random problem (see the module doc); kv_dtype / index_dtype fp8: e4m3 caches of random values."""
     r = len(lens)
-    nblk = [-(-n // block) for n in lens]
+    nblk = [ceil_div(n, block) for n in lens]
     width = max(nblk)
     total = sum(nblk) + spare
     perm = torch.randperm(total, device=device).to(torch.int32)

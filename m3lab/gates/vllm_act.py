@@ -9,7 +9,7 @@
   m3lab's reference activation, and the gate output states how many blocks differ from the OCP rule and
   what each rule's quantisation error is. The element codes are checked exactly against round-to-nearest-
   even of act·2^-e; in the CPU interpreter, whose fp32 -> e4m3 cast drops round-up carries and truncates
-  subnormals (install notes, pitfall 5), the elements where that matters are left out and counted.
+  subnormals, the elements where that matters are left out and counted.
 - ``vllm.gemma_rmsnorm`` / ``vllm.gemma_fused_add_rmsnorm`` (``amd/ops/gemma_rmsnorm.py:27-146``) vs
   ``m3lab.model.layers.gemma_rms_norm`` (the fused add's sum taken in fp32, as vLLM's kernel does).
 
@@ -152,7 +152,7 @@ def _quant_cases(m: int, inter: int, dtype, device):
 
     def code_finding() -> str:
         return (f"{state['left_out']:.1%} of elements not compared: the CPU interpreter's fp32->e4m3 cast drops "
-                "round-up carries and truncates subnormals (install notes, pitfall 5)")
+                "round-up carries and truncates subnormals")
 
     name = f"M={m},I={inter},{_label(dtype)}"
     yield Case(name + ",scales", "uint8", scales, exact=True, finding=scale_finding)

@@ -3,8 +3,7 @@
 Imported from the installed vllm (``m3lab.vllm.imports``). On CPU they run in the Triton interpreter with fp32
 operands (block 128 is vLLM's constant, so head dims are kept small); on a GPU in bf16 with the M3 TP4 shapes.
 Under the interpreter, vLLM's autotuned top-k kernels keep only their smallest config (the autotuner needs a
-GPU to benchmark; vllm_install_notes §e pitfall 3) and the interpreter's bool-mask fix is applied
-(``interpreter_compat``, pitfall 4).
+GPU to benchmark) and the interpreter's bool-mask fix is applied (``interpreter_compat``).
 
 Gates (each a vLLM entry point; file:line in vLLM 0.33.0):
 - ``vllm.sparse_attn_decode``: ``common/ops/sparse_attn.py:617-738`` (split-K decode + merge; 1 and 1 + k rows;
@@ -23,7 +22,7 @@ import os
 
 import torch
 
-from ..kernels.indexer import reference as index_ref
+from m3lab.arith import ceil_div
 from ..kernels.sparse_attn import reference as attn_ref
 from .checks import poison_
 from .registry import Case, Gate, register
@@ -128,16 +127,12 @@ def _score_case(device, ql, module) -> Case:
     return Case(f"q={ql}", "float32", run)
 
 
-def _forced_scores(p: PagedProblem) -> list[torch.Tensor]:
-    return [index_ref.force_blocks(s, p.q_pos[p.rows(r)], p.block) for r, s in enumerate(block_scores_ref(p))]
-
-
 def _topk_case(device, ql, module) -> Case:
     def run():
         it = _module(module)
         p = _problem(device, ql)
-        width = max(-(-n // BLOCK) for n in p.lens)
-        scores = torch.full((p.iq.shape[1], p.q.shape[0], -(-width // 16) * 16), float("-inf"), device=device)
+        width = max(ceil_div(n, BLOCK) for n in p.lens)
+        scores = torch.full((p.iq.shape[1], p.q.shape[0], ceil_div(width, 16) * 16), float("-inf"), device=device)
         for r, s in enumerate(block_scores_ref(p)):
             scores[:, p.rows(r), :s.shape[-1]] = s
         prefix = p.seq_lens - (p.cu_seqlens_q[1:] - p.cu_seqlens_q[:-1])

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from m3lab.arith import ceil_div
 from m3lab.errors import M3LabError
 
 PAGE = 16  # token page of AITER's paged-attention kernels
@@ -121,7 +122,7 @@ class PagedKVCache:
         """Reserve n more tokens for sequence ``seq``; returns the first new position."""
         start = self.lengths.get(seq, 0)
         table = self.tables.setdefault(seq, [])
-        need = -(-(start + n) // self.block_size) - len(table)
+        need = ceil_div(start + n, self.block_size) - len(table)
         if need > len(self.free):
             raise M3LabError(f"KV cache out of blocks: sequence {seq} needs {need} more, {len(self.free)} free",
                              field="num_blocks", hint="allocate the cache with a larger num_blocks")

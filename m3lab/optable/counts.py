@@ -2,7 +2,7 @@
 
 Request i computes queries at positions p in [a_i, b_i) with a_i = context - new, b_i = context.
 Dense causal attention: query p attends p + 1 keys. M3 sparse attention with block size B and top-K blocks
-(own block forced, reference §2.3): p + 1 keys while p < K*B, else (K-1)*B + (p mod B) + 1.
+(own block forced, as vLLM ``vllm/models/minimax_m3/common/sparse_attention.py``): p + 1 keys while p < K*B, else (K-1)*B + (p mod B) + 1.
 The indexer scores p // B + 1 blocks per query; the selection keeps min(p // B + 1, K) of them.
 """
 from __future__ import annotations

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-TABLE = Path(__file__).resolve().parents[2] / "traces" / "bench" / "collectives.csv"
+from m3lab.provenance import TRACES_BENCH
+
+TABLE = TRACES_BENCH / "collectives.csv"
 
 
 def _fields(shape: str) -> dict:

@@ -1,6 +1,6 @@
 """Which rank holds which KV head, and which prefill rank each decode rank reads a head from.
 
-Heads per rank follow vLLM (reference §3): with ``tp <= heads_kv`` rank r holds heads
+Heads per rank follow vLLM (``vllm/model_executor/layers/linear.py``, ``QKVParallelLinear``): with ``tp <= heads_kv`` rank r holds heads
 ``[r * heads_kv / tp, (r + 1) * heads_kv / tp)``; with ``tp > heads_kv`` each head is replicated on
 ``tp / heads_kv`` ranks and rank r holds head ``r * heads_kv // tp``.
 

@@ -11,7 +11,7 @@ Acceptance lengths for estimates come from measurements, not from a random model
 
 - published: the EAGLE3 draft of MiniMax M3 (Inferact/MiniMax-M3-EAGLE3 model card, TP4, k = 3): mean acceptance
   length 2.70 on MT-Bench and 3.52 on GSM8K; one InferenceX EAGLE3-GQA TP4 recipe with k = 4 quotes 3.02 on
-  synthetic data (reference ``minimax_m3.md`` §6, sources S19, S20);
+  synthetic data (the Inferact/MiniMax-M3-EAGLE3 model card; the InferenceX recipe);
 - measured: ``spec_decode_acceptance_length`` of ``vllm bench serve`` result files; files that lack it but ran
   with speculation give mean ITL / mean TPOT (tokens per engine step), labelled inferred.
 
@@ -28,8 +28,8 @@ from m3lab.errors import M3LabError
 from m3lab.workload.deployed import chain_acceptance
 
 EAGLE3_SOURCE = ("Inferact/MiniMax-M3-EAGLE3 model card (EAGLE3 draft of MiniMax M3, TP4, 3 speculative tokens), "
-                 "as cited in reference minimax_m3.md §6 [S19]")
-INFERENCEX_SOURCE = "InferenceX EAGLE3-GQA TP4 recipe, synthetic data (reference minimax_m3.md §6 [S20])"
+                 "Hugging Face")
+INFERENCEX_SOURCE = "InferenceX EAGLE3-GQA TP4 recipe (Inferact/MiniMax-M3-EAGLE3-GQA draft), synthetic data"
 
 #: Published mean acceptance lengths (vLLM's definition: tokens emitted per verification step, bonus included).
 PUBLISHED_ACCEPTANCE = (

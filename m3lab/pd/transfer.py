@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from m3lab.arith import ceil_div
+
 SEQ = 0
 
 
@@ -173,7 +175,7 @@ def verify_handoff(prefill, decode, *, model=None, prompt_len: int = 37, decode_
     ref = build_model(m, None, seed=seed)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, m.vocab, (prompt_len,), generator=g)
-    n_blocks = -(-(prompt_len + decode_steps) // m.sparse.block_size)
+    n_blocks = ceil_div(prompt_len + decode_steps, m.sparse.block_size)
     ref_cache = ref.new_cache(num_blocks, dtype=torch.bfloat16)
     logits = [ref.step(ref_cache, [(SEQ, prompt)])]
     tokens = []

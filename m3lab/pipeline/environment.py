@@ -1,11 +1,10 @@
 """What a run records about where it ran: package versions, git commit, device."""
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
 from importlib import metadata
-from pathlib import Path
+
+from m3lab.provenance import commit, device_name
 
 PACKAGES = ("m3lab", "torch", "triton", "numpy", "pandas", "pyarrow", "plotly", "papermill", "nbformat", "vllm")
 
@@ -21,38 +20,12 @@ def package_versions(names=PACKAGES) -> dict[str, str | None]:
     return out
 
 
-def git_commit(repo: Path | None = None) -> str:
-    """``$GIT_COMMIT`` if set, else ``git rev-parse HEAD`` of the repo (``-dirty`` when changed), else 'unknown'."""
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    repo = repo or Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def device_name() -> str:
-    """The accelerator torch sees ('NVIDIA H200', 'AMD Instinct MI355X', …) or 'cpu (<processor>)'."""
-    try:
-        import torch
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except Exception:  # torch missing or broken: still record the CPU
-        pass
-    return f"cpu ({platform.processor() or platform.machine()})"
-
-
 def describe() -> dict:
     """Everything :mod:`summary.json <m3lab.pipeline.runner>` records about the environment."""
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "packages": package_versions(),
-        "git_commit": git_commit(),
+        "git_commit": commit(),
         "device": device_name(),
     }

@@ -7,14 +7,14 @@ a GPU box, resumed or re-reported from another checkout.
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from m3lab.errors import M3LabError
 
@@ -94,35 +94,30 @@ def relative(path: str | os.PathLike, base: str | os.PathLike) -> str:
 class RunLock:
     """An exclusive lock on a run folder for the life of this process's run or resume.
 
-    ``fcntl.flock`` on ``<run_dir>/.lock``: the kernel releases it when the process ends, however it
-    ends, so a crashed run never leaves a folder locked. The file records the holder's pid for the message.
+    ``filelock.FileLock`` on ``<run_dir>/.lock`` (``flock`` underneath: the kernel releases it when the process
+    ends, however it ends, so a crashed run never leaves a folder locked). The file records the holder's pid
+    for the message.
     """
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / LOCK
-        self.fd: int | None = None
+        self._lock = FileLock(self.path, timeout=0)
 
     def __enter__(self) -> "RunLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            if err.errno in (errno.EAGAIN, errno.EACCES):
-                raise M3LabError(f"run folder {self.path.parent} is in use by pid {holder}", field="run_dir",
-                                 hint="wait for that run to finish, or start a new run") from None
-            raise
+            self._lock.acquire()
+        except Timeout:
+            try:
+                holder = self.path.read_text(errors="replace").strip()[:64] or "another process"
+            except OSError:
+                holder = "another process"
+            raise M3LabError(f"run folder {self.path.parent} is in use by pid {holder}", field="run_dir",
+                             hint="wait for that run to finish, or start a new run") from None
         try:
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
+            self.path.write_text(str(os.getpid()))
         except OSError:  # a full disk: the lock holds without the pid
             pass
-        self.fd = fd
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+        self._lock.release()

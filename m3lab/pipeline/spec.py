@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import NOTEBOOKS_DIR
 
 PIPELINES_DIR = Path(__file__).resolve().parents[1] / "pipelines"
 DEFAULT_PIPELINE = "checklist"
@@ -32,7 +33,7 @@ STEP_FIELDS = ("name", "notebook", "parameters")
 def notebooks_dir() -> Path:
     """The notebooks folder: ``$M3LAB_NOTEBOOKS``, else ``notebooks/`` beside the package."""
     env = os.environ.get("M3LAB_NOTEBOOKS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "notebooks"
+    return Path(env) if env else NOTEBOOKS_DIR
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ LABEL_KEYS = ("kind", "label", "unit", "device", "source")   # strings kept: wha
 # the numbers a performance team reads first, in this order (any artifact key with one of these names)
 HEADLINE_KEYS = ("output_tokens_per_s_per_gpu", "ttft_s", "tpot_ms", "total_tokens_per_s_per_gpu",
                  "hit_rate_tokens", "passed", "failed")
-FIXED = ("point", "status", "error")
 
 
 def point_name(overrides: list[str]) -> str:

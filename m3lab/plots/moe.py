@@ -8,6 +8,18 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from m3lab.plots.kernels import provenance, targets_table
+from m3lab.spec.model import load_model
+from m3lab.spec.plan import ParallelPlan
+
+
+def m3_moe_label(tp: int = 4) -> str:
+    """``"M3 TP4 (H 6144, I 768, 128+1 experts, top-5)"``: the benchmarked MoE shape, from the spec and the plan
+    (shared expert fused)."""
+    m, plan = load_model("minimax-m3"), ParallelPlan(tp=tp, fused_shared_expert=True)
+    shared = f"+{m.n_shared}" if plan.fuses_shared(m) else ""
+    topk = m.topk + (m.n_shared if shared else 0)
+    return (f"M3 TP{tp} (H {m.hidden}, I {plan.expert_inter_local(m)}, {plan.experts_local(m)}{shared} experts, "
+            f"top-{topk})")
 
 
 def latency_figure(df: pd.DataFrame, source, providers: list[str] | None = None) -> go.Figure:
@@ -15,7 +27,7 @@ def latency_figure(df: pd.DataFrame, source, providers: list[str] | None = None)
     d = df if providers is None else df[df["provider"].isin(providers)]
     fig = px.line(d.sort_values("T"), x="T", y="us_p50", color="provider", facet_col="routing", markers=True,
                   log_x=True, log_y=True, labels={"us_p50": "µs per call (p50)", "T": "tokens T"},
-                  title=f"Grouped MoE, M3 TP4 (H 6144, I 768, 128+1 experts, top-5): µs per call — {provenance(source)}")
+                  title=f"Grouped MoE, {m3_moe_label()}: µs per call — {provenance(source)}")
     return fig
 
 

@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from m3lab.arith import ceil_div
 from m3lab.errors import M3LabError
 from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
 from m3lab.serving.progress import late_progress
@@ -138,7 +139,7 @@ def _notes(cfg: SchedulerConfig, contents: RequestContents, concurrency: int, re
         notes.append(f"max_num_seqs {cfg.max_num_seqs} < concurrency {concurrency}: at most {cfg.max_num_seqs} "
                      "requests run at once, the others wait in the server's queue (inside TTFT)")
     if cfg.num_kv_blocks is not None:
-        per_req = float(np.mean(-(-(contents.prompt + contents.max_tokens) // cfg.block_size)))
+        per_req = float(np.mean(ceil_div(contents.prompt + contents.max_tokens, cfg.block_size)))
         fits = int((cfg.num_kv_blocks - 1) // per_req)
         if fits < min(concurrency, cfg.max_num_seqs):
             notes.append(f"the KV cache ({cfg.num_kv_blocks - 1} blocks of {cfg.block_size}) holds about {fits} "
@@ -210,7 +211,7 @@ def simulate_records(cfg: SchedulerConfig, contents: RequestContents, concurrenc
             return Scheduler(cfg, outputs=outputs).records(contents, arrivals, on_finish=bar.update)
     from m3lab.vllm.scheduler_judge import Judge       # heavy, optional (vLLM)
     if cfg.num_kv_blocks is None:                      # vLLM needs a finite pool: one that holds every request
-        need = int((-(-(contents.prompt + contents.max_tokens + 8 * (cfg.spec_tokens + 1)) // cfg.block_size)).sum())
+        need = int(ceil_div(contents.prompt + contents.max_tokens + 8 * (cfg.spec_tokens + 1), cfg.block_size).sum())
         cfg = cfg.replace(num_kv_blocks=need + 2)
     return Judge(cfg, contents, outputs or FakeOutputs(), arrivals=arrivals).run(progress=progress)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from m3lab.arith import ceil_div
 from m3lab.cache.capacity import cache_capacity
 from m3lab.cost.host_time import step_host_us
 from m3lab.cost.model import cost_label, resolve_calibration
@@ -140,7 +141,7 @@ def pd_serving(deployment, *, calibration="default", progress: bool = False) -> 
     s = setup(d, prefill_blocks=_role_blocks(d, "prefill", bs), decode_blocks=_role_blocks(d, "decode", bs),
               block_size=bs, handoff_s=handoff["transfer_s"], outputs=fake_outputs(d, accept_len))
     for cfg, role in ((s.prefill_cfg, "prefill"), (s.decode_cfg, "decode")):
-        need = -(-(wl.isl + (1 if role == "prefill" else wl.osl) + cfg.lookahead_tokens) // bs)
+        need = ceil_div(wl.isl + (1 if role == "prefill" else wl.osl) + cfg.lookahead_tokens, bs)
         if need > cfg.num_kv_blocks - 1:
             raise M3LabError(f"one request needs {need:,} KV blocks but a {role} instance holds "
                              f"{cfg.num_kv_blocks - 1:,}", field="isl", hint=f"raise the {role} role's tp")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from m3lab.arith import ceil_div
 from m3lab.cost.host_time import step_host_us
 from m3lab.cost.model import cost_label
 from m3lab.errors import M3LabError
@@ -134,7 +135,7 @@ def _figures(run: BenchRun, mode: str, label: str) -> dict:
 def _kv_blocks(cap: Capacity, cfg, isl: int, osl: int) -> int:
     """vLLM's ``num_gpu_blocks`` (null block included) of the KV capacity; refuses a request that never fits."""
     blocks = cap.kv_capacity_tokens // cap.block_size
-    need = -(-(isl + osl + cfg.lookahead_tokens) // cap.block_size)
+    need = ceil_div(isl + osl + cfg.lookahead_tokens, cap.block_size)
     if need > blocks - 1:
         raise M3LabError(f"one request of {isl} + {osl} tokens needs {need:,} KV blocks of {cap.block_size} per GPU "
                          f"but only {blocks - 1:,} fit at gpu_memory_utilization {cap.gpu_memory_utilization} "

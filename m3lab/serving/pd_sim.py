@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from m3lab.arith import ceil_div
 from m3lab.serving.bench_load import BURST_SHARE_LIMIT, bench_metrics
 from m3lab.serving.progress import late_progress
 from m3lab.serving.timed_engine import TimedEngine, run_engines
@@ -207,7 +208,7 @@ def whole_requests(cfg, tokens: int) -> int:
     """Whole requests of ``tokens`` the config's KV blocks hold (null block excluded)."""
     if cfg.num_kv_blocks is None:
         return cfg.max_num_seqs
-    return (cfg.num_kv_blocks - 1) // -(-(tokens + cfg.lookahead_tokens) // cfg.block_size)
+    return (cfg.num_kv_blocks - 1) // ceil_div(tokens + cfg.lookahead_tokens, cfg.block_size)
 
 
 def setup(deployment, *, prefill_blocks: int, decode_blocks: int, block_size: int, handoff_s: float,

@@ -47,7 +47,6 @@ from m3lab.workload.step import EngineStep
 
 QUANTUM = 1.03            # relative rounding of context / chunk lengths in the memo key (3%)
 MIXED_QUANTUM = 1.15      # relative rounding of the decode count, and of small chunks, in prefill steps
-MODES = ("ceiling", "calibrated")
 AGG_COLUMNS = ("t_us", "t_bound_us", "flops", "bytes_compute", "bytes_weight", "bytes_kv", "bytes_comm")
 TERM_COLUMNS = ("t_bound_us", "efficiency", "floor_us", "inside", "eff_terms", "floor_term")  # kept for sensitivity
 OPTABLE_CACHE_SIZE = 2048  # compact OpTables kept per process (a few kB each)

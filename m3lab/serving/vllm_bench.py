@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import REPO_ROOT
 
 REQUIRED_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "output_throughput")
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -166,11 +167,11 @@ def bench_table(paths, gpus: int | dict) -> "pandas.DataFrame":  # noqa: F821
 
 
 DATA_DIR = Path(__file__).with_name("data")
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = REPO_ROOT
 
 
 def cited(path: str | Path) -> str:
-    """A file as a report cites it: its repository path (``m3lab/serving/data/x.json``) when it lies in the
+    """A file as a report cites it: its repository path (``m3lab/serving/data/SOURCE.md``) when it lies in the
     checkout, else its name: no absolute path of one machine in a shared report."""
     p = Path(path).resolve()
     return p.relative_to(_REPO).as_posix() if p.is_relative_to(_REPO) else p.name

@@ -1,4 +1,4 @@
-"""Parameter counts, weight bytes per GPU and KV-cache bytes per token (reference §4, §7).
+"""Parameter counts, weight bytes per GPU and KV-cache bytes per token.
 
 For MiniMax M3: 426,174,572,928 text-backbone parameters; 23.50 B active per token without embedding and
 LM head; 137,472 B/token of bf16 KV for the whole model; 22,656 B/token/rank at TP4 with fp8 main and index

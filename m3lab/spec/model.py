@@ -35,7 +35,7 @@ M3_SWIGLU_BETA_DEFAULT = 1.0
 
 @dataclass(frozen=True)
 class SparseConfig:
-    """MiniMax-M3-style block-sparse attention with a lightning indexer (reference §2.3, §5)."""
+    """MiniMax-M3-style block-sparse attention with a lightning indexer (vLLM ``vllm/models/minimax_m3/common/``)."""
 
     index_heads: int          # index query heads (== KV heads for M3); the index key is one head
     index_dim: int            # index head dim
@@ -155,7 +155,7 @@ class ModelSpec:
 
     @property
     def topk_layers(self) -> tuple[int, ...]:
-        """Sparse layers that run the indexer and top-k themselves (the others reuse; reference §5)."""
+        """Sparse layers that run the indexer and top-k themselves (the others reuse: ``index_topk_freq``)."""
         return tuple(layer for layer, src in self.topk_source().items() if src == layer)
 
     def topk_source(self) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""Parallel plan (TP, EP, DP, prefill/decode role) and the local sizes it implies (reference §3).
+"""Parallel plan (TP, EP, DP, prefill/decode role) and the local sizes it implies.
 
 Rules as vLLM applies them:
 - q heads per rank = heads_q / tp; KV heads per rank = max(1, heads_kv / tp): when tp > heads_kv each KV head is
@@ -30,15 +30,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from m3lab.arith import ceil_div
 from m3lab.errors import M3LabError
 from m3lab.spec.model import ModelSpec
 
 ROLES = ("both", "prefill", "decode")
 VOCAB_PAD = 64  # vLLM pads the vocabulary to a multiple of 64 before sharding
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -179,7 +176,7 @@ class ParallelPlan:
 
     # ---- vocabulary --------------------------------------------------------------------------------
     def vocab_local(self, model: ModelSpec) -> int:
-        return _ceil_div(_ceil_div(model.vocab, VOCAB_PAD) * VOCAB_PAD, self.tp)
+        return ceil_div(ceil_div(model.vocab, VOCAB_PAD) * VOCAB_PAD, self.tp)
 
     def describe(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "role": self.role,

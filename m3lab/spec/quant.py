@@ -5,7 +5,7 @@ the shared expert, the routed experts, the router gate, the embedding and the LM
 q/k projections are part of the one fused q/k/v/index GEMM and take ``attn_qkv``'s format (vLLM builds one
 ``MinimaxM3QKVParallelLinearWithIndexer`` with one quant method, ``vllm/models/minimax_m3/amd/model.py:686-698``);
 ``indexer_qk`` is the separate indexer projections of DeepSeek sparse attention (GLM). Presets follow the
-MiniMax M3 checkpoints (reference §1): ``mxfp8`` = MiniMaxAI/MiniMax-M3-MXFP8 (every linear but the router,
+MiniMax M3 checkpoints: ``mxfp8`` = MiniMaxAI/MiniMax-M3-MXFP8 (every linear but the router,
 embedding and LM head: its ``ignored_layers`` do not list the index projections), ``mxfp4`` =
 amd/MiniMax-M3-MXFP4 (only routed + shared experts MXFP4).
 Bytes per element and block scales: :mod:`m3lab.spec.dtypes`.
@@ -74,11 +74,11 @@ QUANT_SCHEMES: Mapping[str, QuantScheme] = MappingProxyType({
                        source="FP8 e4m3 per-channel checkpoints (e.g. EmbeddedLLM/MiniMax-M3-FP8-dynamic): every "
                               "linear except router, embedding and LM head; fused qkv+indexer as AITER tunes it"),
     "mxfp8": QuantScheme("mxfp8", _all("mxfp8", *_LINEARS),
-                         source="MiniMaxAI/MiniMax-M3-MXFP8 (reference §1; its quantization_config ignored_layers): "
+                         source="MiniMaxAI/MiniMax-M3-MXFP8 (its quantization_config ignored_layers): "
                                 "every linear incl. the index q/k projections of the fused qkv GEMM is MXFP8; "
                                 "router, embedding and LM head unquantised"),
     "mxfp4": QuantScheme("mxfp4", _all("mxfp4", "shared_expert", "routed_expert"),
-                         source="amd/MiniMax-M3-MXFP4 (reference §1): Quark excludes self_attn, router, LM head and "
+                         source="amd/MiniMax-M3-MXFP4 (its Quark exclude list): Quark excludes self_attn, router, LM head and "
                                 "the dense MLP; routed and shared experts MXFP4"),
 })
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import commit as provenance_commit
 from m3lab.traces.files import iter_lines
 
 FORMAT = "m3lab.dispatch"
@@ -70,7 +70,7 @@ class DispatchTraceWriter:
         self.path = Path(path)
         self.device = str(device)
         self.header = {"format": FORMAT, "version": VERSION, "device": self.device,
-                       "commit": commit or os.environ.get("GIT_COMMIT", "unknown"),
+                       "commit": commit or provenance_commit(),
                        "model": model, "plan": dict(plan or {}), **extra}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         raw = gzip.open(self.path, "wb") if self.path.name.endswith(".gz") else open(self.path, "wb")

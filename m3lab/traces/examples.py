@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from m3lab.kernels.gemm.tables import DECODE_MAX_M as DECODE_M_MAX  # m3lab's GEMM launcher bound (not vLLM's)
+from m3lab.spec.model import ModelSpec
+from m3lab.spec.plan import ParallelPlan
+from m3lab.spec.serving import load_preset
 from m3lab.traces.dispatch import DispatchTraceWriter
 
-KV_HEADS, Q_HEADS, HEAD_DIM, HIDDEN, EXPERTS, EXPERT_INTER, DENSE_LAYERS = 4, 64, 128, 6144, 128, 3072, 3
-DENSE_INTER, INDEX_FREQ, TOPK = 12288, 4, 4
+DEPLOYMENT = "mxfp8-tp4-optimised"  # the serving preset the trace stands for: its model and index sharing
 FALLBACK = "torch"  # the dispatcher's name for the plain-torch path
 # path names of m3lab/dispatch/registry.py
 SPARSE_PAGED = "attention.aiter_sparse_pa"
@@ -51,24 +53,25 @@ def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32,
                              fused_shared_expert: bool = True, seed: int | None = None) -> Path:
     """Write one synthetic M3 decode step (``tokens`` requests, first ``layers`` layers) at ``tp``."""
     rng = np.random.default_rng(seed)
-    kv_local = max(KV_HEADS // tp, 1)
-    q_local = Q_HEADS // tp
+    m: ModelSpec = load_preset(DEPLOYMENT).model
+    plan = ParallelPlan(tp=tp, fused_shared_expert=fused_shared_expert)
+    kv_local, q_local, hd, hidden = plan.heads_kv_local(m), plan.heads_q_local(m), m.head_dim, m.hidden
+    index_local, index_dim, computes_topk = plan.index_heads_local(m), m.sparse.index_dim, m.topk_source()
     path = Path(path)
     meta = {"cu_seqlens_q": [tokens + 1], "seq_lens": [tokens], "block_tables": [tokens, 64]}
     with DispatchTraceWriter(path, device="hip", model="minimax-m3-mxfp8", synthetic=True,
                              plan={"tp": tp, "ep": 1, "fused_shared_expert": fused_shared_expert}) as w:
         for layer in range(layers):
-            sparse = layer >= DENSE_LAYERS
-            _simple(w, rng, "input_norm", layer, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, HIDDEN], "w": [HIDDEN]})
-            width = (q_local + 2 * kv_local) * HEAD_DIM + (kv_local * HEAD_DIM + HEAD_DIM if sparse else 0)
-            _gemm(w, rng, "qkv_proj", layer, tokens, width, HIDDEN)
-            computes = sparse and (layer - DENSE_LAYERS) % INDEX_FREQ == 0
+            sparse = layer in m.sparse_layers
+            _simple(w, rng, "input_norm", layer, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, hidden], "w": [hidden]})
+            _gemm(w, rng, "qkv_proj", layer, tokens, sum(plan.qkv_widths(m, sparse)), hidden)
+            computes = sparse and computes_topk[layer] == layer
             if computes:
                 _simple(w, rng, "indexer", layer, INDEXER, ["_decode_index_score_kernel", "_decode_topk_fused_kernel"],
-                        {"iq": [tokens, kv_local, HEAD_DIM], "index_cache": [1024, 128, HEAD_DIM], **meta})
+                        {"iq": [tokens, index_local, index_dim], "index_cache": [1024, 128, index_dim], **meta})
                 _simple(w, rng, "topk", layer, TOPK_PATH, [], {"scores": [kv_local, tokens, 64], "positions": [tokens]})
-            attn_shapes = {"q": [tokens, q_local, HEAD_DIM], "k_cache": [1024, 128, kv_local, HEAD_DIM],
-                           "v_cache": [1024, 128, kv_local, HEAD_DIM], **meta}
+            attn_shapes = {"q": [tokens, q_local, hd], "k_cache": [1024, 128, kv_local, hd],
+                           "v_cache": [1024, 128, kv_local, hd], **meta}
             if sparse:
                 attn_shapes["blocks"] = [kv_local, tokens, 16]
             why = ("sparse-attention layer (got dense layer)" if not sparse else None if kv_local == 1 else
@@ -78,25 +81,27 @@ def write_synthetic_m3_trace(path: str | Path, *, tp: int = 4, tokens: int = 32,
                     path=FALLBACK if why else SPARSE_PAGED,
                     kernels=["m3lab.model.attention.attention_varlen"] if why else ["pa_decode_gluon"],
                     rejected=[(SPARSE_PAGED, why)] if why else [], t_us=float(rng.uniform(5, 40)))
-            _gemm(w, rng, "o_proj", layer, tokens, HIDDEN, Q_HEADS * HEAD_DIM // tp)
-            _simple(w, rng, "post_attn_norm", layer, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, HIDDEN], "w": [HIDDEN]})
-            if layer < DENSE_LAYERS:
-                _gemm(w, rng, "gate_up_proj", layer, tokens, 2 * DENSE_INTER // tp, HIDDEN)
-                _simple(w, rng, "act", layer, ACT, ["_swiglu_oai_kernel"], {"h": [tokens, 2 * DENSE_INTER // tp]})
-                _gemm(w, rng, "down_proj", layer, tokens, HIDDEN, DENSE_INTER // tp)
+            _gemm(w, rng, "o_proj", layer, tokens, hidden, q_local * hd)
+            _simple(w, rng, "post_attn_norm", layer, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, hidden], "w": [hidden]})
+            if layer not in m.moe_layers:
+                dense = plan.dense_inter_local(m)
+                _gemm(w, rng, "gate_up_proj", layer, tokens, 2 * dense, hidden)
+                _simple(w, rng, "act", layer, ACT, ["_swiglu_oai_kernel"], {"h": [tokens, 2 * dense]})
+                _gemm(w, rng, "down_proj", layer, tokens, hidden, dense)
                 continue
-            experts = EXPERTS + 1 if fused_shared_expert else EXPERTS
-            topk = TOPK + 1 if fused_shared_expert else TOPK
-            inter = EXPERT_INTER // tp
-            w.write("moe_experts", layer=layer, shapes={"x": [tokens, HIDDEN], "w13": [experts, 2 * inter, HIDDEN],
-                                                        "w2": [experts, HIDDEN, inter], "ids": [tokens, topk]},
+            experts = plan.expert_rows_local(m)
+            topk = m.topk + (m.n_shared if plan.fuses_shared(m) else 0)
+            inter = plan.expert_inter_local(m)
+            w.write("moe_experts", layer=layer, shapes={"x": [tokens, hidden], "w13": [experts, 2 * inter, hidden],
+                                                        "w2": [experts, hidden, inter], "ids": [tokens, topk]},
                     dtypes={"x": "bfloat16", "w13": "float8_e4m3fn", "w2": "float8_e4m3fn"}, path=FUSED_MOE,
                     kernels=["fused_moe"], rejected=[], t_us=float(rng.uniform(40, 160)))
             if not fused_shared_expert:
-                _gemm(w, rng, "shared_gate_up", layer, tokens, 2 * EXPERT_INTER // tp, HIDDEN)
-                _simple(w, rng, "shared_act", layer, ACT, ["_swiglu_oai_kernel"], {"h": [tokens, 2 * EXPERT_INTER // tp]})
-                _gemm(w, rng, "shared_down", layer, tokens, HIDDEN, EXPERT_INTER // tp)
-        _simple(w, rng, "final_norm", -1, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, HIDDEN], "w": [HIDDEN]})
+                shared = plan.shared_inter_local(m)
+                _gemm(w, rng, "shared_gate_up", layer, tokens, 2 * shared, hidden)
+                _simple(w, rng, "shared_act", layer, ACT, ["_swiglu_oai_kernel"], {"h": [tokens, 2 * shared]})
+                _gemm(w, rng, "shared_down", layer, tokens, hidden, shared)
+        _simple(w, rng, "final_norm", -1, NORM, ["_gemma_rmsnorm_kernel"], {"x": [tokens, hidden], "w": [hidden]})
     return path
 
 

@@ -18,17 +18,16 @@ YAML (shipped examples in m3lab/traces/expectations/; keys besides ``id`` are op
         min_share: 0.05               # minimum kernel-time share of the matched kernels
         optional: false               # true: no matching call -> "skipped" instead of a failure
 
-Expressions are Python syntax restricted to literals, names, ``[]``, arithmetic, comparisons,
-``and/or/not``, ``in`` and ``len/min/max/sum/prod``. Names: every shape of the record (its dims
-list: ``x[0]``), ``shapes`` (dict: ``'blocks' in shapes``), ``op``, ``layer``, ``path``, ``kernels``,
-``device``, ``dtypes`` (dict), and from
-the trace header ``plan`` (dict) and ``model``. A name the record lacks makes the record not match.
+Expressions are Python syntax evaluated by ``simpleeval`` (:class:`m3lab.traces.predicates.Expression`):
+literals, names, ``[]``, arithmetic, comparisons, ``and/or/not``, ``in`` and ``len/min/max/sum/prod``.
+Names: every shape of the record (its dims list: ``x[0]``), ``shapes`` (dict: ``'blocks' in shapes``), ``op``,
+``layer``, ``path``, ``kernels``, ``device``, ``dtypes`` (dict), and from the trace header ``plan`` (dict) and
+``model``. A name the record lacks makes the record not match; any other failure is an error naming the
+expectation. Expectations built in code give ``where``/``require`` as typed predicates
+(:mod:`m3lab.traces.predicates`) instead of text.
 """
 from __future__ import annotations
 
-import ast
-import math
-import operator
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -38,83 +37,10 @@ from typing import Any
 import yaml
 
 from m3lab.errors import M3LabError
+from m3lab.traces.predicates import Expression, Predicate
 
 _FIELDS = ("id", "description", "op", "layers", "where", "path", "require", "kernels", "absent_ops",
            "absent_kernels", "min_share", "optional")
-
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
-_CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-           ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
-           ast.NotIn: lambda a, b: a not in b}
-_FUNCS = {"len": len, "min": min, "max": max, "sum": sum, "prod": math.prod}
-
-
-class Expression:
-    """A restricted, safe expression over a record's fields (parsed once, evaluated per record)."""
-
-    def __init__(self, text: str, where: str = "expression"):
-        self.text = str(text)
-        try:
-            self._tree = ast.parse(self.text, mode="eval").body
-        except SyntaxError as err:
-            raise M3LabError(f"{where}: cannot parse {self.text!r} ({err.msg})", field=where,
-                             hint="use Python syntax, e.g. \"x[0] <= 64 and plan['tp'] == 4\"") from None
-        self._check(self._tree, where)
-        self.names = sorted({n.id for n in ast.walk(self._tree) if isinstance(n, ast.Name)} - set(_FUNCS))
-
-    def _check(self, node: ast.AST, where: str) -> None:
-        allowed = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub,
-                   ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant, ast.Subscript, ast.Slice,
-                   ast.List, ast.Tuple, ast.Call, *_BINOPS, *_CMPOPS)
-        for sub in ast.walk(node):
-            if not isinstance(sub, allowed):
-                raise M3LabError(f"{where}: {type(sub).__name__} is not allowed in {self.text!r}",
-                                 field=where, hint="only literals, names, [], arithmetic and comparisons")
-            if isinstance(sub, ast.Call) and not (isinstance(sub.func, ast.Name) and sub.func.id in _FUNCS):
-                raise M3LabError(f"{where}: only {', '.join(_FUNCS)} may be called in {self.text!r}",
-                                 field=where)
-
-    def __call__(self, env: dict[str, Any]) -> Any:
-        """Evaluate; raises KeyError/IndexError/TypeError when the record lacks what it needs."""
-        return self._eval(self._tree, env)
-
-    def _eval(self, node: ast.AST, env: dict[str, Any]) -> Any:
-        ev = self._eval
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            return _FUNCS[node.id] if node.id in _FUNCS else env[node.id]
-        if isinstance(node, (ast.List, ast.Tuple)):
-            return [ev(e, env) for e in node.elts]
-        if isinstance(node, ast.Subscript):
-            index = node.slice
-            key = slice(*(ev(p, env) if p else None for p in (index.lower, index.upper, index.step))) \
-                if isinstance(index, ast.Slice) else ev(index, env)
-            return ev(node.value, env)[key]
-        if isinstance(node, ast.BoolOp):
-            values = (ev(v, env) for v in node.values)
-            return all(values) if isinstance(node.op, ast.And) else any(values)
-        if isinstance(node, ast.UnaryOp):
-            value = ev(node.operand, env)
-            return (not value) if isinstance(node.op, ast.Not) else -value
-        if isinstance(node, ast.BinOp):
-            return _BINOPS[type(node.op)](ev(node.left, env), ev(node.right, env))
-        if isinstance(node, ast.Compare):
-            left = ev(node.left, env)
-            for op, comp in zip(node.ops, node.comparators):
-                right = ev(comp, env)
-                if not _CMPOPS[type(op)](left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(node, ast.Call):
-            return _FUNCS[node.func.id](*(ev(a, env) for a in node.args))
-        raise M3LabError(f"cannot evaluate {self.text!r}", field="expression")
-
-    def __repr__(self) -> str:
-        return f"Expression({self.text!r})"
-
 
 def parse_layers(spec: Any, where: str) -> tuple[int | None, int | None, frozenset[int] | None]:
     """``"3-"`` -> (3, None, None); ``"0-2"`` -> (0, 2, None); ``[1, 5]`` -> (None, None, {1, 5})."""
@@ -141,6 +67,13 @@ def _regexes(value: Any, where: str) -> tuple[re.Pattern, ...]:
         raise M3LabError(f"{where}: bad regex ({err})", field=where) from None
 
 
+def _condition(value: Any, where: str) -> Predicate | None:
+    """A typed predicate as given (built in code), text as an :class:`Expression` (YAML), None when empty."""
+    if value is None or value == "":
+        return None
+    return value if callable(value) and hasattr(value, "text") else Expression(value, where)
+
+
 @dataclass(frozen=True)
 class Expectation:
     """One expectation; see the module docstring for the meaning of each field."""
@@ -148,9 +81,9 @@ class Expectation:
     description: str = ""
     op: re.Pattern | None = None
     layers: tuple[int | None, int | None, frozenset[int] | None] = (None, None, None)
-    where: Expression | None = None
+    where: Predicate | None = None
     path: tuple[re.Pattern, ...] = ()
-    require: Expression | None = None
+    require: Predicate | None = None
     kernels: tuple[re.Pattern, ...] = ()
     absent_ops: tuple[re.Pattern, ...] = ()
     absent_kernels: tuple[re.Pattern, ...] = ()
@@ -169,9 +102,9 @@ class Expectation:
         ops = _regexes(d.get("op"), f"{where} op")
         exp = cls(id=str(d["id"]), description=str(d.get("description", "")),
                   op=ops[0] if ops else None, layers=parse_layers(d.get("layers"), where),
-                  where=Expression(d["where"], f"{where} where") if d.get("where") else None,
+                  where=_condition(d.get("where"), f"{where} where"),
                   path=_regexes(d.get("path"), f"{where} path"),
-                  require=Expression(d["require"], f"{where} require") if d.get("require") else None,
+                  require=_condition(d.get("require"), f"{where} require"),
                   kernels=_regexes(d.get("kernels"), f"{where} kernels"),
                   absent_ops=_regexes(d.get("absent_ops"), f"{where} absent_ops"),
                   absent_kernels=_regexes(d.get("absent_kernels"), f"{where} absent_kernels"),

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-TRACES_DIR = Path(__file__).resolve().parents[2] / "traces"
+from m3lab.provenance import TRACES_DIR
+
 _KINDS = {"dispatch": "*.dispatch.jsonl.gz", "kineto": "*.kineto.json.gz"}
 
 

@@ -21,6 +21,7 @@ from m3lab.errors import M3LabError
 from m3lab.traces.load import load_trace
 from m3lab.traces.table import make_events, short_kernel_name, trace_format
 from m3lab.traces.expectations import Expectation, Expectations
+from m3lab.traces.predicates import Absent
 
 RESULT_COLUMNS = ("id", "description", "source", "status", "expected", "ran", "why", "calls", "share")
 FAILING = ("fail", "missing")
@@ -41,11 +42,19 @@ def _env(rec: Any, header: dict[str, Any]) -> dict[str, Any]:
     return env
 
 
-def _holds(expr, env: dict[str, Any]) -> bool:
+def _holds(e: Expectation, expr, env: dict[str, Any]) -> bool:
+    """Whether ``expr`` holds on a record: False when the record lacks a name it reads (it does not match);
+    any other failure is an error that names the expectation (a bad expectation, never a silent False)."""
     try:
         return bool(expr(env))
-    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
+    except Absent:
         return False
+    except M3LabError:
+        raise
+    except Exception as err:
+        raise M3LabError(f"expectation {e.id!r}: {expr.text!r} fails on a {env.get('op')} record of layer "
+                         f"{env.get('layer')} ({type(err).__name__}: {err}; {_values(expr, env)})", field=e.id,
+                         hint="fix the expression in the expectations") from None
 
 
 def _values(expr, env: dict[str, Any]) -> str:
@@ -63,7 +72,7 @@ def _select(e: Expectation, dispatch: pd.DataFrame) -> tuple[list[Any], list[dic
     header = dispatch.attrs.get("header", {})
     recs = [r for r in dispatch.itertuples(index=False) if e.op.fullmatch(r.op) and e.layer_ok(r.layer)]
     pairs = [(r, _env(r, header)) for r in recs]
-    pairs = [(r, env) for r, env in pairs if e.where is None or _holds(e.where, env)]
+    pairs = [(r, env) for r, env in pairs if e.where is None or _holds(e, e.where, env)]
     return [r for r, _ in pairs], [env for _, env in pairs]
 
 
@@ -94,7 +103,7 @@ def _check_dispatch(e: Expectation, dispatch: pd.DataFrame) -> dict[str, Any]:
         ran, share = _counts([r.path for r in recs]), _share([r.t_us for r in recs], dispatch)
         if e.path and (why := _path_failure(e, recs)):
             failures.append(why)
-        bad_env = [env for env in envs if e.require and not _holds(e.require, env)]
+        bad_env = [env for env in envs if e.require and not _holds(e, e.require, env)]
         if bad_env:
             failures.append(f"require {e.require.text} false on {len(bad_env)} of {calls} calls "
                             f"(first: {_values(e.require, bad_env[0])})")
@@ -206,7 +215,8 @@ def verify(expectations: Expectations | str | Path, *traces: pd.DataFrame | str 
     check kernels/absent_kernels/min_share. ``ok`` is False when any row fails or is missing, or when
     nothing could be checked.
 
-    >>> v = verify(Expectations.load("minimax_m3_tp4"), "traces/dispatch_tp4.jsonl.gz")
+    >>> v = verify(Expectations.load("minimax_m3_h200_tp4"),
+    ...            "traces/dispatch/m3_tp4_L0-4_h200_14782d0.dispatch.jsonl.gz")
     >>> v.ok, v.results[["id", "status", "ran", "why", "share"]]
     """
     if not isinstance(expectations, Expectations):

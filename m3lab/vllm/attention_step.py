@@ -14,6 +14,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from m3lab.arith import ceil_div
 from m3lab.vllm import recorder
 
 
@@ -129,9 +130,9 @@ def run(attn, vllm_config, step: Step) -> recorder.Trace:
     spec = attn.get_kv_cache_spec(vllm_config)
     icache = attn.indexer.index_cache
     ispec = icache.get_kv_cache_spec(vllm_config)
-    blocks_per_req = -(-step.seq_len // spec.block_size)
+    blocks_per_req = ceil_div(step.seq_len, spec.block_size)
     blocks = 1 + step.requests * blocks_per_req  # + the null block
-    width = -(-vllm_config.model_config.max_model_len // spec.block_size)
+    width = ceil_div(vllm_config.model_config.max_model_len, spec.block_size)
     layout = kv_cache_layout(vllm_config)  # resolved before the builders, as the engine core does
     common = _common_metadata(step, spec.block_size, blocks_per_req, width)
     main_md = _builder(attn.get_attn_backend(), spec, attn.layer_name, vllm_config).build(0, common)

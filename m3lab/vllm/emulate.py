@@ -131,11 +131,6 @@ def bind(target: Target) -> str:
     return target.arch
 
 
-def bound_target() -> Target | None:
-    """The target this process is bound to (None before its first emulation)."""
-    return _PROCESS.bound
-
-
 def _bind(target: Target) -> bool:
     """Bind the process to ``target``; True the first time. Raises for a second target."""
     if _PROCESS.bound is None:

@@ -11,10 +11,6 @@ from typing import Any
 
 from m3lab.vllm.cite import Cite
 
-STATUSES = ("runs", "off", "refused", "skipped")
-LAYER_KINDS = ("dense", "sparse", "sparse_reuse", "model")
-HOW = ("executed", "restated")  # vLLM's code decided / m3lab states the rule (only where vLLM cannot run here)
-
 
 @dataclass(frozen=True)
 class Check:
@@ -71,16 +67,16 @@ class Decision:
     """
 
     op: str
-    layer_kind: str
+    layer_kind: str               # dense | sparse | sparse_reuse | model
     decision: str                 # reference-note label: A1..A8, G1..G3, M1..M3, N1..N4
     path: str                     # short id of the path taken
     kernels: tuple[str, ...]      # kernel (or library entry) names it launches
     checks: tuple[Check, ...]
     decided_by: Cite
-    status: str = "runs"
+    status: str = "runs"          # runs | off | refused | skipped
     note: str = ""
     shape: GemmShape | ExpertShape | None = None
-    how: str = "executed"
+    how: str = "executed"         # executed (vLLM's code decided) | restated (m3lab states the rule)
     vllm: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from m3lab.errors import M3LabError
+from m3lab.kernels.moe.tables import read_vllm_table
+from m3lab.kernels.nearest import nearest_key
+from m3lab.provenance import KERNELS_DIR
 
 NAME = re.compile(r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<device>[^,]+?)(?:,dtype=(?P<dtype>[^,]+?))?"
                   r"(?:,block_shape=\[(?P<bn>\d+),\s*(?P<bk>\d+)\])?(?:,backend=(?P<backend>[^,]+?))?\.json$")
@@ -39,7 +42,7 @@ def shipped_dir() -> Path:
 
 def our_tables_dir() -> Path:
     """m3lab's own tuned tables (``kernels/moe/configs`` of the checkout)."""
-    return Path(__file__).resolve().parents[2] / "kernels" / "moe" / "configs"
+    return KERNELS_DIR / "moe" / "configs"
 
 
 def parse_name(name: str) -> dict[str, Any] | None:
@@ -53,15 +56,16 @@ def parse_name(name: str) -> dict[str, Any] | None:
 
 
 def read_table(path: str | Path) -> dict[int, dict[str, Any]]:
-    """``{M: config}`` of one table file (keys that are not token counts, such as ``triton_version``, skipped)."""
+    """``{M: config}`` of one table file, read by the kernels' reader (:func:`m3lab.kernels.moe.tables.read_vllm_table`:
+    ``triton_version`` dropped as vLLM drops it, any other key that is not a token count refused)."""
     p = Path(path)
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
+        return read_vllm_table(p)
+    except json.JSONDecodeError as err:
         raise M3LabError(f"{p}: not a readable JSON table ({err.__class__.__name__})", field="path") from None
-    if not isinstance(raw, dict):
-        raise M3LabError(f"{p}: a fused-MoE table is a JSON object keyed by M", field="path")
-    return {int(k): v for k, v in raw.items() if k.isdigit() and isinstance(v, dict)}
+    except (OSError, ValueError) as err:
+        raise M3LabError(str(err) if isinstance(err, ValueError) else f"{p}: not readable ({err.__class__.__name__})",
+                         field="path") from None
 
 
 def read_folder(folder: str | Path) -> dict[tuple, tuple[Path, dict[int, dict[str, Any]]]]:
@@ -79,8 +83,8 @@ def read_folder(folder: str | Path) -> dict[tuple, tuple[Path, dict[int, dict[st
 
 
 def nearest(table: dict[int, dict[str, Any]], m: int) -> int:
-    """The M whose entry vLLM uses for a batch of ``m`` tokens (nearest key)."""
-    return min(table, key=lambda x: abs(x - m))
+    """The M whose entry vLLM uses for a batch of ``m`` tokens (:func:`m3lab.kernels.nearest.nearest_key`)."""
+    return nearest_key(table, m)
 
 
 def _tile(cfg: dict[str, Any]) -> tuple:

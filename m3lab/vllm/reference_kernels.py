@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from m3lab.arith import ceil_div
 from m3lab.dispatch.registry import INDEXER_HANDOFF, FastPathRegistry, attach_impls
 from m3lab.vllm.imports import m3_module
 
@@ -78,8 +79,8 @@ def make_indexer(topk: int, init_blocks: int, local_blocks: int):
         max_seq = max(s + n for s, n in zip(starts, counts))
         rows = _decode_rows(counts)
         if rows is not None:
-            nb = -(-max_seq // block_size)
-            score = torch.empty(heads, iq.shape[0], -(-nb // 16) * 16, dtype=torch.float32, device=iq.device)
+            nb = ceil_div(max_seq, block_size)
+            score = torch.empty(heads, iq.shape[0], ceil_div(nb, 16) * 16, dtype=torch.float32, device=iq.device)
             sel = ops.minimax_m3_index_decode(iq.contiguous(), index_cache, bt, sl, max_seq, topk, init_blocks,
                                               local_blocks, heads, rows, rows, score_out=score)
             INDEXER_HANDOFF.scores, INDEXER_HANDOFF.topk, INDEXER_HANDOFF.prefill_args = score, sel, None

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, BinaryIO
 
 from m3lab.errors import M3LabError
+from m3lab.provenance import REPO_ROOT
 
 MAX_WORKERS = 2
 # the caller's settings a worker must not take: the Triton interpreter would run the kernels the recorder
@@ -54,7 +55,7 @@ class Worker:
     def __init__(self, key: tuple[str, str]):
         self.key = key
         self.log = Path(tempfile.mkstemp(prefix=f"m3lab-vllm-{key[1]}-", suffix=".log")[1])
-        root = str(Path(__file__).resolve().parents[2])  # the directory holding the m3lab package
+        root = str(REPO_ROOT)  # the directory holding the m3lab package
         env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
         env.update(PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                    VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),

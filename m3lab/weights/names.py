@@ -14,7 +14,7 @@ from m3lab.spec.plan import ParallelPlan
 PREFIX = "language_model.model."
 HEAD = "language_model.lm_head.weight"
 
-# sharding rules (reference §3)
+# sharding rules (vLLM ``vllm/model_executor/layers/linear.py``: column- and row-parallel linears)
 COL = "col"  # output rows split evenly over tp (column-parallel)
 ROW = "row"  # input columns split evenly over tp (row-parallel)
 Q_HEADS = "q_heads"  # rows by q head: rank r keeps heads [r*Hq/tp, (r+1)*Hq/tp)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from m3lab.arith import ceil_div
 from m3lab.workload.requests import StepRecord, StretchComputed
 
 
@@ -44,7 +45,7 @@ class DecodeStretch:
         pool = self.pool
         if pool is not None:
             bs = cfg.block_size
-            need = sum(max(-(-(r.C + R + self.lookahead) // bs) - len(pool.req_blocks.get(r.rid, ())), 0)
+            need = sum(max(ceil_div(r.C + R + self.lookahead, bs) - len(pool.req_blocks.get(r.rid, ())), 0)
                        for r in running)
             if need > pool.num_free:
                 return None
@@ -101,7 +102,7 @@ class DecodeStretch:
         for ``computed + j + 1 + lookahead`` tokens."""
         bs = self.cfg.block_size
         j = np.arange(R)
-        need = np.maximum(-(-(c0[None, :] + j[:, None] + 1 + self.lookahead) // bs) - have[None, :], 0)
+        need = np.maximum(ceil_div(c0[None, :] + j[:, None] + 1 + self.lookahead, bs) - have[None, :], 0)
         return free - need.sum(axis=1)
 
     def _stretch_records(self, R: int, prev, free: np.ndarray | None) -> list[StepRecord]:
