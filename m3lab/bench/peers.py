@@ -6,7 +6,7 @@ the clocks: :mod:`m3lab.bench.clocks`). Every point is timed by :func:`m3lab.ben
 calls per graph for every provider, operands rotated past the L2). Round 1 times every configuration of
 every peer; later rounds repeat ours and the peer's two fastest configurations of round 1, interleaved
 point by point, so the spread across rounds shows how steady each ratio is. The targets
-(:func:`m3lab.bench.analysis.peer_targets`) read these rows only.
+(:func:`m3lab.bench_analysis.peers.peer_targets`) read these rows only.
 
 Peers:
 
@@ -136,7 +136,7 @@ def sparse_point(b: int, ctx: int, rnd: int, ceilings: Ceilings, device: str, lo
     from ..kernels.pdl import pdl_enabled
     from ..vllm.imports import vllm_module
     from . import sparse_attn as sa
-    mods = sa._vllm()
+    mods = sa.vllm_modules()
     try:
         vcfg = "pdl" if vllm_module("vllm.platforms").current_platform.is_arch_support_pdl() else "no-pdl"
     except Exception as err:      # the label only; vLLM's launcher decides the same way itself

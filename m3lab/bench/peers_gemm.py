@@ -121,22 +121,3 @@ def gemm_point(m: int, n: int, k: int, fmt: str, rnd: int, keep, ceilings: Ceili
     log(f"gemm M={m} N={n} K={k} {fmt} round {rnd}: "
         + " ".join(f"{r.provider}[{r.config}]:{r.timing.us_p50:.1f}" for r in results))
     return rows, results
-
-
-def precompile_points(shapes, ms_by_format: dict, log=print, workers: int = 12) -> None:
-    """Compile, in worker processes, the kernels the GEMM points will launch: each table config (the launcher's
-    choice; MX and fp8 prefill run the bf16 one) and the decode-layout config at M <= 64. (matmul_ogs' variants
-    compile in the timing process: in spawned workers its option constraints failed an assertion, H200.)"""
-    from ..kernels.gemm import launcher, layout_launcher
-    from ..tune.gemm import precompile
-    device = torch.device("cuda")
-    jobs = []
-    for f, ms in ms_by_format.items():
-        for n, k in shapes:
-            for m in ms:
-                cfg, kernel_format = launcher.launch_config(m, n, k, f, device)
-                jobs.append((kernel_format, cfg, k))
-                if f in launcher.MX_FORMATS and m <= 64:
-                    lf = layout_launcher.layout_table_format(f)
-                    jobs.append((lf, layout_launcher.layout_config(m, n, k, f, device), k))
-    precompile(jobs, workers, log)

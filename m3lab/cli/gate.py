@@ -39,7 +39,8 @@ def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small 
     check_device(device)
     if device == "cpu":   # the interpreter must be on before the gate registry imports the kernels (as run_gates)
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from m3lab.gates.runner import run_gates, summary
+    from m3lab.bench.perf_gate import run_gates
+    from m3lab.gates.runner import summary
     if only:
         _check_patterns(only)
     with warnings.catch_warnings(), progress("gates", enabled=progress_wanted(as_json)) as update:
@@ -91,7 +92,7 @@ def _print_gates(df, device: str) -> None:
 
 
 def _parse_shapes(text: str | None, model: str, tp: int):
-    from m3lab.bench.gemm import model_gemm_shapes
+    from m3lab.optable.kernel_shapes import model_gemm_shapes
     if not text:
         return model_gemm_shapes(model, tp)
     try:

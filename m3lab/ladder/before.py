@@ -5,7 +5,7 @@ paths ``mxfp8_dot_scaled_*``) is costed from the calibration's FP8 GEMM fit at t
 before the **decode GEMM launcher** is represented there (:class:`BeforeCalibration`): the decode-M (at most
 ``DECODE_MAX_M`` rows) MXFP8 GEMMs run the large-M tile, their efficiency divided by the prefill-tile / decode-tile
 time ratio m3lab measured with its own GEMM kernel on an H200 at the nearest (M, N, K)
-(``traces/bench/gemm.csv``, bf16, ``m3lab.bench.analysis.tile_gain``). **Projected**: the ratio is carried to the
+(``traces/bench/gemm.csv``, bf16, ``m3lab.bench_analysis.gemm.tile_gain``). **Projected**: the ratio is carried to the
 deployment's GPU, an assumption whose :data:`SCALE` the sensitivity table moves. A ceiling (no calibration) has no
 efficiency to lose and does not move.
 
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from m3lab.bench.analysis import newest_harness, tile_gain
 from m3lab.bench.table import TRACES_BENCH, read_table
+from m3lab.bench_analysis.gemm import newest_harness, tile_gain
 from m3lab.kernels.gemm.tables import DECODE_MAX_M
 
 SCALE = 1.0      # assumed: the H200 before/after ratio carries to the target hardware unchanged (1 = as measured)

@@ -196,6 +196,23 @@ def precompile(jobs: list[tuple[str, GemmConfig, int]], workers: int = 12, log=p
     return failed
 
 
+def precompile_points(shapes, ms_by_format: dict, log=print, workers: int = 12) -> None:
+    """Compile, in worker processes, the kernels the GEMM points will launch: each table config (the launcher's
+    choice; MX and fp8 prefill run the bf16 one) and the decode-layout config at M <= 64. (matmul_ogs' variants
+    compile in the timing process: in spawned workers its option constraints failed an assertion, H200.)"""
+    device = torch.device("cuda")
+    jobs = []
+    for f, ms in ms_by_format.items():
+        for n, k in shapes:
+            for m in ms:
+                cfg, kernel_format = launcher.launch_config(m, n, k, f, device)
+                jobs.append((kernel_format, cfg, k))
+                if f in launcher.MX_FORMATS and m <= 64:
+                    lf = layout_launcher.layout_table_format(f)
+                    jobs.append((lf, layout_launcher.layout_config(m, n, k, f, device), k))
+    precompile(jobs, workers, log)
+
+
 def tune_point(m: int, n: int, k: int, w_format: str, cands: list[GemmConfig], checked: dict,
                rep_ms: float = 8.0, device: torch.device | None = None, timer=None) -> list[dict]:
     """Time every candidate at one point -> rows {config, us, error}.
@@ -236,7 +253,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     Formats: W_FORMATS (weights as stored, :func:`launcher.linear`) and LAYOUT_FORMATS (MX weights packed into the
     decode layout, :func:`layout_launcher.linear_layout`; decode M only).
 
-    shapes: (N, K) pairs, normally :func:`m3lab.bench.gemm.model_gemm_shapes` (the OpTable's distinct GEMMs).
+    shapes: (N, K) pairs, normally :func:`m3lab.optable.kernel_shapes.model_gemm_shapes` (the OpTable's distinct GEMMs).
     Candidates are compiled in parallel first (``workers`` processes); MX and fp8 formats at prefill M take the
     bf16 winner (the launcher dequantises W, then runs the bf16 kernel), timed once for the record.
     """
