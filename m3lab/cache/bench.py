@@ -1,4 +1,4 @@
-"""Speed of m3lab's prefix cache next to vLLM's own classes, on the same trace (``python -m m3lab.cache.bench``).
+"""Speed of m3lab's prefix cache next to vLLM's own classes, on the same trace (``m3lab bench cache``).
 
 Three measurements, each printed side by side and appended to ``traces/bench/cache_sim.csv`` with the
 device (CPU model, cores), commit and date:
@@ -12,12 +12,12 @@ device (CPU model, cores), commit and date:
 3. **AgentX-like sessions** — generating 1,000 sessions with the default distributions and replaying
    them through m3lab's cache (unlimited and finite): seconds.
 
-Each figure is the best of ``repeats`` runs (the 2-core box is shared). Options: ``--requests N`` (trace
-prefix used, default 1,000 Mooncake requests), ``--repeats``, ``--no-vllm``, ``--no-append``.
+Each figure is the best of ``repeats`` runs (the 2-core box is shared). ``m3lab bench cache`` options:
+``--requests N`` (trace prefix used, default 1,000 Mooncake requests), ``--repeats``, ``--no-vllm``,
+``--no-append``.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime as _dt
 import os
@@ -146,25 +146,3 @@ def append(rows: list[dict], path: Path = CSV) -> Path:
         for row in rows:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
     return path
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-vllm", action="store_true")
-    ap.add_argument("--no-append", action="store_true")
-    a = ap.parse_args(argv)
-    rows = run(a.requests, a.repeats, not a.no_vllm)
-    print(f"{'measurement':58s} {'engine':6s} {'blocks':>9s} {'seconds':>8s} {'rate':>12s}  unit  (x vLLM)")
-    for r in rows:
-        sp = f"  x{r['speedup_vs_vllm']:.1f}" if r["speedup_vs_vllm"] != "" else ""
-        print(f"{r['measurement']:58s} {r['engine']:6s} {r['blocks']:9d} {r['seconds']:8.3f} {r['rate']:12,.0f}  "
-              f"{r['unit']}{sp}")
-    print(f"{rows[0]['device']}, commit {rows[0]['commit']}, {rows[0]['date']}")
-    if not a.no_append:
-        print(f"appended to {append(rows)}")
-
-
-if __name__ == "__main__":
-    main()
