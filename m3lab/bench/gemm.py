@@ -21,9 +21,10 @@ from ..kernels.gemm import launcher, layout_launcher
 from ..kernels.gemm.tables import DECODE_MAX_M, select_config
 from ..kernels.gemm.reference import quantize_weight
 from ..kernels.mx.decode_layout import pack
-from ..optable.kernel_shapes import model_gemm_shapes
+from ..optable.kernel_shapes import model_gemm_shapes, rank_dims
 from ..spec.dtypes import weight_bytes
 from ..spec.gemm_cost import gemm_cost
+from ..vllm.imports import vllm_module
 from .ceilings import Ceilings, measure_ceilings
 from .table import BenchRow, append_rows, commit_id, today
 from .session_log import session_log
@@ -75,7 +76,6 @@ def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, 
         dws = [pack(w, s, w_format) for w, s in ops.ws]
         return [lambda dw=dw, y=y: layout_launcher.linear_layout(ops.x, dw, out=y) for dw, y in zip(dws, ops.ys)]
     if provider == "vllm-mxfp8":   # vLLM's own launcher, run as vLLM runs it (its quantiser, tile and kernel)
-        from ..vllm.imports import vllm_module
         linear = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 linear")._mxfp8_dot_scaled_linear
         return [lambda w=w, s=s: linear(ops.x, w, s) for w, s in ops.ws]
     config = None
@@ -146,14 +146,19 @@ def bench_gemm(shapes=None, ms=DEFAULT_MS, w_formats=W_FORMATS,
     return rows
 
 
-SELF_CHECK_POINTS = ((1, 2560, 6144, "bf16"), (32, 6144, 2048, "bf16"), (128, 2560, 6144, "bf16"),
-                     (8, 2304, 6144, "mxfp4"))
+def self_check_points(model: str = "minimax-m3", tp: int = 4) -> tuple[tuple[int, int, int, str], ...]:
+    """(M, N, K, w_format) of the harness self-check: a sparse layer's fused qkv projection at M 1 and 128, o_proj
+    at M 32, a dense layer's qkv projection at M 8 with MXFP4 weights (widths from the ParallelPlan)."""
+    d = rank_dims(model, tp)
+    return ((1, d.qkv_sparse, d.hidden, "bf16"), (32, d.hidden, d.attn_out, "bf16"),
+            (128, d.qkv_sparse, d.hidden, "bf16"), (8, d.qkv_dense, d.hidden, "mxfp4"))
 
 
-def self_check(points=SELF_CHECK_POINTS, providers=("cublas", "triton"), log=print) -> list[dict]:
-    """The harness self-check (:func:`m3lab.bench.timing.profile_check`) at a few (M, N, K, w_format) points:
-    one dict per point and provider (cuBLAS only for bf16), ``passed`` when the per-call time is within
-    SELF_CHECK_US of the profiler's kernel time."""
+def self_check(points=None, providers=("cublas", "triton"), log=print) -> list[dict]:
+    """The harness self-check (:func:`m3lab.bench.timing.profile_check`) at a few (M, N, K, w_format) points
+    (default :func:`self_check_points`): one dict per point and provider (cuBLAS only for bf16), ``passed`` when
+    the per-call time is within SELF_CHECK_US of the profiler's kernel time."""
+    points = self_check_points() if points is None else points
     device = torch.device("cuda")
     out = []
     for m, n, k, w_format in points:

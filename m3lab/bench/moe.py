@@ -37,12 +37,15 @@ import torch
 
 from ..gates import inputs
 from ..gates.moe import vllm_fused_moe
+from ..kernels.moe.align import align
 from ..kernels.moe.launcher import fused_moe
 from ..kernels.moe.reference import swiglu_oai
 from ..kernels.moe.tables import vllm_device_name
+from ..kernels.mx import triton_mx
 from ..optable.kernel_shapes import moe_problem
 from ..spec.dtypes import weight_bytes
 from ..spec.model import load_model
+from ..vllm.imports import m3_module, vllm_module
 from .ceilings import Ceilings, measure_ceilings
 from .table import BenchRow, append_rows, commit_id, today
 from .timing import graph_time
@@ -145,9 +148,6 @@ _VLLM_MX = {}
 def _vllm_mxfp8(x, w, weights_, ids):
     """vLLM's fused_moe_mxfp8_native with its two compiled ops replaced (module attributes, patched once)."""
     if not _VLLM_MX:
-        from ..kernels.moe.align import align
-        from ..kernels.mx import triton_mx
-        from ..vllm.imports import m3_module, vllm_module
         m3_module("amd.ops.swiglu_oai")
         mod = vllm_module("vllm.model_executor.layers.fused_moe.experts.mxfp8_native_moe")
         mod.moe_align_block_size = lambda ids_, block_m, e, emap=None, ignore_invalid_experts=False: \

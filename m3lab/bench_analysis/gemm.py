@@ -15,6 +15,7 @@ from ..bench.table import TRACES_BENCH, read_table
 from ..kernels.gemm.tables import (CONFIG_DIR, DECODE_MAX_M, heuristic_config, load_table, nearest,
                                    table_path)
 from ..optable.kernel_shapes import model_gemm_shapes
+from ..spec.hardware import load_hardware
 from ..vllm.imports import vllm_module
 
 DECODE_MS = (1, 8, 32, 64, 128)      # the bf16 decode points of the targets
@@ -166,14 +167,15 @@ TILE_MS = (1, 8, 32, 64, 128, 2048, 4096)
 
 
 def tile_choices(device_name: str = "NVIDIA_H200", ms=TILE_MS, w_format: str = "mxfp8",
-                 table: pd.DataFrame | None = None, sms: int = 132) -> pd.DataFrame:
+                 table: pd.DataFrame | None = None, sms: int | None = None, hardware: str = "h200") -> pd.DataFrame:
     """Shape by shape (the M3 TP4 GEMMs × ``ms``): the tiles our launcher picks for ``w_format`` on
     ``device_name`` (its tuned table, else the heuristic; MX prefill runs the bf16 table's tiles on
     dequantised weights, as ``launcher.launch_config`` does) beside vLLM's ``_select_cfg``
     (vllm/model_executor/kernels/linear/mxfp8/rocm_native.py:128-215, tuned on gfx950). ``programs``: grid
     size; ``w_passes``: M tiles, i.e. how often the weights are streamed. With a benchmark ``table``, the
     measured µs of both (providers ``triton`` and ``vllm-mxfp8``) and ``ours_speedup`` = vLLM µs / ours.
-    ``sms``: the device's SM count (H200: 132), for the stream-K kernel's fixed grid."""
+    ``sms``: the device's SM count for the stream-K kernel's fixed grid (default: the ``hardware`` profile's)."""
+    sms = sms or load_hardware(hardware).compute_units
     from ..bench.gemm import VLLM_MXFP8   # heavy: the GEMM runner imports torch and the kernels
     select = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 tile table")._select_cfg
     rows = []

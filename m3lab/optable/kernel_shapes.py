@@ -62,3 +62,29 @@ def sparse_problem(model: str = "minimax-m3", tp: int = 4) -> SparseProblem:
     plan = ParallelPlan(tp=tp).validate(spec)
     return SparseProblem(plan.heads_q_local(spec), plan.heads_kv_local(spec), spec.head_dim, spec.index_dim,
                          spec.block_size, spec.topk_blocks)
+
+
+@dataclass(frozen=True)
+class RankDims:
+    """Widths of one rank's dense GEMMs and activations (elements): ``hidden``, ``head_dim``, the fused q/k/v(/index)
+    projection of a sparse (``qkv_sparse``) and a dense (``qkv_dense``) attention layer, the attention output
+    (``attn_out``, o_proj's K), and the per-rank intermediate widths of a routed expert, the dense MLP and the shared
+    expert (``expert_inter``, ``dense_inter``, ``shared_inter``)."""
+    hidden: int
+    head_dim: int
+    qkv_sparse: int
+    qkv_dense: int
+    attn_out: int
+    expert_inter: int
+    dense_inter: int
+    shared_inter: int
+
+
+@lru_cache(maxsize=None)
+def rank_dims(model: str = "minimax-m3", tp: int = 4) -> RankDims:
+    """The widths of ``model`` on one rank at TP ``tp``, every one from the ParallelPlan."""
+    spec = load_model(model)
+    plan = ParallelPlan(tp=tp).validate(spec)
+    return RankDims(spec.hidden, spec.head_dim, sum(plan.qkv_widths(spec, sparse=True)),
+                    sum(plan.qkv_widths(spec, sparse=False)), plan.heads_q_local(spec) * spec.head_dim,
+                    plan.expert_inter_local(spec), plan.dense_inter_local(spec), plan.shared_inter_local(spec))

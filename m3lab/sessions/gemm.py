@@ -31,7 +31,7 @@ from ..kernels.gemm.gemv_mx_layout import gemv_mx_layout_kernel
 from ..kernels.gemm.gemv_splitk import gemv_splitk_kernel
 from ..kernels.gemm.tables import CONFIG_DIR, device_name
 from ..kernels.mx import reference, triton_mx
-from ..optable.kernel_shapes import model_gemm_shapes
+from ..optable.kernel_shapes import model_gemm_shapes, rank_dims
 from ..tune.gemm import tune_gemm
 from .gate_phase import gate_phase
 
@@ -41,8 +41,10 @@ BASELINE_MS = (1, 32, 128, 2048)
 BENCH_MS = (1, 8, 32, 64, 128, 2048, 4096)   # the points of analysis.gemm_targets
 
 
-def _mxfp8_mismatches(device, rows: int = 2560, k: int = 6144) -> str:
-    """Up to 8 elements where Triton's MXFP8 codes differ from the reference: input, scale, both codes."""
+def _mxfp8_mismatches(device, rows: int = 2048) -> str:
+    """Up to 8 elements where Triton's MXFP8 codes differ from the reference, on ``rows`` activation rows of the
+    model's hidden width: input, scale, both codes."""
+    k = rank_dims().hidden
     x = blocky(rows, k, device)
     q_ref, s_ref = reference.quantize_mxfp8(x)
     q, s = triton_mx.quantize(x, "mxfp8")

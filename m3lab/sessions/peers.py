@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -35,12 +36,13 @@ from ..bench.timing import profile_check
 from ..bench_analysis.peers import peer_targets
 from ..gates.moe import vllm_fused_moe
 from ..kernels.gemm.tables import CONFIG_DIR, device_name
-from ..optable.kernel_shapes import model_gemm_shapes
+from ..optable.kernel_shapes import model_gemm_shapes, rank_dims
 from ..tune import moe as tm
 from ..tune.gemm import precompile_points, tune_gemm
 
 PHASES = ("tune_moe", "tune_gemm", "selfcheck", "peers", "baseline", "gates")
-SHARED_EXPERT_SHAPES = ((1536, 6144), (6144, 768))     # the shared expert's GEMMs at TP4 (N, K)
+_DIMS = rank_dims("minimax-m3", tp=4)
+SHARED_EXPERT_SHAPES = ((2 * _DIMS.shared_inter, _DIMS.hidden), (_DIMS.hidden, _DIMS.shared_inter))   # (N, K) at TP4
 GATE_GROUPS = (("gemm.*", "mx.*"), ("moe.*", "sparse.*", "vllm.*"), ("perf.*",))
 BASELINE_MS = (1, 32, 128, 2048)
 
@@ -138,7 +140,6 @@ def self_check(log) -> list[dict]:
 def baseline_rows(rows: list) -> list:
     """The perf-gate baseline: our GEMM rows (provider triton, the table's config) at BASELINE_MS, the median
     round of each point, as graph24 rows without round or config."""
-    from dataclasses import replace
     picked = {}
     for r in rows:
         if r.op == "gemm" and r.provider == "triton" and r.m in BASELINE_MS and r.config in ("table", "per-channel"):
