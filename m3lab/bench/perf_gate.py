@@ -25,7 +25,6 @@ BASELINE_DIR = runner.TRACES_GATES
 DEFAULT_THRESHOLD = 0.10
 
 
-
 def _gemm_timer(row: pd.Series) -> Timing:
     """The GEMM runner's re-measurement of one baseline row (:func:`m3lab.bench.gemm.time_row`)."""
     from .gemm import time_row   # the kernels load only when a GPU timer runs: CPU gates switch the interpreter on first

@@ -208,4 +208,3 @@ def tile_choices(device_name: str = "NVIDIA_H200", ms=TILE_MS, w_format: str = "
                             on=["N", "K", "M"], how="left")
         out["ours_speedup"] = out["vllm_us"] / out["ours_us"]
     return out
-

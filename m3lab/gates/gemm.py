@@ -117,4 +117,3 @@ for _fmt in GEMM_FORMATS:
 for _fmt in ("mxfp8", "mxfp4"):
     register(Gate(f"gemm.{_fmt}_layout", "gemm", lambda d, f=_fmt: list(_layout_cases(f, d)),
                   doc=f"y = x @ Wᵀ with {_fmt} weights in the decode layout vs linear_ref"))
-
