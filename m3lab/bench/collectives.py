@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 
 from m3lab.bench.table import BenchRow, append_rows, commit_id, today
 from m3lab.bench.timing import copies_needed
+from m3lab.errors import M3LabError
 from m3lab.optable.kernel_shapes import sparse_problem
 from m3lab.pd.transfer import free_port
 from m3lab.spec.hardware import load_hardware
@@ -152,6 +153,8 @@ def run(out: str | Path = OUT, world: int = 2, tokens=TOKENS, blocks=BLOCKS, hid
     """Spawn ``world`` ranks (one per GPU) and append every all-reduce and KV-transfer row to ``out`` -> its path.
     ``hidden`` (default: ``model``'s) and ``block_bytes`` (default :func:`kv_block_bytes`) size the messages;
     ``hardware``: the profile whose one-way link bandwidth is the ceiling."""
+    if torch.cuda.device_count() < world:
+        raise M3LabError(f"world: {world} ranks need {world} GPUs; {torch.cuda.device_count()} visible", field="world")
     args = SimpleNamespace(out=str(out), tokens=list(tokens), blocks=list(blocks),
                            hidden=hidden or load_model(model).hidden, block_bytes=block_bytes or kv_block_bytes(model),
                            link_tbps=load_hardware(hardware).link_bw / 1e12)
