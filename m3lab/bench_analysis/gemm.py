@@ -147,7 +147,8 @@ def committed_targets(path=None) -> pd.DataFrame:
 
 
 def copy_ceiling(df: pd.DataFrame) -> float | None:
-    """The measured copy ceiling (TB/s) quoted in a table's ``ceiling`` column, if any."""
+    """The measured copy ceiling (TB/s) quoted in a benchmark table's ``ceiling`` column (median over its rows),
+    if any (any op's table: the column is the long format's)."""
     vals = df.loc[df["ceiling"] == "copy_tbps", "ceiling_value"].dropna().astype(float)
     return float(vals.median()) if len(vals) else None
 

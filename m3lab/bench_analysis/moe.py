@@ -12,6 +12,7 @@ from ..serving.step_cost import cost_step
 from ..spec.hardware import load_hardware
 from ..spec.serving import make_deployment
 from ..workload.step import EngineStep
+from .gemm import copy_ceiling
 
 SMALL_T_MAX = 128   # the speed target covers every T <= 128
 BW_MIN_T = 32
@@ -34,11 +35,6 @@ def _p50(df, provider: str, fmt: str | None = None):
     return sel.set_index(["routing", "T"])["us_p50"]
 
 
-def copy_ceiling(df) -> float:
-    """The measured copy bandwidth (TB/s) the table's rows are quoted against (median over rows)."""
-    return float(df.loc[df["ceiling"] == "copy_tbps", "ceiling_value"].median())
-
-
 def moe_targets(df):
     """The grouped MoE's H200 targets against a recorded table (moe_table()): one row per target and routing,
     measured figure over the T its title names (``TS``), the named T the table lacks (``missing``), threshold,
@@ -49,7 +45,7 @@ def moe_targets(df):
     mine = df[df["provider"] == "m3lab"].set_index(["routing", "T"])
     tb = mine["tbps"]
     intensity = mine["tflops"] / mine["tbps"]            # FLOP per byte of the problem (same bytes as tbps)
-    copy = copy_ceiling(df)
+    copy = copy_ceiling(df) or np.nan
     h200 = load_hardware("h200").measured
     ridge = h200["bf16_gemm_flops"] / h200["hbm_copy_bw"]   # ~162 FLOP/B: above it a problem is compute-bound
     rows = []

@@ -77,7 +77,7 @@ def tune(ts=TUNE_TS, log=print, deadline: float | None = None, rep_ms: float = 2
         for cfg in candidates(t):
             if deadline is not None and time.time() > deadline:
                 log(f"tune: deadline reached at T={t}")
-                return best, trials
+                return {t_: c for t_, (_, c) in best.items()}, trials
             try:
                 us = graph_time(provider_calls_for(fmt, ops, cfg), rep_ms=rep_ms, warmup_ms=5).us_p50
             except Exception as err:
