@@ -7,10 +7,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: ke
 import pytest
 
 from m3lab.analysis.targets import add_verdicts, missing, verdict
-from m3lab.bench import analysis
-from m3lab.bench import moe as bench_moe
-from m3lab.bench import sparse_attn as sa
 from m3lab.bench.table import rows_frame
+from m3lab.bench_analysis import gemm as analysis
+from m3lab.bench_analysis import moe as bench_moe
+from m3lab.bench_analysis import sparse as sa
 
 
 def _row(provider, m, dtype="bf16", us=10.0):

@@ -3,7 +3,8 @@ configurations later rounds repeat, the clock note, the peers table's columns, a
 import pandas as pd
 import pytest
 
-from m3lab.bench import analysis, peers
+from m3lab.bench import peers
+from m3lab.bench_analysis import peers as analysis
 from m3lab.bench.ceilings import Ceilings
 from m3lab.bench.clocks import ClockWatch, power_limited
 from m3lab.bench.table import append_rows, read_table, rows_frame
@@ -87,7 +88,7 @@ def test_targets_command_reads_the_peers_table_only(tmp_path, capsys):
     df = read_table(path)
     assert set(df["round"].dropna().astype(int)) == {1, 2} and (df["config"] != "").any()
     assert df["clock"].str.contains("MHz").all()
-    analysis.main(targets=True, path=str(path))
+    analysis.print_targets(path=str(path))
     out = capsys.readouterr().out
     assert "2 rounds" in out and "MoE bf16 vs vLLM" in out
 
@@ -117,7 +118,7 @@ def test_clock_note_without_a_gpu_is_empty_and_flags_parse():
 
 
 def test_baseline_takes_the_median_round_of_our_table_rows():
-    from m3lab.bench.peers_session import baseline_rows
+    from m3lab.sessions.peers import baseline_rows
     rows = [_gemm("triton", "table", 1, us, r) for r, us in ((1, 9.0), (2, 11.0), (3, 10.0))]
     rows += [_gemm("cublas", "", 1, 5.0, 1), _gemm("triton", "table", 8, 3.0, 1)]
     base = baseline_rows(rows)

@@ -7,10 +7,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: ke
 import pandas as pd
 import pytest
 
-from m3lab.analysis import kernel_runs
-from m3lab.bench import analysis
-from m3lab.bench import moe as bench_moe
-from m3lab.bench import sparse_attn as sa
+from m3lab.bench_analysis import gemm as analysis
+from m3lab.bench_analysis import moe as bench_moe
+from m3lab.bench_analysis import runs as kernel_runs
+from m3lab.bench_analysis import sparse as sa
 from m3lab.kernels.gemm import tables
 
 

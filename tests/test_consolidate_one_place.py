@@ -67,39 +67,17 @@ def test_the_patterns_find_a_second_definition(tmp_path):
 
 
 # ---------------------------------------------------------------- by value: M3 dimensions and H200 ceilings
-# Literals in m3lab/bench/ and m3lab/gates/ that the bench-room branch removes; the lead deletes this set at merge.
-AWAITING_BENCH_ROOM = {
-    "m3lab/bench/ceilings.py:17: ceiling copy_tbps",
-    "m3lab/bench/ceilings.py:18: ceiling mm_tflops",
-    "m3lab/bench/moe.py:41: H = 6144",
-    "m3lab/bench/moe.py:41: I = 768",
-    "m3lab/bench/moe.py:41: ROUTED = 128",
-    "m3lab/bench/moe.py:41: TOPK = 4",
-    "m3lab/bench/peers.py:47: SHIPPED_EXPERTS = 128",
-    "m3lab/gates/moe.py:34: h = 6144",
-    "m3lab/gates/moe.py:34: i = 768",
-    "m3lab/gates/moe.py:34: experts = 128",
-    "m3lab/gates/moe.py:34: topk = 4",
-}
 # Numbers that equal an M3 value of their kind but are another model's: path:line prefix -> why
 NOT_M3 = {"m3lab/spec/model.py:237": "the reduced CPU test model's config (8 heads)"}
 
 
-def _awaited(finding: str) -> bool:
-    return any(finding.startswith(a) for a in AWAITING_BENCH_ROOM) or \
-        any(finding.startswith(k + ":") for k in NOT_M3)
+def _not_m3(finding: str) -> bool:
+    return any(finding.startswith(k + ":") for k in NOT_M3)
 
 
 def test_m3_dims_and_ceilings_only_in_their_owners():
-    left = [f for f in opv.scan() if not _awaited(f)]
+    left = [f for f in opv.scan() if not _not_m3(f)]
     assert left == [], "numbers outside their owner:\n" + "\n".join(left)
-
-
-def test_the_awaited_entries_are_still_there():
-    """So that the set shrinks as the bench room lands (a stale entry fails here)."""
-    found = opv.scan()
-    stale = [a for a in AWAITING_BENCH_ROOM if not any(f.startswith(a) for f in found)]
-    assert stale == [], f"no longer found, delete from AWAITING_BENCH_ROOM: {stale}"
 
 
 def test_the_owner_values_are_the_spec():

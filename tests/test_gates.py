@@ -12,7 +12,9 @@ import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from m3lab.errors import M3LabError  # noqa: E402
-from m3lab.gates import Case, Gate, checks, perf, register, run_gates  # noqa: E402
+from m3lab.bench import perf_gate as perf  # noqa: E402
+from m3lab.bench.perf_gate import run_gates  # noqa: E402
+from m3lab.gates import Case, Gate, checks, register  # noqa: E402
 from m3lab.gates.runner import summary  # noqa: E402
 from m3lab.kernels.gemm import launcher  # noqa: E402
 from m3lab.kernels.mx import triton_mx  # noqa: E402
@@ -140,7 +142,7 @@ def test_committed_gpu_gate_results(repo_dir):
     assert recheck["passed"].all()                  # the perf gates alone, right after, on the same commit
     session = df[df["phase"] == "gemm_session"]     # the GEMM session that re-tuned the tables
     assert len(session) >= 400 and session["passed"].all() and session["gate"].str.endswith("_layout").sum() >= 70
-    # the peers session (m3lab.bench.peers_session): what `m3lab gate --device cuda` runs, in three groups, at its
+    # the peers session (m3lab.sessions.peers): what `m3lab gate --device cuda` runs, in three groups, at its
     # commit, against the baseline it re-recorded minutes before; three compute-bound perf points ran 11-13% over
     peers = df[df["phase"] == "peers_session_b"]
     correct = peers[~peers["gate"].str.startswith("perf.")]

@@ -8,7 +8,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from m3lab.bench import analysis  # noqa: E402
+from m3lab.bench_analysis import gemm as analysis  # noqa: E402
+from m3lab.bench_analysis import peers  # noqa: E402
 from m3lab.bench.table import read_table, rows_frame  # noqa: E402
 from m3lab.bench.timing import HARNESS, MIN_CALLS, SELF_CHECK_US, graph_calls  # noqa: E402
 
@@ -35,9 +36,9 @@ def test_committed_self_check_and_rows(repo_dir):
 
 def test_targets_command_prints_the_newest_commit(repo_dir, capsys):
     """The targets command reads the committed peers table (every peer at its best, in rounds) and nothing else."""
-    analysis.main(targets=True)
+    peers.print_targets()
     out = capsys.readouterr().out
-    df = read_table(repo_dir / "traces" / "bench" / analysis.PEERS_TABLE)
+    df = read_table(repo_dir / "traces" / "bench" / peers.PEERS_TABLE)
     assert f"commit {df['commit'].iloc[-1]}" in out and "MoE bf16 vs vLLM" in out and "rounds" in out
 
 

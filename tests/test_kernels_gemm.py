@@ -172,7 +172,7 @@ DECODE_ONLY_MX = {(1536, 6144, "mxfp8")}                  # tuned at decode M on
 
 
 def test_committed_h200_tables_cover_the_m3_shapes():
-    from m3lab.bench.gemm import model_gemm_shapes
+    from m3lab.optable.kernel_shapes import model_gemm_shapes
     from m3lab.tune.gemm import LAYOUT_FORMATS
     shapes = set(model_gemm_shapes())
     for n, k in UNTUNED_MX_SHARED_EXPERT:   # the launcher's heuristic serves them until `m3lab tune gemm` runs

@@ -7,7 +7,7 @@ import textwrap
 # Packages that must import without the notebook stack. m3lab.plots / pipeline / cli / nb sit on top.
 CORE = ["m3lab.spec", "m3lab.optable", "m3lab.workload", "m3lab.model", "m3lab.dispatch", "m3lab.weights",
         "m3lab.kernels", "m3lab.bench", "m3lab.tune", "m3lab.gates", "m3lab.traces", "m3lab.cost",
-        "m3lab.serving", "m3lab.analysis", "m3lab.ladder"]
+        "m3lab.serving", "m3lab.analysis", "m3lab.ladder", "m3lab.bench_analysis", "m3lab.sessions"]
 NOTEBOOK_STACK = ["plotly", "papermill", "nbformat", "nbconvert", "jupyterlab", "jupyter_client", "ipykernel",
                   "IPython"]
 
@@ -68,11 +68,10 @@ LAYERS = {
     "m3lab.workload": 2, "m3lab.optable": 2, "m3lab.cache.pool": 2, "m3lab.cache.policies": 2,
     "m3lab.dispatch": 3,
     "m3lab.model": 4, "m3lab.weights": 4, "m3lab.cost": 4, "m3lab.analysis": 4,
-    "m3lab.analysis.kernel_runs": 6,   # runs the benchmark runners (layer 5) for the kernel notebooks' figures
     "m3lab.pd": 4, "m3lab.pd.speculation": 5, "m3lab.pd.plots": 6,
     "m3lab.dispatch.capture": 5, "m3lab.dispatch.gpu_capture": 5, "m3lab.dispatch.crosscheck": 5,
     "m3lab.serving": 5, "m3lab.bench": 5, "m3lab.gates": 5, "m3lab.tune": 5, "m3lab.vllm": 5, "m3lab.cache": 5,
-    "m3lab.plots": 6, "m3lab.pipeline": 6, "m3lab.ladder": 6,
+    "m3lab.plots": 6, "m3lab.pipeline": 6, "m3lab.ladder": 6, "m3lab.bench_analysis": 6, "m3lab.sessions": 6,
     "m3lab.cli": 7, "m3lab.nb": 7, "m3lab.__main__": 7, "m3lab": 7,
 }
 

@@ -1,4 +1,4 @@
-"""m3lab.bench.moe on the CPU (interpreter, tiny shapes): every provider computes the same MoE as the reference, and
+"""m3lab.bench.moe (and its analysis, m3lab.bench_analysis.moe) on the CPU (interpreter, tiny shapes): every provider computes the same MoE as the reference, and
 the analysis reads the committed H200 table."""
 import os
 
@@ -8,6 +8,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import m3lab.bench.moe as bm  # noqa: E402
+import m3lab.bench_analysis.moe as am  # noqa: E402
 from m3lab.gates.checks import rel_rms  # noqa: E402
 from m3lab.kernels.moe.reference import fused_moe_ref  # noqa: E402
 
@@ -17,7 +18,7 @@ def tiny(monkeypatch):
     for name, value in dict(H=128, I=128, ROUTED=8, TOPK=2, EXPERTS=9, CALLS=2, WEIGHT_COPIES=2).items():
         monkeypatch.setattr(bm, name, value)
     monkeypatch.setattr(bm, "_WEIGHTS", {})
-    import m3lab.gates.moe as gm
+    import m3lab.gates.inputs as gm
     real = gm.make_weights     # fp32 instead of bf16: the interpreter's bf16 tl.dot is wrong
     monkeypatch.setattr(gm, "make_weights", lambda e, h, i, fmt, dtype, dev: real(e, h, i, fmt, torch.float32, dev))
 
@@ -47,11 +48,11 @@ def test_balanced_routing_spreads_the_load():
 
 
 def test_targets_and_decode_share_from_the_recorded_table():
-    df = bm.moe_table()
+    df = am.moe_table()
     assert {"m3lab", "vllm-triton", "torch-grouped-mm"} <= set(df["provider"]) and (df["device"] == "NVIDIA_H200").all()
-    targets = bm.moe_targets(df)
+    targets = am.moe_targets(df)
     assert len(targets) == 12 and set(targets["status"]) <= {"pass", "fail"}   # the recorded run has every T
-    share = bm.decode_share(df, batch=32)
+    share = am.decode_share(df, batch=32)
     moe = share.set_index("kind").loc["grouped_gemm"]
     assert moe["with_measured_moe_us"] == pytest.approx(share.attrs["moe_layers"] * df[
         (df["provider"] == "m3lab") & (df["T"] == 32) & (df["routing"] == "balanced")]["us_p50"].iloc[0])

@@ -49,8 +49,9 @@ def test_no_table_leaves_the_cost_model_alone(tmp_path):
 
 def test_measurement_script_refuses_without_gpus():
     from m3lab.bench import collectives
-    with pytest.raises(SystemExit, match="needs 2 GPUs"):
-        collectives.main(["--out", "/dev/null"])
+    from m3lab.errors import M3LabError
+    with pytest.raises(M3LabError, match="need 2 GPUs"):
+        collectives.run(out="/dev/null")
 
 
 def test_the_committed_h200_table_times_the_cost_models_allreduces():

@@ -2,21 +2,30 @@
 
 - copy bandwidth: a 256 MiB device-to-device copy, bytes read + written, graph-replayed;
 - matmul peak: cuBLAS bf16 8192³.
-Defaults (used when nothing was measured) are the H200 figures measured on 2026-11-29 (graph-replayed
-copy, cuBLAS eager): copy 4.25 TB/s, cuBLAS bf16 8192³ 684–798 TFLOP/s.
+Defaults (used when nothing was measured) are the ``measured`` ceilings of the H200 hardware profile
+(m3lab/spec/profiles/h200.yaml: ``hbm_copy_bw``, ``bf16_gemm_flops``), their one owner.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..spec.hardware import load_hardware
 from .timing import graph_time
+
+DEFAULT_HARDWARE = "h200"
+
+
+def profile_ceiling(key: str, hardware: str = DEFAULT_HARDWARE) -> float:
+    """A measured ceiling of a hardware profile in the tables' units: ``hbm_copy_bw`` in TB/s, ``bf16_gemm_flops``
+    in TFLOP/s."""
+    return load_hardware(hardware).measured[key] / 1e12
 
 
 @dataclass(frozen=True)
 class Ceilings:
-    copy_tbps: float = 4.25      # H200 256 MiB d2d copy, graph-replayed (2026-11-29)
-    mm_tflops: float = 760.0     # H200 cuBLAS bf16 8192^3 (684 eager one day, 769–798 another)
-    source: str = "default (H200 2026-11-29)"
+    copy_tbps: float = field(default_factory=lambda: profile_ceiling("hbm_copy_bw"))        # d2d copy, TB/s
+    mm_tflops: float = field(default_factory=lambda: profile_ceiling("bf16_gemm_flops"))    # cuBLAS bf16, TFLOP/s
+    source: str = f"default: the {DEFAULT_HARDWARE} profile's measured ceilings"
 
     def limit(self, flops: float, nbytes: float) -> tuple[str, float, float]:
         """(ceiling name, its value, floor time in µs) of whichever resource bounds an op of this size:

@@ -1,7 +1,7 @@
 """Collectives on one host: NCCL all-reduce of [T, hidden] bf16 and point-to-point KV block transfers.
 
-    python -m m3lab.bench.collectives --out traces/bench/collectives.csv [--world 2] [--hidden 6144]
-        [--tokens 1,2,4,...,8192] [--block-bytes 65536] [--blocks 1,4,16,64,256,1024]
+    m3lab bench collectives [--out traces/bench/collectives.csv] [--world 2] [--tokens 1,2,4,...,8192]
+        [--blocks 1,4,16,64,256,1024]          (:func:`run`)
 
 Spawns ``--world`` processes (one per GPU, NCCL over NVLink on an H200 pair) and appends rows in the long
 benchmark format (:mod:`m3lab.bench.table`) under ``traces/bench/collectives.csv``:
@@ -13,7 +13,8 @@ benchmark format (:mod:`m3lab.bench.table`) under ``traces/bench/collectives.csv
   rank's quantiles are kept. ``tbps`` is the bus bandwidth 2 (n - 1) / n x bytes / t, the figure NCCL reports;
   ``frac_ceiling`` is that over the hardware profile's one-way link bandwidth.
 - ``p2p_kv`` / ``nccl``: ``blocks=..,block_bytes=..,world=..`` uint8: rank 0 sends ``blocks`` KV blocks of
-  ``block_bytes`` (MiniMax M3 at TP4, bf16: one layer's K+V block of one head is 128 x 256 x 2 = 65,536 B) to
+  ``block_bytes`` (default :func:`kv_block_bytes`: MiniMax M3 at TP4, bf16, one layer's K+V block of one head,
+  128 x 256 x 2 = 65,536 B) to
   rank 1 as one contiguous message, 24 back to back per timed run, eagerly (``nccl-eager``: a capture that
   failed on one rank only would hang the other); ``tbps`` = bytes / t.
 
@@ -21,19 +22,34 @@ benchmark format (:mod:`m3lab.bench.table`) under ``traces/bench/collectives.csv
 """
 from __future__ import annotations
 
-import argparse
 import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from m3lab.bench.table import BenchRow, append_rows, commit_id, today
+from m3lab.bench.timing import copies_needed
+from m3lab.errors import M3LabError
+from m3lab.optable.kernel_shapes import sparse_problem
+from m3lab.pd.transfer import free_port
+from m3lab.spec.hardware import load_hardware
+from m3lab.spec.model import load_model
 
 CALLS = 24                  # collectives per captured graph (as for every decode-kernel benchmark)
 REPLAYS = 50                # timed replays, the same on every rank
 WARMUP = 5
 TOKENS = tuple(2 ** i for i in range(14))          # 1 .. 8192
 BLOCKS = (1, 4, 16, 64, 256, 1024)
-M3_BLOCK_BYTES = 128 * 256 * 2                       # one layer, one KV head, 128 tokens, K|V, bf16
+OUT = "traces/bench/collectives.csv"
+
+
+def kv_block_bytes(model: str = "minimax-m3", tp: int = 4, elt_bytes: int = 2) -> int:
+    """Bytes of one layer's KV block of one KV head (block tokens x K|V x head dim, bf16) on one rank."""
+    p = sparse_problem(model, tp)
+    return p.block * 2 * p.head_dim * elt_bytes
 
 
 def _quantiles(times_ms: list[float]) -> torch.Tensor:
@@ -44,8 +60,6 @@ def _quantiles(times_ms: list[float]) -> torch.Tensor:
 def _time_replays(run, group, capture: bool) -> tuple[torch.Tensor, str]:
     """Per-call µs quantiles (slowest rank) of ``run`` (one call = CALLS collectives), in a CUDA graph when
     ``capture`` (all-reduce), else eagerly (point-to-point: one failed capture on one rank would hang the other)."""
-    import torch.distributed as dist
-
     run()
     torch.cuda.synchronize()
     provider, step = "nccl-eager", run
@@ -80,7 +94,6 @@ def _time_replays(run, group, capture: bool) -> tuple[torch.Tensor, str]:
 
 
 def _copies(nbytes: int) -> int:
-    from m3lab.bench.timing import copies_needed
     return max(CALLS, copies_needed(nbytes, torch.device("cuda")))
 
 
@@ -89,8 +102,6 @@ def _device_name() -> str:
 
 
 def _worker(rank: int, world: int, port: int, args) -> None:
-    import torch.distributed as dist
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
@@ -137,26 +148,15 @@ def _worker(rank: int, world: int, port: int, args) -> None:
     dist.destroy_process_group()
 
 
-def main(argv=None) -> None:
-    import torch.multiprocessing as mp
-
-    from m3lab.pd.transfer import free_port
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="traces/bench/collectives.csv")
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=6144)
-    p.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")], default=list(TOKENS))
-    p.add_argument("--block-bytes", type=int, default=M3_BLOCK_BYTES)
-    p.add_argument("--blocks", type=lambda s: [int(x) for x in s.split(",")], default=list(BLOCKS))
-    p.add_argument("--hardware", default="h200", help="profile whose one-way link bandwidth is the ceiling")
-    args = p.parse_args(argv)
-    if torch.cuda.device_count() < args.world:
-        raise SystemExit(f"--world {args.world} needs {args.world} GPUs; {torch.cuda.device_count()} visible")
-    from m3lab.spec.hardware import load_hardware
-    args.link_tbps = load_hardware(args.hardware).link_bw / 1e12
-    mp.spawn(_worker, args=(args.world, free_port(), args), nprocs=args.world, join=True)
-
-
-if __name__ == "__main__":
-    main()
+def run(out: str | Path = OUT, world: int = 2, tokens=TOKENS, blocks=BLOCKS, hidden: int | None = None,
+        block_bytes: int | None = None, hardware: str = "h200", model: str = "minimax-m3") -> Path:
+    """Spawn ``world`` ranks (one per GPU) and append every all-reduce and KV-transfer row to ``out`` -> its path.
+    ``hidden`` (default: ``model``'s) and ``block_bytes`` (default :func:`kv_block_bytes`) size the messages;
+    ``hardware``: the profile whose one-way link bandwidth is the ceiling."""
+    if torch.cuda.device_count() < world:
+        raise M3LabError(f"world: {world} ranks need {world} GPUs; {torch.cuda.device_count()} visible", field="world")
+    args = SimpleNamespace(out=str(out), tokens=list(tokens), blocks=list(blocks),
+                           hidden=hidden or load_model(model).hidden, block_bytes=block_bytes or kv_block_bytes(model),
+                           link_tbps=load_hardware(hardware).link_bw / 1e12)
+    mp.spawn(_worker, args=(world, free_port(), args), nprocs=world, join=True)
+    return Path(out)

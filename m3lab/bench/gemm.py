@@ -1,27 +1,33 @@
 """GEMM benchmark: our launcher vs cuBLAS (``torch.nn.functional.linear``) side by side.
 
-``python -m m3lab.bench.gemm [--ms 1,8,...] [--formats bf16,mxfp8,mxfp4,fp8] [--out traces/bench/gemm.csv]``
-(GPU only). Providers: ``cublas`` (bf16 weights), ``triton`` (the launcher: tuned table, nearest M),
+``m3lab bench gemm [--ms 1,8,...] [--formats bf16,mxfp8,mxfp4,fp8] [--out DIR]`` (:func:`run`, GPU only); the
+recorded table is read by m3lab/bench_analysis/gemm.py, the configs are tuned by ``m3lab tune gemm``
+(m3lab/tune/gemm.py). Providers: ``cublas`` (bf16 weights), ``triton`` (the launcher: tuned table, nearest M),
 ``triton-prefill-tiles`` (the same kernel forced to the shape's prefill tile: the decode-vs-prefill
 tile comparison) and, for mxfp8, ``vllm-mxfp8`` (vLLM's own ``_mxfp8_dot_scaled_linear``: its activation
 quantiser, its ``_select_cfg`` tile and ``_mxfp8_linear_kernel``; a reported peer, not a target — without MX units
 its ``tl.dot_scaled`` is emulated) and, at decode M <= READ_ONLY_MAX_M, ``read-only`` (a reduction that only reads
 as many bytes as the format's weights and scales, one copy per call: the streaming ceiling of the point) and
 ``triton-mx-layout`` (MX weights packed once into kernels/mx/decode_layout, ``layout_launcher.linear_layout``; decode M). Timing: :func:`m3lab.bench.timing.graph_time` (every row carries ``harness``). FLOPs and bytes: :func:`m3lab.spec.gemm_cost.gemm_cost` with bf16 activations (the
-launcher takes x in bf16 and quantises nothing). Shapes: the OpTable's dense GEMMs (:func:`model_gemm_shapes`).
+launcher takes x in bf16 and quantises nothing). Shapes: the OpTable's dense GEMMs (:func:`m3lab.optable.kernel_shapes.model_gemm_shapes`).
 """
+import time
 from dataclasses import dataclass
-from functools import lru_cache
+from pathlib import Path
 
 import torch
 
 from ..kernels.gemm import launcher, layout_launcher
 from ..kernels.gemm.tables import DECODE_MAX_M, select_config
 from ..kernels.gemm.reference import quantize_weight
+from ..kernels.mx.decode_layout import pack
+from ..optable.kernel_shapes import model_gemm_shapes, rank_dims
 from ..spec.dtypes import weight_bytes
 from ..spec.gemm_cost import gemm_cost
+from ..vllm.imports import vllm_module
 from .ceilings import Ceilings, measure_ceilings
-from .table import TRACES_BENCH, BenchRow, append_rows, commit_id, read_table, rows_frame, today
+from .table import BenchRow, append_rows, commit_id, today
+from .session_log import session_log
 from .timing import HARNESS, Timing, copies_needed, graph_time, profile_check
 
 DEFAULT_MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -31,21 +37,6 @@ READ_ONLY_MAX_M = 32          # the streaming ceiling is measured at the MX deco
 VLLM_MXFP8 = "vllm.model_executor.kernels.linear.mxfp8.rocm_native"
 ACT_DTYPE = "bf16"            # the launcher's activations
 PREFILL_REF_M = 4096          # the prefill tile of a shape = its tuned config at this M
-
-
-@lru_cache(maxsize=None)
-def model_gemm_shapes(model: str = "minimax-m3", tp: int = 4, quant: str = "bf16") -> tuple[tuple[int, int], ...]:
-    """The model's distinct dense GEMM shapes (N, K) per rank, from the OpTable (kind == "gemm"). MiniMax M3
-    at TP4 (the default) gives the benchmarked, tuned and gated set. A broken OpTable raises."""
-    from ..optable import build_optable
-    from ..spec.model import load_model
-    from ..spec.plan import ParallelPlan
-    from ..spec.quant import load_quant
-    from ..workload.step import EngineStep
-    spec = load_model(model)
-    df = build_optable(spec, ParallelPlan(tp=tp).validate(spec), load_quant(quant), EngineStep.decode(1, 1))
-    nk = df[df["kind"] == "gemm"][["n", "k"]].drop_duplicates().astype(int)
-    return tuple(sorted((int(n), int(k)) for n, k in nk.itertuples(index=False)))
 
 
 def gemm_flops_bytes(m: int, n: int, k: int, w_format: str) -> tuple[float, float]:
@@ -82,11 +73,9 @@ def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, 
                 for _ in ops.ws]
         return [lambda b=b: b.amax() for b in flat]
     if provider == "triton-mx-layout":
-        from ..kernels.mx.decode_layout import pack
         dws = [pack(w, s, w_format) for w, s in ops.ws]
         return [lambda dw=dw, y=y: layout_launcher.linear_layout(ops.x, dw, out=y) for dw, y in zip(dws, ops.ys)]
     if provider == "vllm-mxfp8":   # vLLM's own launcher, run as vLLM runs it (its quantiser, tile and kernel)
-        from ..vllm.imports import vllm_module
         linear = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 linear")._mxfp8_dot_scaled_linear
         return [lambda w=w, s=s: linear(ops.x, w, s) for w, s in ops.ws]
     config = None
@@ -138,7 +127,6 @@ def bench_gemm(shapes=None, ms=DEFAULT_MS, w_formats=W_FORMATS,
     ``shapes``: (N, K) pairs, default :func:`model_gemm_shapes`. ``deadline`` (a time.time() value): points
     not started by then are skipped (and logged).
     """
-    import time
     shapes = model_gemm_shapes() if shapes is None else shapes
     ceilings = ceilings or Ceilings()
     rows = []
@@ -158,14 +146,19 @@ def bench_gemm(shapes=None, ms=DEFAULT_MS, w_formats=W_FORMATS,
     return rows
 
 
-SELF_CHECK_POINTS = ((1, 2560, 6144, "bf16"), (32, 6144, 2048, "bf16"), (128, 2560, 6144, "bf16"),
-                     (8, 2304, 6144, "mxfp4"))
+def self_check_points(model: str = "minimax-m3", tp: int = 4) -> tuple[tuple[int, int, int, str], ...]:
+    """(M, N, K, w_format) of the harness self-check: a sparse layer's fused qkv projection at M 1 and 128, o_proj
+    at M 32, a dense layer's qkv projection at M 8 with MXFP4 weights (widths from the ParallelPlan)."""
+    d = rank_dims(model, tp)
+    return ((1, d.qkv_sparse, d.hidden, "bf16"), (32, d.hidden, d.attn_out, "bf16"),
+            (128, d.qkv_sparse, d.hidden, "bf16"), (8, d.qkv_dense, d.hidden, "mxfp4"))
 
 
-def self_check(points=SELF_CHECK_POINTS, providers=("cublas", "triton"), log=print) -> list[dict]:
-    """The harness self-check (:func:`m3lab.bench.timing.profile_check`) at a few (M, N, K, w_format) points:
-    one dict per point and provider (cuBLAS only for bf16), ``passed`` when the per-call time is within
-    SELF_CHECK_US of the profiler's kernel time."""
+def self_check(points=None, providers=("cublas", "triton"), log=print) -> list[dict]:
+    """The harness self-check (:func:`m3lab.bench.timing.profile_check`) at a few (M, N, K, w_format) points
+    (default :func:`self_check_points`): one dict per point and provider (cuBLAS only for bf16), ``passed`` when
+    the per-call time is within SELF_CHECK_US of the profiler's kernel time."""
+    points = self_check_points() if points is None else points
     device = torch.device("cuda")
     out = []
     for m, n, k, w_format in points:
@@ -184,20 +177,6 @@ def self_check(points=SELF_CHECK_POINTS, providers=("cublas", "triton"), log=pri
     return out
 
 
-def main(ms: str = ",".join(map(str, DEFAULT_MS)), formats: str = ",".join(W_FORMATS),
-         out: str = "traces/bench/gemm.csv", measure: bool = True) -> None:
-    """Benchmark the M3 TP4 GEMM shapes and append to the table."""
-    ceilings = measure_ceilings(torch.device("cuda")) if measure else Ceilings()
-    rows = bench_gemm(ms=tuple(int(v) for v in ms.split(",")), w_formats=tuple(formats.split(",")),
-                      ceilings=ceilings)
-    print(append_rows(out, rows))
-
-
-if __name__ == "__main__":
-    import typer
-    typer.run(main)
-
-
 def time_provider(provider: str, m: int, n: int, k: int, w_format: str, rep_ms: float = 60.0):
     """Graph-replayed Timing of one provider at one point (the perf gates' re-measurement)."""
     device = torch.device("cuda")
@@ -210,14 +189,16 @@ def time_row(row) -> Timing:
     return time_provider(str(row["provider"]), int(row["m"]), int(row["n"]), int(row["k"]), str(row["dtype"]))
 
 
-def gemm_table(device: str = "cpu", ms=(1, 32, 2048), w_formats=W_FORMATS, path=None, latest: bool = True):
-    """The GEMM benchmark table as a DataFrame: measured live on a GPU (``device="cuda"``: the M3 shapes
-    at ``ms``), else the committed H200 table (traces/bench/gemm.csv, or ``path``). The committed table
-    keeps every run appended over time; ``latest`` keeps only the rows of the last run appended (its commit),
-    so that kernels of different commits are never mixed in one comparison."""
-    if device == "cuda":
-        rows = bench_gemm(ms=tuple(ms), w_formats=tuple(w_formats),
-                          ceilings=measure_ceilings(torch.device("cuda")), log=lambda s: None)
-        return rows_frame(rows)
-    df = read_table(path or TRACES_BENCH / "gemm.csv")
-    return df[df["commit"] == df["commit"].iloc[-1]].reset_index(drop=True) if latest and len(df) else df
+def run(out: str = "out", ms=DEFAULT_MS, formats=W_FORMATS, shapes=None, measure: bool = True,
+        deadline_s: float | None = None) -> Path:
+    """Benchmark the model's GEMM shapes (default: M3 TP4) against cuBLAS on the GPU, rows appended to
+    ``OUT/gemm.csv`` (progress printed and in ``OUT/log.txt``) -> that path. ``measure``: measure the ceilings
+    first (else the profile's, :class:`Ceilings`)."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    log = session_log(Path(out) / "log.txt")
+    ceilings = measure_ceilings(torch.device("cuda")) if measure else Ceilings()
+    rows = bench_gemm(shapes, tuple(ms), tuple(formats), ceilings=ceilings, log=log,
+                      deadline=None if deadline_s is None else time.time() + deadline_s)
+    path = append_rows(Path(out) / "gemm.csv", rows)
+    log(f"bench: {len(rows)} rows -> {path}")
+    return path

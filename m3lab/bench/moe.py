@@ -1,12 +1,12 @@
 """Grouped-MoE benchmark on the GPU: our kernel vs vLLM's own MoE kernels, torch._grouped_mm and a per-expert loop.
-(Over 400 lines: runner, tuner and recorded-table analysis together until bench/ is split per op.)
 
-``python -m m3lab.bench.moe --out DIR [--phases gates,tune,bench] [--deadline-s 520]`` writes into DIR:
-``moe.csv`` (long-format rows, m3lab.bench.table), ``moe_tune.csv`` (every tuning timing), the tuned tables
-in vLLM's format (``E=129,N=768,device_name=...json`` + ``.m3lab.json``), ``gates_cuda.csv``, ``log.txt``.
+``m3lab bench moe --out DIR`` (:func:`run`) appends long-format rows (m3lab.bench.table) to ``DIR/moe.csv``; the
+launch table is tuned by ``m3lab tune moe`` (m3lab/tune/moe.py); the recorded table is read by
+m3lab/bench_analysis/moe.py.
 
-Problem: MiniMax M3 at TP4 — hidden 6144, 768 intermediate columns per rank, 128 routed experts + the
-shared one fused as expert 128 (top-5, vLLM's "scaled weights" convention), T tokens. Routing per call:
+Problem: MiniMax M3 on one TP4 rank (:func:`m3lab.optable.kernel_shapes.moe_problem`: hidden ``H``, ``I``
+intermediate columns per rank, ``ROUTED`` routed experts + the shared one fused as the last expert (top-``TOPK``
++ 1, vLLM's "scaled weights" convention), T tokens. Routing per call:
 ``balanced`` (each expert the same load, a fresh permutation per call) or ``zipf`` (expert popularity
 ∝ 1/rank, a fresh ranking per call). Each timed graph holds ``CALLS`` calls, each on its own x and
 routing and on one of ``WEIGHT_COPIES`` weight copies (3 × 3.65 GB bf16), so no call finds its weights in
@@ -28,7 +28,6 @@ Providers (same operands, same graph replay):
 Figures: µs per call (p20/p50/p80), TB/s over the expert-weight bytes the call touches (distinct experts ×
 bytes per expert incl. scales), TFLOP/s (2·T·k·3·H·I), fraction of the measured ceiling that bounds it.
 """
-import json
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,10 +35,24 @@ from pathlib import Path
 
 import torch
 
+from ..gates import inputs
+from ..gates.moe import vllm_fused_moe
+from ..kernels.moe.align import align
+from ..kernels.moe.launcher import fused_moe
+from ..kernels.moe.reference import swiglu_oai
+from ..kernels.moe.tables import vllm_device_name
+from ..kernels.mx import triton_mx
+from ..optable.kernel_shapes import moe_problem
+from ..spec.dtypes import weight_bytes
+from ..spec.model import load_model
+from ..vllm.imports import m3_module, vllm_module
+from .ceilings import Ceilings, measure_ceilings
 from .table import BenchRow, append_rows, commit_id, today
+from .timing import graph_time
 
-H, I, ROUTED, TOPK = 6144, 768, 128, 4
-EXPERTS = ROUTED + 1                      # the shared expert fused as expert 128
+M3 = moe_problem("minimax-m3", tp=4)       # one TP4 rank of MiniMax M3
+H, I, ROUTED, TOPK = M3.hidden, M3.inter, M3.routed, M3.topk
+EXPERTS = ROUTED + M3.shared              # the shared expert fused as the last expert
 TS = (1, 8, 32, 128, 512, 2048, 8192)
 ROUTINGS = ("balanced", "zipf")
 CALLS = 24
@@ -51,13 +64,11 @@ FORMATS = ("bf16", "mxfp8", "mxfp4")
 @lru_cache(maxsize=1)
 def act() -> dict:
     """SwiGLU-OAI constants of MiniMax M3 (alpha, limit, beta), from its ModelSpec (the one place they live)."""
-    from m3lab.spec.model import load_model
     return load_model("minimax-m3").swiglu
 
 
 def expert_bytes(fmt: str) -> float:
     """Bytes of one expert's w13 + w2 (incl. E8M0 scales)."""
-    from m3lab.spec.dtypes import weight_bytes
     return weight_bytes(3 * H * I, fmt)
 
 
@@ -99,8 +110,7 @@ _WEIGHTS: dict = {}
 def weights(fmt: str, device) -> list:
     """WEIGHT_COPIES copies of the 129-expert weights in fmt (cached across points)."""
     if fmt not in _WEIGHTS:
-        from ..gates.moe import make_weights
-        base = make_weights(EXPERTS, H, I, fmt, torch.bfloat16, device)
+        base = inputs.make_weights(EXPERTS, H, I, fmt, torch.bfloat16, device)
         _WEIGHTS[fmt] = [base] + [{k: (v.clone() if torch.is_tensor(v) else v) for k, v in base.items()}
                                   for _ in range(WEIGHT_COPIES - 1)]
     return _WEIGHTS[fmt]
@@ -114,9 +124,7 @@ def operands(t: int, routing: str, fmts, device) -> Operands:
 
 
 # --- providers ------------------------------------------------------------------------------------------
-def _ours(fmt: str, **kw):
-    from ..kernels.moe.launcher import fused_moe
-
+def ours(fmt: str, **kw):
     def call(x, w, weights_, ids):
         return fused_moe(x, w["w13"], w["w2"], weights_, ids, **act(), w13_scale=w.get("w13_scale"),
                          w2_scale=w.get("w2_scale"), fmt=fmt, **kw)
@@ -124,7 +132,6 @@ def _ours(fmt: str, **kw):
 
 
 def _separate_shared(x, w, weights_, ids):
-    from ..kernels.moe.launcher import fused_moe
     routed = fused_moe(x, w["w13"][:ROUTED], w["w2"][:ROUTED], weights_[:, :TOPK], ids[:, :TOPK], **act())
     shared = fused_moe(x, w["w13"][ROUTED:], w["w2"][ROUTED:], weights_[:, TOPK:], torch.zeros_like(ids[:, TOPK:]),
                        **act())
@@ -132,7 +139,6 @@ def _separate_shared(x, w, weights_, ids):
 
 
 def _vllm_triton(x, w, weights_, ids):
-    from ..gates.moe import vllm_fused_moe
     return vllm_fused_moe(x, w["w13"], w["w2"], weights_, ids, **act())
 
 
@@ -142,9 +148,6 @@ _VLLM_MX = {}
 def _vllm_mxfp8(x, w, weights_, ids):
     """vLLM's fused_moe_mxfp8_native with its two compiled ops replaced (module attributes, patched once)."""
     if not _VLLM_MX:
-        from ..kernels.moe.align import align
-        from ..kernels.mx import triton_mx
-        from ..vllm.imports import m3_module, vllm_module
         m3_module("amd.ops.swiglu_oai")
         mod = vllm_module("vllm.model_executor.layers.fused_moe.experts.mxfp8_native_moe")
         mod.moe_align_block_size = lambda ids_, block_m, e, emap=None, ignore_invalid_experts=False: \
@@ -157,7 +160,6 @@ def _vllm_mxfp8(x, w, weights_, ids):
 
 
 def _grouped_mm(x, w, weights_, ids):
-    from ..kernels.moe.reference import swiglu_oai
     t, k = ids.shape
     flat = ids.reshape(-1).long()
     order = torch.argsort(flat, stable=True)
@@ -175,7 +177,6 @@ def _grouped_mm(x, w, weights_, ids):
 
 def _loop_calls(ops: Operands):
     """Per-expert loop: the routing of each call is read on the host before capture."""
-    from ..kernels.moe.reference import swiglu_oai
     calls = []
     for c, (x, (wts, ids)) in enumerate(zip(ops.xs, ops.routes)):
         w = ops.w("bf16", c)
@@ -195,12 +196,12 @@ def _loop_calls(ops: Operands):
 
 
 PROVIDERS = {   # name -> (weight format, call factory)
-    "m3lab": ("bf16", lambda: _ours("bf16")),
-    "m3lab-order=token": ("bf16", lambda: _ours("bf16", order="token")),
-    "m3lab-order=expert": ("bf16", lambda: _ours("bf16", order="expert")),
+    "m3lab": ("bf16", lambda: ours("bf16")),
+    "m3lab-order=token": ("bf16", lambda: ours("bf16", order="token")),
+    "m3lab-order=expert": ("bf16", lambda: ours("bf16", order="expert")),
     "m3lab-separate-shared": ("bf16", lambda: _separate_shared),
-    "m3lab-mxfp8": ("mxfp8", lambda: _ours("mxfp8")),
-    "m3lab-mxfp4": ("mxfp4", lambda: _ours("mxfp4")),
+    "m3lab-mxfp8": ("mxfp8", lambda: ours("mxfp8")),
+    "m3lab-mxfp4": ("mxfp4", lambda: ours("mxfp4")),
     "vllm-triton": ("bf16", lambda: _vllm_triton),
     "vllm-mxfp8": ("mxfp8", lambda: _vllm_mxfp8),
     "torch-grouped-mm": ("bf16", lambda: _grouped_mm),
@@ -229,9 +230,6 @@ def row(name: str, t: int, routing: str, timing, ops: Operands, ceilings, device
 
 def bench(providers, ts=TS, routings=ROUTINGS, ceilings=None, log=print, deadline: float | None = None,
           rep_ms: float = 40.0) -> list[BenchRow]:
-    from ..kernels.moe.tables import vllm_device_name
-    from .ceilings import Ceilings
-    from .timing import graph_time
     device = torch.device("cuda")
     name = vllm_device_name(device)
     ceilings = ceilings or Ceilings()
@@ -258,236 +256,15 @@ def bench(providers, ts=TS, routings=ROUTINGS, ceilings=None, log=print, deadlin
     return rows
 
 
-# --- tuning ---------------------------------------------------------------------------------------------
-# Candidates per regime: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages, ORDER, DOWN_BLOCK_N, DOWN_BLOCK_K,
-# DOWN warps, DOWN stages), each with both combines. Large T adds the tiles vLLM's shipped H200 table runs at
-# M >= 1024 (E=128,N=768: 128 x 256 x 64, GROUP 1, 8 warps, 4 stages; our BLOCK_N counts gate and up rows each,
-# so 128 here is vLLM's 256 of the fused gate_up rows) next to 64 x 64 / 128 x 128 tiles.
-SMALL_TILES = [(16, bn, bk, 1, 4, st, "token", dbn, dbk, 4, dst)
-               for bn, bk, st in ((16, 256, 4), (32, 128, 4), (64, 128, 3), (32, 128, 5))
-               for dbn, dbk, dst in ((32, 256, 3), (64, 128, 4))]
-MID_TILES = ([(bm, bn, 128 if bm == 32 else 64, 4, 4, 3, order, 128, 128 if bm == 32 else 64, 4, 3)
-              for bm in (32, 64) for bn in (32, 64) for order in ("token", "expert")]
-             + [(16, 64, 128, 1, 4, 3, "token", 64, 128, 4, 4), (16, 32, 128, 1, 4, 4, "token", 64, 128, 4, 4)])
-LARGE_TILES = [(64, 64, 64, 8, 4, 3, "token", 128, 64, 4, 3), (128, 128, 64, 8, 8, 3, "token", 128, 64, 8, 3),
-               (128, 128, 64, 1, 8, 4, "token", 256, 64, 8, 4), (128, 128, 64, 8, 8, 4, "token", 256, 64, 8, 4),
-               (128, 64, 64, 8, 4, 4, "token", 128, 64, 4, 4), (64, 128, 64, 8, 8, 3, "token", 256, 64, 8, 3),
-               (128, 128, 64, 4, 8, 3, "token", 128, 128, 8, 3)]
-
-
-def candidates(t: int):
-    """Configs tried at T (every distinct one is compiled once; M is not specialised)."""
-    from ..kernels.moe.tables import COMBINES, MoeConfig
-    tiles = SMALL_TILES if t <= 32 else MID_TILES if t <= 512 else LARGE_TILES
-    return [MoeConfig(*tile, COMBINE=c) for tile in tiles for c in COMBINES]
-
-
-def _compile_worker(jobs: list[tuple[dict, int]]) -> list[str]:
-    """Run each (config, T) once on the M3 shapes (uninitialised weights: only the binaries matter), which
-    fills the Triton disk cache; -> one error string per job ('' = compiled)."""
-    from ..kernels.moe.tables import MoeConfig
-    device = torch.device("cuda")
-    w13 = torch.empty(EXPERTS, 2 * I, H, device=device, dtype=torch.bfloat16)
-    w2 = torch.empty(EXPERTS, H, I, device=device, dtype=torch.bfloat16)
-    errors = []
-    for cfg, t in jobs:
-        try:
-            wts, ids = route_call(t, "balanced", device)
-            _ours("bf16", config=MoeConfig(**dict(cfg)))(torch.randn(t, H, device=device, dtype=torch.bfloat16),
-                                                  {"w13": w13, "w2": w2}, wts, ids)
-            torch.cuda.synchronize()
-            errors.append("")
-        except Exception as err:
-            errors.append(f"T={t} {dict(cfg)}: {type(err).__name__}: {str(err)[:120]}")
-    return errors
-
-
-def precompile(ts, workers: int = 12, log=print) -> int:
-    """Compile every candidate of every T in ``workers`` processes (T 1 and T > 1 specialise differently:
-    vLLM's naive assignment at T·k·4 <= E). -> the number of failures."""
-    from .parallel import run_in_workers
-    jobs = [(tuple(sorted(c.to_dict().items())), min(t, 8)) for t in ts for c in candidates(t)]
-    return run_in_workers(_compile_worker, jobs, workers, log, "moe precompile")
-
-
-def tune(ts=TS, log=print, deadline: float | None = None, rep_ms: float = 25.0, fmt: str = "bf16"):
-    """Time every candidate on balanced routing at each T -> ({T: best MoeConfig}, rows of every timing)."""
-    from .timing import graph_time
-    device = torch.device("cuda")
-    best, trials = {}, []
-    for t in ts:
-        ops = operands(t, "balanced", [fmt], device)
-        for cfg in candidates(t):
-            if deadline is not None and time.time() > deadline:
-                log(f"tune: deadline reached at T={t}")
-                return best, trials
-            try:
-                us = graph_time(provider_calls_for(fmt, ops, cfg), rep_ms=rep_ms, warmup_ms=5).us_p50
-            except Exception as err:
-                log(f"tune T={t} {cfg.to_dict()} failed: {type(err).__name__}: {str(err)[:200]}")
-                continue
-            trials.append({"T": t, "fmt": fmt, "us_p50": us, **cfg.to_dict()})
-            if t not in best or us < best[t][0]:
-                best[t] = (us, cfg)
-        log(f"tune T={t}: best {best.get(t, (float('nan'),))[0]:.1f} us {best[t][1].to_dict() if t in best else ''}")
-        del ops
-    return {t: c for t, (_, c) in best.items()}, trials
-
-
-def provider_calls_for(fmt: str, ops: Operands, cfg) -> list:
-    fn = _ours(fmt, config=cfg)
-    return [lambda c=c: fn(ops.xs[c], ops.w(fmt, c), *ops.routes[c]) for c in range(CALLS)]
-
-
-# --- one GPU session --------------------------------------------------------------------------------------
-def main(out: str = "out", phases: str = "gates,tune,bench", deadline_s: float = 520.0, tune_until_s: float = 300.0,
-         providers: str = ",".join(PROVIDERS), ts: str = ",".join(map(str, TS)), tune_ts: str = "1,8,32,128,512,2048,8192",
-         rep_ms: float = 40.0) -> None:
-    """Gates (moe.*, vllm.*) on the GPU, tuning of the bf16 table, then every provider side by side."""
-    import pandas as pd
-    import triton
-
-    from ..kernels.moe import tables
-    from .ceilings import measure_ceilings
-    from .session_log import session_log
-    outdir = Path(out)
-    outdir.mkdir(parents=True, exist_ok=True)
+def run(out: str = "out", providers=tuple(PROVIDERS), ts=TS, routings=ROUTINGS, deadline_s: float = 520.0,
+        rep_ms: float = 40.0, log=print) -> Path:
+    """Every provider side by side at ``ts`` x ``routings`` on the GPU (points not started within ``deadline_s``
+    are skipped and logged), rows appended to ``OUT/moe.csv`` -> that path."""
     t0 = time.time()
-    log = session_log(outdir / "log.txt", t0)
-    device = torch.device("cuda")
-    ceilings = measure_ceilings(device)
-    log(f"device {torch.cuda.get_device_name(device)} torch {torch.__version__} triton {triton.__version__} "
-        f"copy {ceilings.copy_tbps:.2f} TB/s mm {ceilings.mm_tflops:.0f} TFLOP/s")
-    todo = phases.split(",")
-    deadline = t0 + deadline_s
-    if "gates" in todo:
-        try:
-            from ..gates.runner import run_gates
-            df = run_gates("cuda", names=["moe.*", "vllm.*"], perf=False)
-            df.to_csv(outdir / "gates_cuda.csv", index=False)
-            log(f"gates: {int(df['passed'].sum())}/{len(df)} passed")
-            for _, r in df[~df["passed"].astype(bool) | (df["detail"].astype(str) != "")].iterrows():
-                log(f"  {'ok  ' if r['passed'] else 'FAIL'} {r['gate']} {r['case']} {r['value']} {str(r['detail'])[:300]}")
-        except Exception as err:
-            log(f"gates failed: {type(err).__name__}: {err}")
-    if "tune" in todo:
-        best, trials = tune(tuple(int(v) for v in tune_ts.split(",")), log, t0 + tune_until_s)
-        pd.DataFrame(trials).to_csv(outdir / "moe_tune.csv", index=False)
-        if best:
-            name = tables.file_name(EXPERTS, I, tables.vllm_device_name(device))
-            best = {**tables.load_table(tables.CONFIG_DIR / name), **best}    # entries of T not re-tuned are kept
-            path = tables.write_table(outdir / name, best, triton_version=triton.__version__)
-            tables.write_table(tables.CONFIG_DIR / name, best, triton_version=triton.__version__)
-            # the device tool returns no file names holding '=' or ',': the same tables, keyed by file name
-            bundle = {p.name: json.loads(p.read_text()) for p in (path, tables.meta_path(path))}
-            (outdir / "moe_configs.json").write_text(json.dumps(bundle, indent=1))
-            log(f"tune: wrote {path.name}")
-    if "bench" in todo:
-        rows = bench(providers.split(","), tuple(int(v) for v in ts.split(",")), ceilings=ceilings, log=log,
-                     deadline=deadline - 20, rep_ms=rep_ms)
-        append_rows(outdir / "moe.csv", rows)
-        log(f"bench: {len(rows)} rows")
-    (outdir / "env.json").write_text(json.dumps({"copy_tbps": ceilings.copy_tbps, "mm_tflops": ceilings.mm_tflops}))
-    log(f"done in {time.time() - t0:.0f}s")
-
-
-def moe_table(path=None, latest: bool = True):
-    """The recorded benchmark table (traces/bench/moe.csv) with T and routing parsed; ``latest``: for each
-    (provider, shape, dtype) only the most recent row (a later run may cover only some token counts)."""
-    from .table import TRACES_BENCH, read_table
-    df = read_table(path or TRACES_BENCH / "moe.csv")
-    df["routing"] = df["shape"].str.extract(r"routing=(\w+)")[0]
-    if latest and len(df):
-        df = df.drop_duplicates(["op", "provider", "shape", "dtype"], keep="last")
-    return df.reset_index(drop=True)
-
-
-if __name__ == "__main__":
-    import typer
-    typer.run(main)
-
-
-# --- analysis of a recorded table ----------------------------------------------------------------------------
-TARGET_SMALL_T = 128   # the small-T targets: every T <= 128
-BW_MIN_T = 32
-
-
-def _p50(df, provider: str, fmt: str | None = None):
-    sel = df[df["provider"] == provider]
-    if fmt:
-        sel = sel[sel["dtype"] == fmt]
-    return sel.set_index(["routing", "T"])["us_p50"]
-
-
-def copy_ceiling(df) -> float:
-    """The measured copy bandwidth (TB/s) the table's rows are quoted against (median over rows)."""
-    return float(df.loc[df["ceiling"] == "copy_tbps", "ceiling_value"].median())
-
-
-def moe_targets(df):
-    """The H200 targets against a recorded table (moe_table()): one row per target and routing,
-    measured figure over the T its title names (``TS``), the named T the table lacks (``missing``), threshold,
-    ``status``/``passed`` (m3lab.analysis.targets: a missing T is ``incomplete``, never passed)."""
-    import numpy as np
-    import pandas as pd
-
-    from ..analysis.targets import add_verdicts, missing
-    ours = _p50(df, "m3lab")
-    peer = pd.concat([_p50(df, "vllm-triton"), _p50(df, "torch-grouped-mm")], axis=1).min(axis=1)
-    gmm = _p50(df, "torch-grouped-mm")
-    mine = df[df["provider"] == "m3lab"].set_index(["routing", "T"])
-    tb = mine["tbps"]
-    intensity = mine["tflops"] / mine["tbps"]            # FLOP per byte of the problem (same bytes as tbps)
-    copy = copy_ceiling(df)
-    from m3lab.spec.hardware import load_hardware
-    h200 = load_hardware("h200").measured
-    ridge = h200["bf16_gemm_flops"] / h200["hbm_copy_bw"]   # ~162 FLOP/B: above it a problem is compute-bound
-    rows = []
-    for routing in sorted(df["routing"].dropna().unique()):
-        def worst(series, ts):   # -> (worst value over the named T, the named T the series lacks)
-            vals = [series.get((routing, t), np.nan) for t in ts]
-            gap = missing([t for t, v in zip(ts, vals) if not np.isnan(v)], ts, "T")
-            return (float(np.nanmin(vals)) if not all(np.isnan(vals)) else np.nan), gap
-        speed = (peer / ours)
-        memory_bound = [t for t in TS if t >= BW_MIN_T and intensity.get((routing, t), 0) < ridge]
-        rows += [
-            (routing, "T <= 128: m3lab vs the faster of vllm-triton and torch._grouped_mm (worst T)",
-             *worst(speed, [t for t in TS if t <= TARGET_SMALL_T]), 1.2),
-            (routing, "T >= 32 and memory-bound (FLOP/byte under the measured H200 ridge): fraction of copy "
-                      "bandwidth on touched weight bytes (worst T)",
-             *worst(tb / copy, memory_bound or [BW_MIN_T]), 0.75),
-            (routing, "T = 8192: m3lab vs torch._grouped_mm", *worst(gmm / ours, [8192]), 1.2),
-            (routing, "MXFP8 weights, T <= 32: speed-up over our bf16 (worst T)",
-             *worst(ours / _p50(df, "m3lab-mxfp8"), [t for t in TS if t <= 32]), 1.5),
-            (routing, "MXFP4 weights, T <= 32: speed-up over our bf16 (worst T)",
-             *worst(ours / _p50(df, "m3lab-mxfp4"), [t for t in TS if t <= 32]), 2.2),
-            (routing, "T = 1: fused shared expert vs separate (speed-up; write-up +30.2% at concurrency 1)",
-             *worst(_p50(df, "m3lab-separate-shared") / ours, [1]), 1.0),
-        ]
-    return add_verdicts(pd.DataFrame(rows, columns=["routing", "target", "measured", "missing", "threshold"]))
-
-
-def decode_share(df, batch: int = 32, context: int = 8192, hardware: str = "h200", routing: str = "balanced",
-                 quant: str = "bf16"):
-    """The MoE's share of one TP4 decode step: the OpTable costed for ``hardware`` (projected), and the same
-    step with every layer's grouped GEMMs replaced by our measured fused-MoE time at T = batch (nearest T).
-
-    -> DataFrame: kind, projected_us, with_measured_moe_us (whole model, one step).
-    """
-    import pandas as pd
-
-    from ..serving.step_cost import cost_step
-    from ..spec.serving import make_deployment
-    from ..workload.step import EngineStep
-    dep = make_deployment(None, model="minimax-m3", hardware=hardware, tp=4, quant=quant)
-    costed = cost_step(dep, EngineStep.decode(batch, context), calibration=None)
-    by_kind = costed.groupby("kind")["t_us"].sum()
-    moe_layers = costed.loc[costed["kind"] == "grouped_gemm", "layer"].nunique()
-    ours = _p50(df, "m3lab")
-    ts = sorted(t for r, t in ours.index if r == routing)
-    t_near = min(ts, key=lambda t: abs(t - batch))
-    measured = by_kind.copy()
-    measured["grouped_gemm"] = float(ours[(routing, t_near)]) * moe_layers
-    out = pd.DataFrame({"projected_us": by_kind, "with_measured_moe_us": measured}).fillna(0.0)
-    out.attrs.update({"batch": batch, "measured_T": t_near, "moe_layers": moe_layers, "hardware": hardware})
-    return out.reset_index().rename(columns={"index": "kind"})
+    ceilings = measure_ceilings(torch.device("cuda"))
+    log(f"ceilings: copy {ceilings.copy_tbps:.2f} TB/s, mm {ceilings.mm_tflops:.0f} TFLOP/s")
+    rows = bench(list(providers), tuple(ts), tuple(routings), ceilings=ceilings, log=log,
+                 deadline=t0 + deadline_s, rep_ms=rep_ms)
+    path = append_rows(Path(out) / "moe.csv", rows)
+    log(f"bench: {len(rows)} rows -> {path}")
+    return path

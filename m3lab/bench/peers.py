@@ -6,7 +6,7 @@ the clocks: :mod:`m3lab.bench.clocks`). Every point is timed by :func:`m3lab.ben
 calls per graph for every provider, operands rotated past the L2). Round 1 times every configuration of
 every peer; later rounds repeat ours and the peer's two fastest configurations of round 1, interleaved
 point by point, so the spread across rounds shows how steady each ratio is. The targets
-(:func:`m3lab.bench.analysis.peer_targets`) read these rows only.
+(:func:`m3lab.bench_analysis.peers.peer_targets`) read these rows only.
 
 Peers:
 
@@ -44,7 +44,6 @@ SPARSE_POINTS = tuple((b, ctx) for ctx in (8192, 65536) for b in (1, 32, 128))
 GEMM_MS = {"bf16": (1, 8, 32, 64, 128, 2048, 4096), "fp8": (1, 32, 128, 2048, 4096),    # the targets' points and
            "mxfp8": (1, 8, 32, 128, 2048), "mxfp4": (1, 8, 32, 128, 2048)}              # the perf baseline's
 OGS_MS = (1, 8, 32)
-SHIPPED_EXPERTS = 128             # vLLM ships H200 tables for E=128 (M3 fuses the shared expert as the 129th)
 
 
 @dataclass
@@ -82,11 +81,12 @@ def keep_best(results: list[Timed], ours: set[str], n: int = REPEAT_BEST) -> lis
 
 
 # --- MoE ------------------------------------------------------------------------------------------------------
-def vllm_moe_configs(t: int, experts: int, n: int, hidden: int, topk: int, ours_path=None, shipped_dir=None
-                     ) -> dict[str, dict]:
+def vllm_moe_configs(t: int, experts: int, n: int, hidden: int, topk: int, ours_path=None, shipped_dir=None,
+                     shipped_experts: int | None = None) -> dict[str, dict]:
     """{label: vLLM config} for vLLM's kernel at T tokens: ``default``, ``table=<shipped H200 file stem>`` for
-    every E=SHIPPED_EXPERTS table, ``table=m3lab`` (our table's vLLM keys); identical configs merged, labels
-    joined by ``|``."""
+    every shipped H200 table of ``shipped_experts`` experts (default ``experts - 1``: vLLM ships none for a fused
+    shared expert's extra row, so the routed count's tables are the nearest), ``table=m3lab`` (our table's vLLM
+    keys); identical configs merged, labels joined by ``|``."""
     from pathlib import Path
 
     from ..kernels.moe import tables
@@ -94,7 +94,7 @@ def vllm_moe_configs(t: int, experts: int, n: int, hidden: int, topk: int, ours_
     fm = vllm_module("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused_moe configs")
     found = {"default": dict(fm.get_default_config(t, experts, n, hidden, topk, None, None))}
     shipped = Path(shipped_dir or Path(fm.__file__).parent / "configs")
-    for path in sorted(shipped.glob(f"E={SHIPPED_EXPERTS},N=*,device_name=NVIDIA_H200.json")):
+    for path in sorted(shipped.glob(f"E={shipped_experts or experts - 1},N=*,device_name=NVIDIA_H200.json")):
         found[f"table={path.stem.split(',device_name')[0]}"] = dict(tables.nearest(tables.read_vllm_table(path), t))
     ours = tables.nearest(tables.load_table(Path(ours_path or tables.CONFIG_DIR / tables.file_name(
         experts, n, "NVIDIA_H200"))), t)
@@ -111,7 +111,7 @@ def moe_point(t: int, rnd: int, keep, ceilings: Ceilings, device: str, log) -> t
     from . import moe as bm
     ops = bm.operands(t, "balanced", ["bf16"], torch.device("cuda"))
     cases = [("m3lab", "table=m3lab", bm.provider_calls("m3lab", ops))]
-    for label, cfg in vllm_moe_configs(t, bm.EXPERTS, bm.I, bm.H, bm.TOPK + 1).items():
+    for label, cfg in vllm_moe_configs(t, bm.EXPERTS, bm.I, bm.H, bm.TOPK + 1, shipped_experts=bm.ROUTED).items():
         fn = (lambda cfg: lambda x, w, wts, ids: vllm_fused_moe(x, w["w13"], w["w2"], wts, ids, **bm.act(),
                                                                    config=cfg))(cfg)
         cases.append(("vllm-triton", label, [lambda c=c, fn=fn: fn(ops.xs[c], ops.w("bf16", c), *ops.routes[c])
@@ -136,7 +136,7 @@ def sparse_point(b: int, ctx: int, rnd: int, ceilings: Ceilings, device: str, lo
     from ..kernels.pdl import pdl_enabled
     from ..vllm.imports import vllm_module
     from . import sparse_attn as sa
-    mods = sa._vllm()
+    mods = sa.vllm_modules()
     try:
         vcfg = "pdl" if vllm_module("vllm.platforms").current_platform.is_arch_support_pdl() else "no-pdl"
     except Exception as err:      # the label only; vLLM's launcher decides the same way itself

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..arith import ceil_div
 from ..kernels.gemm.reference import FP8_BLOCK, linear_ref
 from .ceilings import Ceilings
 from .gemm import gemm_flops_bytes, make_operands, provider_calls
@@ -43,7 +44,7 @@ def block_fp8_calls(m: int, n: int, k: int, device) -> list:
     """Our launcher on e4m3 weights with one fp32 scale per 128 x 128 block (the table's kernel)."""
     from ..kernels.gemm import launcher
     ops = make_operands(m, n, k, "fp8", device)
-    scale = torch.rand(-(-n // FP8_BLOCK), -(-k // FP8_BLOCK), device=device) * 0.02 + 0.005
+    scale = torch.rand(ceil_div(n, FP8_BLOCK), ceil_div(k, FP8_BLOCK), device=device) * 0.02 + 0.005
     return [lambda w=w, y=y: launcher.linear(ops.x, w, w_format="fp8", w_scale=scale, out=y)
             for (w, _), y in zip(ops.ws, ops.ys)]
 
@@ -121,22 +122,3 @@ def gemm_point(m: int, n: int, k: int, fmt: str, rnd: int, keep, ceilings: Ceili
     log(f"gemm M={m} N={n} K={k} {fmt} round {rnd}: "
         + " ".join(f"{r.provider}[{r.config}]:{r.timing.us_p50:.1f}" for r in results))
     return rows, results
-
-
-def precompile_points(shapes, ms_by_format: dict, log=print, workers: int = 12) -> None:
-    """Compile, in worker processes, the kernels the GEMM points will launch: each table config (the launcher's
-    choice; MX and fp8 prefill run the bf16 one) and the decode-layout config at M <= 64. (matmul_ogs' variants
-    compile in the timing process: in spawned workers its option constraints failed an assertion, H200.)"""
-    from ..kernels.gemm import launcher, layout_launcher
-    from ..tune.gemm import precompile
-    device = torch.device("cuda")
-    jobs = []
-    for f, ms in ms_by_format.items():
-        for n, k in shapes:
-            for m in ms:
-                cfg, kernel_format = launcher.launch_config(m, n, k, f, device)
-                jobs.append((kernel_format, cfg, k))
-                if f in launcher.MX_FORMATS and m <= 64:
-                    lf = layout_launcher.layout_table_format(f)
-                    jobs.append((lf, layout_launcher.layout_config(m, n, k, f, device), k))
-    precompile(jobs, workers, log)

@@ -1,7 +1,9 @@
 """Sparse-attention and indexer benchmark: our kernels vs vLLM 0.33.0's Triton kernels, dense SDPA and
-gather-then-attend, side by side in one run (``python -m m3lab.bench.sparse_attn --out DIR``, GPU only).
+gather-then-attend, side by side in one run (``m3lab bench sparse --out DIR``: :func:`run`, GPU only). The
+recorded table is read by m3lab/bench_analysis/sparse.py.
 
-M3 at TP4 on one rank: 16 query heads : 1 KV head, one index head, D 128, block 128, top-16, bf16. Points: B
+M3 at TP4 on one rank (:func:`m3lab.optable.kernel_shapes.sparse_problem`): ``HQ`` query heads : ``HKV`` KV head,
+one index head, head dim ``D``, block ``BLOCK``, top-``TOPK`` blocks, bf16. Points: B
 requests × context × query rows per request (1 = decode, 4 = 1 + 3 verification rows). Ops (column ``op``):
 
 - ``sparse_attn``: attention over the selected blocks. Providers ``ours`` (vLLM's Triton layout
@@ -25,21 +27,26 @@ Timing: CUDA-graph replay of >= 24 calls per graph for every provider, each call
 ``m3lab/bench/table.py``; ``shape`` is ``B=..,ctx=..,q=..``. ``common_frac`` (in ``extra.csv``): the share of
 selected blocks the rows of a request have in common.
 """
+import csv
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-import triton
 
 from ..kernels.indexer import launcher as index_launcher
 from ..kernels.sparse_attn import launcher as attn_launcher
 from ..kernels.sparse_attn import reference as attn_ref
-from .ceilings import Ceilings
-from .table import BenchRow, commit_id, today
-from .timing import graph_time, l2_bytes
+from ..optable.kernel_shapes import sparse_problem
+from ..vllm.imports import m3_module
+from .ceilings import Ceilings, measure_ceilings
+from .session_log import session_log
+from .table import BenchRow, append_rows, commit_id, today
+from .timing import Timing, graph_time, l2_bytes
 
-HQ, HKV, D, BLOCK, TOPK = 16, 1, 128, 128, 16
+M3 = sparse_problem("minimax-m3", tp=4)     # one TP4 rank of MiniMax M3
+HQ, HKV, D, BLOCK, TOPK = M3.heads_q, M3.heads_kv, M3.head_dim, M3.block, M3.topk
 BATCHES = (1, 32, 128)
 CONTEXTS = (8192, 65536)
 Q_ROWS = (1, 4)
@@ -117,8 +124,8 @@ def common_fraction(p: Point) -> float:
     return sum(fr) / len(fr)
 
 
-def _vllm():
-    from ..vllm.imports import m3_module
+def vllm_modules():
+    """vLLM's sparse-attention, index-top-k and AMD index-top-k op modules (the peers)."""
     return (m3_module("common.ops.sparse_attn"), m3_module("common.ops.index_topk"),
             m3_module("amd.ops.index_topk"))
 
@@ -267,7 +274,6 @@ def bench_point(b, ctx, q, ceilings, vllm_mods, log, rep_ms=40.0) -> tuple[list[
             times[(op, prov)] = timing
     if ("sparse_indexer", "ours") in times and ("sparse_attn", "ours") in times:
         ti, ta = times[("sparse_indexer", "ours")], times[("sparse_attn", "ours")]
-        from .timing import Timing
         t = Timing(*(a + i / 4 for a, i in zip((ta.us_p20, ta.us_p50, ta.us_p80), (ti.us_p20, ti.us_p50, ti.us_p80))))
         rows.append(_row("sparse_pair", "ours-sharing4-derived", shape, t, sel_bytes + idx_bytes / 4, ceilings, name))
     extra = {"shape": shape, "common_frac": common_fraction(p), "copies": len(p.tables)}
@@ -313,178 +319,36 @@ def bench_prefill(ctx, ceilings, vllm_mods, log, rep_ms=40.0) -> list[BenchRow]:
     return rows
 
 
-def main(out: str = "out", batches: str = ",".join(map(str, BATCHES)), contexts: str = ",".join(map(str, CONTEXTS)),
-         q_rows: str = ",".join(map(str, Q_ROWS)), deadline_s: float = 400.0, prefill: bool = True,
-         gates: str = "sparse.*,vllm.sparse*,vllm.index*,vllm.amd.*") -> None:
-    """GPU gates of the sparse kernels (ours and vLLM's, bf16) into OUT/gates_cuda.csv, then every benchmark
-    point (until ``deadline_s``) appended to OUT/sparse_attn.csv, extras to OUT/extra.csv."""
-    import csv
-    from pathlib import Path
-
-    from .ceilings import measure_ceilings
-    from .session_log import session_log
-    from .table import append_rows
+def run(out: str = "out", batches=BATCHES, contexts=CONTEXTS, q_rows=Q_ROWS, deadline_s: float = 400.0,
+        prefill: bool = True, log=None) -> Path:
+    """Every benchmark point (until ``deadline_s``, counted from the start) appended to ``OUT/sparse_attn.csv``,
+    the points' extras to ``OUT/extra.csv``; ``log`` default: printed and appended to ``OUT/bench_log.txt``
+    -> the table's path."""
     t0 = time.time()
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
-    log = session_log(outdir / "bench_log.txt", t0)
-    if gates:
-        from ..gates.runner import run_gates, summary
-        try:
-            df = run_gates("cuda", names=gates.split(","), perf=False)
-            df.to_csv(outdir / "gates_cuda.csv", index=False)
-            s = summary(df)
-            log(f"gates: {s['cases'] - s['failed']}/{s['cases']} passed; failures: {s['failures']}")
-        except Exception as err:
-            log(f"gates failed to run: {type(err).__name__}: {str(err)[:500]}")
-    t0 = time.time()   # the deadline counts from the benchmark's start
+    log = log or session_log(outdir / "bench_log.txt", t0)
     ceilings = measure_ceilings(torch.device("cuda"))
     log(f"ceilings: copy {ceilings.copy_tbps:.3f} TB/s, mm {ceilings.mm_tflops:.0f} TFLOP/s")
-    vllm_mods = _vllm()
+    mods = vllm_modules()
     log("vllm imported")
-    extras = []
-    for q in map(int, q_rows.split(",")):
-        for ctx in map(int, contexts.split(",")):
-            for b in map(int, batches.split(",")):
-                if time.time() - t0 > deadline_s:
-                    log(f"deadline: skipping B={b} ctx={ctx} q={q}")
-                    continue
-                rows, extra = bench_point(b, ctx, q, ceilings, vllm_mods, log)
-                append_rows(outdir / "sparse_attn.csv", rows)
-                extras.append(extra)
-    if prefill:
-        for ctx in map(int, contexts.split(",")):
-            if time.time() - t0 > deadline_s:
-                log(f"deadline: skipping prefill ctx={ctx}")
-                continue
-            append_rows(outdir / "sparse_attn.csv", bench_prefill(ctx, ceilings, vllm_mods, log))
+    table, extras = outdir / "sparse_attn.csv", []
+    points = [(b, ctx, q) for q in q_rows for ctx in contexts for b in batches]
+    for b, ctx, q in points:
+        if time.time() - t0 > deadline_s:
+            log(f"deadline: skipping B={b} ctx={ctx} q={q}")
+            continue
+        rows, extra = bench_point(b, ctx, q, ceilings, mods, log)
+        append_rows(table, rows)
+        extras.append(extra)
+    for ctx in contexts if prefill else ():
+        if time.time() - t0 > deadline_s:
+            log(f"deadline: skipping prefill ctx={ctx}")
+            continue
+        append_rows(table, bench_prefill(ctx, ceilings, mods, log))
     with (outdir / "extra.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["shape", "common_frac", "copies"])
         w.writeheader()
         w.writerows(extras)
     log("done")
-
-
-if __name__ == "__main__":
-    import typer
-    typer.run(main)
-
-
-# --- reading the recorded table (notebook 09) -------------------------------------------------------------------
-def recorded_table(path=None, latest: bool = True):
-    """traces/bench/sparse_attn.csv as a DataFrame with B, ctx, q parsed; ``latest``: only the last run's commit."""
-    from .table import TRACES_BENCH, read_table
-    df = read_table(path or TRACES_BENCH / "sparse_attn.csv")
-    return df[df["commit"] == df["commit"].iloc[-1]].reset_index(drop=True) if latest and len(df) else df
-
-
-def versus_vllm(df):
-    """Per (op, shape): our and vLLM's µs, speedup (vLLM / ours), our TB/s and fraction of the copy bandwidth."""
-    import pandas as pd
-    out = []
-    for (op, shape), g in df.groupby(["op", "shape"], sort=False):
-        by = g.set_index("provider")
-        if "ours" not in by.index or "vllm" not in by.index:
-            continue
-        o, v = by.loc["ours"], by.loc["vllm"]
-        out.append({"op": op, "shape": shape, "B": int(o["B"]), "ctx": int(o["ctx"]), "q": int(o["q"]),
-                    "ours_us": o["us_p50"], "vllm_us": v["us_p50"], "speedup": v["us_p50"] / o["us_p50"],
-                    "ours_tbps": o["tbps"], "ours_frac_copy": o["frac_ceiling"], "vllm_frac_copy": v["frac_ceiling"]})
-    return pd.DataFrame(out)
-
-
-def targets(df):
-    """The H200 targets against the recorded rows: one line each with the figure, the points its title names
-    that the rows lack (``missing``), and ``status`` (m3lab.analysis.targets: pass / fail / incomplete) and
-    ``met`` (None when incomplete)."""
-    import pandas as pd
-
-    from ..analysis.targets import missing, status_of
-    vs = versus_vllm(df)
-    rows = []
-    dec = vs[vs["op"].isin(["sparse_attn", "sparse_indexer", "sparse_pair"])]
-    points = [f"B={b},ctx={c},q={q}" for q in Q_ROWS for c in CONTEXTS for b in BATCHES]
-    gap = missing(set.intersection(*[set(dec.loc[dec["op"] == op, "shape"]) for op in sorted(set(dec["op"]))]
-                                   or [set()]) if len(dec) else [], points, "points")
-    worst = dec.loc[dec["speedup"].idxmin()] if len(dec) else None
-    rows.append(("never slower than vLLM (decode ops)", "" if worst is None else
-                 f"worst {worst['speedup']:.2f}x at {worst['op']} {worst['shape']}", gap,
-                 worst is not None and bool(worst["speedup"] >= 1.0)))
-    for b in (1, 32):
-        r = dec[(dec["op"] == "sparse_pair") & (dec["B"] == b) & (dec["ctx"] == 8192) & (dec["q"] == 1)]
-        rows.append((f">= 1.5x indexer + attention, B={b}, 8K", f"{r['speedup'].iloc[0]:.2f}x" if len(r) else "",
-                     missing(r["B"], [b], "B"), bool(len(r) and r["speedup"].iloc[0] >= 1.5)))
-    r = dec[(dec["op"] == "sparse_attn") & (dec["B"] == 128) & (dec["q"] == 1)]
-    rows.append(("attention >= 90% of copy bandwidth at B=128", ", ".join(f"{x:.0%}" for x in r["ours_frac_copy"]),
-                 missing(r["ctx"], CONTEXTS, "ctx"), bool((r["ours_frac_copy"] >= 0.9).all())))
-    r = dec[(dec["op"] == "sparse_indexer") & (dec["B"] >= 32) & (dec["q"] == 1)]
-    rows.append(("indexer >= 90% of copy bandwidth at B >= 32", ", ".join(f"{x:.0%}" for x in r["ours_frac_copy"]),
-                 missing(r["shape"], [f"B={b},ctx={c},q=1" for c in CONTEXTS for b in BATCHES if b >= 32], "points"),
-                 bool((r["ours_frac_copy"] >= 0.9).all())))
-    for op in ("sparse_prefill_attn", "sparse_prefill_indexer"):
-        r = vs[vs["op"] == op]
-        rows.append((f">= 1.2x on prefill chunks ({op.removeprefix('sparse_prefill_')})",
-                     ", ".join(f"{x:.2f}x" for x in r["speedup"]), missing(r["ctx"], CONTEXTS, "ctx"),
-                     bool((r["speedup"] >= 1.2).all())))
-    out = pd.DataFrame(rows, columns=["target", "measured", "missing", "ok"])
-    out["status"] = [status_of(ok, g) for ok, g in zip(out["ok"], out["missing"])]
-    out["met"] = pd.Series([{"pass": True, "fail": False}.get(s) for s in out["status"]], dtype=object)
-    return out.drop(columns="ok")
-
-
-def saving_bound(ctx: int, index_bytes_per_token: int = 2 * D) -> dict:
-    """Bytes bound of indexer + sparse attention vs dense attention for one decode row at TP4 (one KV head):
-    dense reads K+V of every token (4·D bytes in bf16); sparse reads every index key plus the selected K+V."""
-    dense = ctx * 4 * D
-    sparse = ctx * index_bytes_per_token + min(TOPK, ctx // BLOCK) * BLOCK * 4 * D
-    return {"ctx": ctx, "dense_bytes": dense, "sparse_bytes": sparse, "bound_saving": dense / sparse}
-
-
-def page_mapping_frame(ctx: int = 3000, selected: tuple[int, ...] = (3, 17, 0, 9, 23, 11), seed: int = 0):
-    """One decode row's page adapter (plain-torch reference): compact page slot -> physical page-16 id.
-
-    A request of ``ctx`` tokens with its block table in random physical order; ``selected`` are the top-k's
-    logical blocks (the own block is appended). Rows: slot, page, logical block, kind (full / tail / unused).
-    """
-    import pandas as pd
-    gen = torch.Generator().manual_seed(seed)
-    nblk = -(-ctx // BLOCK)
-    table = torch.randperm(4 * nblk, generator=gen)[:nblk].view(1, -1)
-    own = (ctx - 1) // BLOCK
-    blocks = torch.tensor([[b for b in selected if b < own] + [own] + [-1] * (TOPK - 1 - len(selected))][:1])
-    blocks = blocks[:, :TOPK]
-    pages, ctx_len = attn_ref.sparse_page_table_ref(blocks, table, torch.zeros(1, dtype=torch.long),
-                                                    torch.tensor([ctx - 1]), block_size=BLOCK,
-                                                    block_page_stride=2 * BLOCK // 16)
-    used = -(-int(ctx_len[0]) // 16)
-    order = [b for b in blocks[0].tolist() if 0 <= b < own] + [own]
-    rows = []
-    for slot, page in enumerate(pages[0].tolist()):
-        logical = order[slot // 8] if slot < len(order) * 8 else -1
-        kind = "unused" if slot >= used and logical < 0 else ("tail" if logical == own else "full")
-        if slot >= used and logical >= 0:
-            kind = "beyond context"
-        rows.append({"slot": slot, "page": page, "logical_block": logical, "kind": kind})
-    return pd.DataFrame(rows), int(ctx_len[0])
-
-
-def indexer_repetition(model: str = "minimax-m3", hardware: str = "mi355x", tp: int = 4, quant: str = "mxfp8",
-                       ctx: int = 8192, concurrencies=(1, 128), calibration="default"):
-    """Repetition view of the attention-side ops of one decode step at each concurrency (projected from the
-    OpTable on ``hardware``): op, µs per call, µs per step, share of the step."""
-    import pandas as pd
-
-    from ..analysis import repetition as rp
-    from ..serving.step_cost import cost_step
-    from ..spec.serving import make_deployment
-    from ..workload.step import EngineStep
-    dep = make_deployment(None, model=model, hardware=hardware, tp=tp, quant=quant)
-    frames = []
-    for c in concurrencies:
-        step = EngineStep.decode(c, ctx)
-        rep = rp.repetition(cost_step(dep, step, calibration=calibration),
-                            output_tokens=c, active_requests=c)
-        rep = rep[rep["op"].isin(["indexer", "topk", "attention", "indexer_qk_proj", "qkv_proj"])].copy()
-        rep["concurrency"] = c
-        frames.append(rep[["concurrency", "op", "calls_per_step", "us_per_call", "us_per_step", "share", "bound"]])
-    return pd.concat(frames, ignore_index=True)
+    return table

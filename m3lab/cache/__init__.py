@@ -10,7 +10,7 @@
 - :mod:`m3lab.cache.sessions` / :mod:`m3lab.cache.serving` — agentic sessions served by the step generator on a
   clock with the cache, preemption, step times from the cost model and host time: TTFT / TPOT distributions;
 - :mod:`m3lab.cache.analysis` / :mod:`m3lab.cache.plots` — tables and figures of notebook 06;
-- :mod:`m3lab.cache.bench` — speed against vLLM's classes (``python -m m3lab.cache.bench``).
+- :mod:`m3lab.cache.bench` — speed against vLLM's classes (``m3lab bench cache``).
 """
 from m3lab.cache.pool import PrefixCache, PrefixCacheStats
 

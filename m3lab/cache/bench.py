@@ -1,4 +1,4 @@
-"""Speed of m3lab's prefix cache next to vLLM's own classes, on the same trace (``python -m m3lab.cache.bench``).
+"""Speed of m3lab's prefix cache next to vLLM's own classes, on the same trace (``m3lab bench cache``).
 
 Three measurements, each printed side by side and appended to ``traces/bench/cache_sim.csv`` with the
 device (CPU model, cores), commit and date:
@@ -12,15 +12,16 @@ device (CPU model, cores), commit and date:
 3. **AgentX-like sessions** — generating 1,000 sessions with the default distributions and replaying
    them through m3lab's cache (unlimited and finite): seconds.
 
-Each figure is the best of ``repeats`` runs (the 2-core box is shared). Options: ``--requests N`` (trace
-prefix used, default 1,000 Mooncake requests), ``--repeats``, ``--no-vllm``, ``--no-append``.
+Each figure is the best of ``repeats`` runs (the 2-core box is shared). ``m3lab bench cache`` options:
+``--requests N`` (trace prefix used, default 1,000 Mooncake requests), ``--repeats``, ``--no-vllm``,
+``--no-append``.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
+from m3lab.arith import ceil_div
 from m3lab.cache.replay import M3LabKVCache, blocks_for_tokens, replay
 from m3lab.cache.trace import MOONCAKE_SYNTHETIC, Trace, read_mooncake
 from m3lab.provenance import TRACES_BENCH, append_csv, commit, cpu_name, today
@@ -43,7 +44,7 @@ def _best(fn, repeats: int) -> float:
 def lookup_rate(trace: Trace, engine: str, repeats: int = 3) -> tuple[int, float]:
     """(blocks matched, best seconds) for looking up every prompt of ``trace`` again after admitting it once."""
     bs = trace.block_size
-    need = sum(-(-int(p) // bs) for p in trace.prompt) + 2
+    need = sum(ceil_div(int(p), bs) for p in trace.prompt) + 2
     if engine == "m3lab":
         kv = M3LabKVCache(need, bs)
     else:
@@ -112,25 +113,3 @@ def run(requests: int = 1000, repeats: int = 3, with_vllm: bool = True) -> list[
 
 def append(rows: list[dict], path: Path = CSV) -> Path:
     return append_csv(path, rows, FIELDS)
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-vllm", action="store_true")
-    ap.add_argument("--no-append", action="store_true")
-    a = ap.parse_args(argv)
-    rows = run(a.requests, a.repeats, not a.no_vllm)
-    print(f"{'measurement':58s} {'engine':6s} {'blocks':>9s} {'seconds':>8s} {'rate':>12s}  unit  (x vLLM)")
-    for r in rows:
-        sp = f"  x{r['speedup_vs_vllm']:.1f}" if r["speedup_vs_vllm"] != "" else ""
-        print(f"{r['measurement']:58s} {r['engine']:6s} {r['blocks']:9d} {r['seconds']:8.3f} {r['rate']:12,.0f}  "
-              f"{r['unit']}{sp}")
-    print(f"{rows[0]['device']}, commit {rows[0]['commit']}, {rows[0]['date']}")
-    if not a.no_append:
-        print(f"appended to {append(rows)}")
-
-
-if __name__ == "__main__":
-    main()

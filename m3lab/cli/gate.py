@@ -1,7 +1,6 @@
-"""``m3lab gate`` (checklist step 5) and ``m3lab tune gemm``.
+"""``m3lab gate`` (checklist step 5).
 
     m3lab gate [--device cpu|cuda] [--only 'gemm.*'] [--no-perf] [--threshold 0.10] [--baseline CSV] [--json]
-    m3lab tune gemm [--model minimax-m3 --tp 4 | --shapes 2560x6144,...] [--formats bf16,mxfp8,mxfp4,mxfp4_layout] [--budget-s 240] [--json]
 
 ``gate`` exits 0 when every correctness and performance gate passes, 1 otherwise (2 on bad input).
 """
@@ -15,10 +14,6 @@ import typer
 
 from m3lab.cli.output import echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
-
-tune_app = typer.Typer(help="Tune kernel launch tables on the GPU (writes kernels/<op>/configs/).",
-                       no_args_is_help=True)
-
 
 def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small shapes) or cuda (model shapes)"),
          only: Optional[List[str]] = typer.Option(None, metavar="PATTERN",
@@ -39,7 +34,8 @@ def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small 
     check_device(device)
     if device == "cpu":   # the interpreter must be on before the gate registry imports the kernels (as run_gates)
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from m3lab.gates.runner import run_gates, summary
+    from m3lab.bench.perf_gate import run_gates
+    from m3lab.gates.runner import summary
     if only:
         _check_patterns(only)
     with warnings.catch_warnings(), progress("gates", enabled=progress_wanted(as_json)) as update:
@@ -90,45 +86,5 @@ def _print_gates(df, device: str) -> None:
         typer.secho(line, fg="red" if line.rstrip().endswith("FAIL") else None)
 
 
-def _parse_shapes(text: str | None, model: str, tp: int):
-    from m3lab.bench.gemm import model_gemm_shapes
-    if not text:
-        return model_gemm_shapes(model, tp)
-    try:
-        return tuple(tuple(int(v) for v in s.lower().split("x")) for s in text.split(","))
-    except ValueError:
-        raise M3LabError(f"shapes: {text!r} is not a list like 2560x6144,6144x2048 (N x K)", field="shapes")
-
-
-@tune_app.command("gemm")
-def tune_gemm_cmd(shapes: Optional[str] = typer.Option(None, help="N x K list (default: the model's GEMMs from the OpTable)"),
-                  model: str = typer.Option("minimax-m3", help="model whose OpTable gives the shapes"),
-                  tp: int = typer.Option(4, help="tensor-parallel size of those shapes"),
-                  formats: str = typer.Option("bf16,mxfp8,mxfp4",
-                                              help="weight formats (+ mxfp8_layout, mxfp4_layout: the decode layout)"),
-                  ms: Optional[str] = typer.Option(None, help="token counts M to tune (default decode+prefill set)"),
-                  budget_s: float = typer.Option(240.0, help="stop after this many seconds"),
-                  config_dir: Optional[str] = typer.Option(None, help="where to write tables (default kernels/gemm/configs)"),
-                  as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
-    """Benchmark candidate GEMM configs at the model's shapes on the GPU and write the tables."""
-    import torch
-
-    from m3lab.kernels.gemm.tables import CONFIG_DIR
-    from m3lab.tune import gemm as tuner
-    fmts = tuple(formats.split(","))
-    bad = [f for f in fmts if f not in tuner.TUNABLE_FORMATS]
-    if bad:
-        raise M3LabError(f"formats: {bad} not in {tuner.TUNABLE_FORMATS}", field="formats")
-    nk = _parse_shapes(shapes, model, tp)
-    if not torch.cuda.is_available():
-        raise M3LabError("tune: needs a GPU (timings on the CPU interpreter mean nothing)", field="device")
-    m_list = tuple(int(v) for v in ms.split(",")) if ms else tuner.DECODE_MS + tuner.PREFILL_MS
-    df = tuner.tune_gemm(nk, fmts, m_list, config_dir=config_dir or CONFIG_DIR,
-                         budget_s=budget_s, log=lambda s: typer.echo(s, err=as_json))   # --json: progress on stderr
-    if as_json:
-        echo_json({"timings": len(df), "ok": int(df["us"].notna().sum()) if len(df) else 0})
-
-
 def register(app: typer.Typer) -> None:
     app.command("gate")(gate)
-    app.add_typer(tune_app, name="tune")

@@ -82,6 +82,8 @@ def _register_all() -> None:
     from m3lab.cli import pipeline; pipeline.register(app)  # noqa: E702
     from m3lab.cli import trace; trace.register(app)  # noqa: E702
     from m3lab.cli import gate; gate.register(app)  # noqa: E702
+    from m3lab.cli import tune; tune.register(app)  # noqa: E702
+    from m3lab.cli import bench; bench.register(app)  # noqa: E702
     from m3lab.cli import shapes; shapes.register(app)  # noqa: E702
     from m3lab.cli import repetition; repetition.register(app)  # noqa: E702
     from m3lab.cli import planes; planes.register(app)  # noqa: E702

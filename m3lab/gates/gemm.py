@@ -12,9 +12,9 @@ import triton
 from ..kernels.gemm import launcher, layout_launcher
 from ..kernels.gemm.tables import GemmConfig, regime_of
 from ..kernels.gemm.reference import linear_ref, quantize_weight
+from ..optable.kernel_shapes import model_gemm_shapes
 from .checks import poison_
 from .inputs import act_dtype
-from .perf import register_timer
 from .registry import Case, Gate, register
 
 GEMM_FORMATS = ("bf16", "fp8", "mxfp8", "mxfp4")
@@ -63,7 +63,6 @@ def _cases(fmt: str, device: torch.device):
             if fmt.startswith("mx") and _interpreter_has_dot_scaled():
                 yield _case(fmt, m, n, k, device, "native_mx", config=CPU_CONFIGS["splitk"], use_native_mx=True)
         return
-    from ..bench.gemm import model_gemm_shapes
     for n, k in model_gemm_shapes():
         for m in GPU_MS:
             yield _case(fmt, m, n, k, device, "auto")
@@ -103,7 +102,6 @@ def _layout_cases(fmt: str, device: torch.device):
             for kern in _layout_kernels(fmt):
                 yield _layout_case(fmt, m, n, k, device, kern, config=GemmConfig(kern, 16, 32, 64, SPLIT_K=3))
         return
-    from ..bench.gemm import model_gemm_shapes
     for n, k in model_gemm_shapes():
         for m in (1, 7, 33):
             yield _layout_case(fmt, m, n, k, device, "auto")
@@ -116,14 +114,6 @@ for _fmt in GEMM_FORMATS:
                   doc=f"y = x @ Wᵀ with {_fmt} weights vs linear_ref"))
 
 
-def _time_row(row):
-    from ..bench.gemm import time_row
-    return time_row(row)
-
-
 for _fmt in ("mxfp8", "mxfp4"):
     register(Gate(f"gemm.{_fmt}_layout", "gemm", lambda d, f=_fmt: list(_layout_cases(f, d)),
                   doc=f"y = x @ Wᵀ with {_fmt} weights in the decode layout vs linear_ref"))
-
-
-register_timer("gemm", _time_row)

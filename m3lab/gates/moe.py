@@ -16,11 +16,12 @@ from functools import lru_cache
 
 import torch
 
-from ..kernels.moe import launcher, routing
+from ..kernels.moe import launcher
 from ..kernels.moe.reference import fused_moe_ref
 from ..kernels.moe.tables import MoeConfig
+from ..optable.kernel_shapes import moe_problem
 from .checks import poison_
-from .inputs import act_dtype
+from .inputs import act_dtype, make_routing, make_weights
 from .registry import Case, Gate, register
 
 
@@ -31,33 +32,10 @@ def m3_act() -> dict:
     return load_model("minimax-m3").swiglu
 
 
-M3_TP4 = {"h": 6144, "i": 768, "experts": 128, "topk": 4}
+_M3 = moe_problem("minimax-m3", tp=4)
+M3_TP4 = {"h": _M3.hidden, "i": _M3.inter, "experts": _M3.routed, "topk": _M3.topk}
 CPU_CONFIG = MoeConfig(16, 32, 32, 2, 4, 1, "token", 32, 32, 4, 1)
 GPU_TS = (1, 32, 2048)
-
-
-def make_weights(e: int, h: int, i: int, fmt: str, dtype: torch.dtype, device) -> dict:
-    """w13 [E, 2I, H], w2 [E, H, I] (± MX scales) as fused_moe takes them; values scaled to keep act O(1)."""
-    from ..kernels.mx.reference import quantize_mxfp4, quantize_mxfp8
-    w13 = torch.randn(e, 2 * i, h, device=device) * (2.0 / h ** 0.5)
-    w2 = torch.randn(e, h, i, device=device) / i ** 0.5
-    if fmt == "bf16":
-        return {"w13": w13.to(dtype), "w2": w2.to(dtype), "fmt": fmt}
-    q = {"mxfp8": quantize_mxfp8, "mxfp4": quantize_mxfp4}[fmt]
-    w13q, s13 = q(w13)
-    w2q, s2 = q(w2)
-    return {"w13": w13q, "w2": w2q, "w13_scale": s13, "w2_scale": s2, "fmt": fmt}
-
-
-def make_routing(t: int, experts: int, topk: int, device, shared: bool = True, convention: str = "scaled_weights",
-                 skew: float = 0.0) -> routing.Routing:
-    """vLLM's routing on random logits (skew > 0: Zipf-like logits favouring low expert ids)."""
-    logits = torch.randn(t, experts, device=device)
-    if skew:
-        logits = logits - skew * torch.log1p(torch.arange(experts, device=device, dtype=torch.float32))
-    bias = 0.1 * torch.randn(experts, device=device)
-    return routing.route(logits, bias, topk=topk, routed_scaling=2.0, shared_id=experts if shared else None,
-                         convention=convention)
 
 
 def _case(t: int, h: int, i: int, experts: int, topk: int, fmt: str, device, dtype, label: str,

@@ -2,12 +2,14 @@
 import torch
 
 from ..kernels.mx import reference, triton_mx
+from ..optable.kernel_shapes import rank_dims
 from .checks import poison_
 from .inputs import blocky
 from .registry import Case, Gate, register
 
 CPU_SHAPES = ((7, 96), (33, 224))
-GPU_SHAPES = ((128, 6144), (2560, 6144), (6144, 2048))
+_DIMS = rank_dims("minimax-m3", tp=4)
+GPU_SHAPES = ((128, _DIMS.hidden), (_DIMS.qkv_sparse, _DIMS.hidden), (_DIMS.hidden, _DIMS.attn_out))   # M3 TP4 (rows, K)
 
 
 def _shapes(device: torch.device):

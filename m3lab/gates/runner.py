@@ -1,7 +1,8 @@
-"""Run the gates: correctness of every registered kernel, then performance against the baseline.
+"""Run the correctness gates: every registered kernel against its reference.
 
 Result columns: gate, case, kind (correctness | perf), device, dtype, metric (rel_rms |
-mismatch | regression), value, limit, passed, detail. The whole run passes iff every row passes.
+mismatch | regression), value, limit, passed, detail. The whole run passes iff every row passes. The perf gates
+(kind perf, metric regression) re-time benchmark rows: :func:`m3lab.bench.perf_gate.run_gates` runs both.
 """
 import fnmatch
 import math
@@ -12,8 +13,10 @@ import pandas as pd
 import torch
 
 from ..errors import M3LabError
+from ..provenance import TRACES_DIR
 from . import checks
 
+TRACES_GATES = TRACES_DIR / "gates"   # recorded gate results, perf baselines
 RESULT_COLUMNS = ("gate", "case", "kind", "device", "dtype", "metric", "value", "limit", "passed", "detail")
 
 
@@ -25,7 +28,7 @@ def check_device(device: str) -> None:
         raise M3LabError("device: cuda requested but no GPU is visible (use the cpu device)", field="device")
 
 
-def _prepare(device: str) -> torch.device:
+def prepare(device: str) -> torch.device:
     """cpu: the Triton interpreter (must be on before the kernels are imported); cuda: a GPU."""
     check_device(device)
     if device == "cuda":
@@ -65,26 +68,16 @@ def correctness_results(device: torch.device, names: list[str] | None = None, pr
     return out
 
 
-def run_gates(device: str = "cpu", names: list[str] | None = None, perf: bool = True,
-              baseline: Path | str | None = None, threshold: float | None = None, progress=None) -> pd.DataFrame:
-    """All gates on ``device`` -> results DataFrame (see module doc). ``names``: fnmatch patterns;
-    ``progress(done, total, gate_name)``: called before each correctness gate."""
-    from . import perf as perf_mod
-    dev = _prepare(device)
-    from ..kernels.gemm.tables import device_name   # after _prepare: the interpreter must be on first
-    rows = correctness_results(dev, names, progress)
+def run_gates(device: str = "cpu", names: list[str] | None = None, perf: bool = False,
+              progress=None) -> pd.DataFrame:
+    """All correctness gates on ``device`` -> results DataFrame (see module doc). ``names``: fnmatch patterns;
+    ``progress(done, total, gate_name)``: called before each gate. ``perf=True`` is refused: the perf gates re-time
+    benchmarks and run through :func:`m3lab.bench.perf_gate.run_gates`."""
     if perf:
-        threshold = perf_mod.DEFAULT_THRESHOLD if threshold is None else threshold
-        if threshold < 0:
-            raise M3LabError(f"threshold: {threshold} must be >= 0 (a fraction, 0.10 = 10%)", field="threshold")
-        path = Path(baseline) if baseline else perf_mod.baseline_path(device_name(dev))
-        if dev.type == "cuda" and path.exists():
-            table = perf_mod.load_baseline(path)
-            if names:
-                table = table[[any(fnmatch.fnmatch(f"perf.{op}", p) for p in names) for op in table["op"]]]
-            rows += perf_mod.perf_results(table, threshold)
-        elif baseline and not path.exists():
-            raise M3LabError(f"baseline: {path} does not exist", field="baseline")
+        raise M3LabError("perf: the performance gates run through m3lab.bench.perf_gate.run_gates", field="perf")
+    dev = prepare(device)
+    from ..kernels.gemm.tables import device_name   # after prepare: the interpreter must be on first
+    rows = correctness_results(dev, names, progress)
     df = pd.DataFrame(rows, columns=[c for c in RESULT_COLUMNS if c != "device"])
     df.insert(3, "device", device_name(dev))      # "cpu" or the GPU's name, e.g. NVIDIA_H200
     return df
@@ -99,11 +92,10 @@ def summary(df: pd.DataFrame) -> dict:
 
 def recorded_results(device_name: str = "NVIDIA_H200") -> pd.DataFrame:
     """Gate results recorded on a GPU and committed (traces/gates/gates_cuda_<device>.csv; column ``phase``:
-    before_tune / after_tune / perf_recheck of a GEMM tuning session, gemm_session of ``m3lab.bench.gpu_session``,
+    before_tune / after_tune / perf_recheck of a GEMM tuning session, gemm_session of ``m3lab.sessions.gemm``,
     gemm_all_gates for ``m3lab gate --device cuda`` on the GEMM, MX and perf gates, or all_gates for every gate;
     ``commit`` and ``date`` say what ran when)."""
-    from .perf import BASELINE_DIR
-    path = BASELINE_DIR / f"gates_cuda_{device_name}.csv"
+    path = TRACES_GATES / f"gates_cuda_{device_name}.csv"
     if not path.exists():
         raise M3LabError(f"device_name: no recorded gate results at {path}", field="device_name")
     return pd.read_csv(path)

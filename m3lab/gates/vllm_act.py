@@ -21,6 +21,7 @@ import contextlib
 
 import torch
 
+from ..optable.kernel_shapes import rank_dims
 from .checks import poison_
 from .moe import m3_act
 from .registry import Case, Gate, register
@@ -182,17 +183,19 @@ def _norm_case(m: int, n: int, dtype, device, fused: bool, part: int = 0, stride
 
 
 def _norm_shapes(device):
-    # hidden 6144 (pre-attention / pre-FFN norms); head_dim 128 (q/k/index norms, one row per head)
-    return ((1, 6144), (160, 6144), (2048, 128)) if device.type == "cuda" else ((1, 96), (37, 100))
+    # M3 TP4: hidden (pre-attention / pre-FFN norms); head_dim (q/k/index norms, one row per head)
+    d = rank_dims("minimax-m3", tp=4)
+    return ((1, d.hidden), (160, d.hidden), (2048, d.head_dim)) if device.type == "cuda" else ((1, 96), (37, 100))
 
 
 def _swiglu_cases(device):
-    inters = (768, 3072) if device.type == "cuda" else (96,)
+    d = rank_dims("minimax-m3", tp=4)     # M3 TP4: a routed expert's and the dense MLP's widths
+    inters = (d.expert_inter, d.dense_inter) if device.type == "cuda" else (96,)
     return [_swiglu_case(m, i, d, device) for d in _dtypes(device) for m in _rows(device) for i in inters]
 
 
 def _quant_all(device):
-    inters = (768,) if device.type == "cuda" else (96,)
+    inters = (rank_dims("minimax-m3", tp=4).expert_inter,) if device.type == "cuda" else (96,)
     return [c for d in _dtypes(device) for m in _rows(device) for i in inters for c in _quant_cases(m, i, d, device)]
 
 

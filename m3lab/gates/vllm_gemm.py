@@ -18,6 +18,7 @@ import torch
 
 from ..kernels.gemm.reference import linear_ref, quantize_weight
 from ..kernels.mx.reference import dequantize_mxfp8, quantize_mxfp8
+from ..optable.kernel_shapes import model_gemm_shapes
 from .inputs import act_dtype
 from .registry import Case, Gate, register
 from .vllm_act import poisoned_outputs
@@ -60,7 +61,6 @@ def _cases(device: torch.device):
     _linear_module()  # vLLM imported (its platform resolved) before the labels ask it
     if device.type != "cuda":
         return [_case(m, n, k, device) for m, n, k in CPU_PROBLEMS]
-    from ..bench.gemm import model_gemm_shapes
     return [_case(m, n, k, device) for n, k in model_gemm_shapes() for m in GPU_MS]
 
 

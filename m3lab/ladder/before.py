@@ -26,8 +26,8 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from m3lab.bench.analysis import newest_harness, tile_gain
 from m3lab.bench.table import TRACES_BENCH, read_table
+from m3lab.bench_analysis.gemm import newest_harness, tile_gain
 from m3lab.cost.assumptions import ASSUMPTIONS as COST_ASSUMPTIONS
 from m3lab.cost.assumptions import Assumption
 from m3lab.cost.overrides import OpOverride

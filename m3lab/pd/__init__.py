@@ -9,7 +9,7 @@
 - :mod:`m3lab.pd.plots`: the figures of notebook 11.
 
 The serving simulation of a P:D deployment is :func:`m3lab.serving.disagg.pd_estimate`; the collectives
-measurement is ``python -m m3lab.bench.collectives``.
+measurement is ``m3lab bench collectives``.
 
 Submodules import torch/pandas; import them directly (this package imports nothing at import time).
 """

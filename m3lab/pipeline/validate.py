@@ -72,7 +72,7 @@ def _check_spec(p, d):
 def _check_device(p, d):
     if p["device"] == "cpu":  # always valid; skips importing torch
         return
-    from m3lab.analysis.kernel_runs import resolve_device
+    from m3lab.bench_analysis.runs import resolve_device
     resolve_device(p["device"])   # auto, cpu, or cuda with a GPU visible
 
 

@@ -1,7 +1,7 @@
 """Figures of the kernel gates and benchmarks (notebooks 05 and 07).
 
-Inputs are DataFrames from ``m3lab.gates.run_gates`` and ``m3lab.bench.analysis``; every title
-says the unit and where the numbers come from: ``source`` (:class:`m3lab.analysis.kernel_runs.Source`, or
+Inputs are DataFrames from ``m3lab.bench.perf_gate.run_gates`` and ``m3lab.bench_analysis.gemm``; every title
+says the unit and where the numbers come from: ``source`` (:class:`m3lab.bench_analysis.runs.Source`, or
 its label) — measured live (device, commit) or recorded (device, commit, date).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def gate_errors_figure(results: pd.DataFrame, source=None) -> go.Figure:
     """Correctness gates: measured error / tolerance per case (log scale; > 1 fails, NaN shown at the top).
     ``source`` defaults to the rows' own: recorded (their device, commit, date) when they carry a commit,
     else measured live here."""
-    from m3lab.analysis.kernel_runs import Source
+    from m3lab.bench_analysis.runs import Source
     source = source or (Source.of(results, live=False) if "commit" in results else Source.here(_device(results)))
     df = results[results["kind"] == "correctness"].copy()
     df["ratio"] = (df["value"] / df["limit"].where(df["limit"] > 0)).fillna(0.0)
@@ -99,5 +99,5 @@ def targets_table(targets: pd.DataFrame, source, title: str) -> go.Figure:
 
 
 def targets_table_figure(targets: pd.DataFrame, source) -> go.Figure:
-    """The GEMM targets (:func:`m3lab.bench.analysis.gemm_targets`, speed-up ratios) as a table figure."""
+    """The GEMM targets (:func:`m3lab.bench_analysis.gemm.gemm_targets`, speed-up ratios) as a table figure."""
     return targets_table(targets, source, "GEMM targets (speed-up ratios vs cuBLAS bf16)")

@@ -1,6 +1,6 @@
-"""Figures of the grouped-MoE benchmark table (m3lab.bench.moe.moe_table) and the MoE's share of a decode step.
+"""Figures of the grouped-MoE benchmark table (m3lab.bench_analysis.moe.moe_table) and the MoE's share of a decode step.
 
-``source``: where the table's numbers come from (:class:`m3lab.analysis.kernel_runs.Source` or its label),
+``source``: where the table's numbers come from (:class:`m3lab.bench_analysis.runs.Source` or its label),
 named in every title.
 """
 import pandas as pd
@@ -59,7 +59,7 @@ def ratio_figure(df: pd.DataFrame, numerator: str, denominator: str, title: str,
 
 
 def targets_figure(targets: pd.DataFrame, source) -> go.Figure:
-    """The grouped-MoE targets (:func:`m3lab.bench.moe.moe_targets`) as a table figure."""
+    """The grouped-MoE targets (:func:`m3lab.bench_analysis.moe.moe_targets`) as a table figure."""
     return targets_table(targets, source, "Grouped-MoE targets")
 
 

@@ -1,5 +1,5 @@
 """Figures of notebook 09 (sparse attention and the lightning indexer): the page adapter (analytic), our kernels
-against vLLM's (measured live or recorded: ``source``, :class:`m3lab.analysis.kernel_runs.Source` or its label),
+against vLLM's (measured live or recorded: ``source``, :class:`m3lab.bench_analysis.runs.Source` or its label),
 the bytes bound (analytic) and the indexer's share of a decode step (projected)."""
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from m3lab.plots.kernels import provenance, targets_table
 
 
 def page_adapter_figure(pages: pd.DataFrame, ctx: int, position: int) -> go.Figure:
-    """One decode row's compact page slot -> physical page-16 id (``m3lab.bench.sparse_attn.page_mapping_frame``)."""
+    """One decode row's compact page slot -> physical page-16 id (``m3lab.bench_analysis.sparse.page_mapping_frame``)."""
     return px.scatter(pages, x="slot", y="page", color="kind", hover_data=["logical_block"],
                       title=f"Sparse page adapter, one decode row at position {position}: compact page slot → "
                             f"physical page-16 id (context {ctx} tokens; analytic: the plain-torch reference)")
 
 
 def versus_vllm_figure(vs: pd.DataFrame, source) -> go.Figure:
-    """Speed-up of our kernels over vLLM's per point (``m3lab.bench.sparse_attn.versus_vllm``)."""
+    """Speed-up of our kernels over vLLM's per point (``m3lab.bench_analysis.sparse.versus_vllm``)."""
     fig = px.bar(vs, x="shape", y="speedup", color="op", barmode="group",
                  title=f"Our kernels vs vLLM 0.33.0's Triton kernels: speed-up = vLLM µs / our µs (×) — "
                        f"{provenance(source)}, CUDA-graph replay")
@@ -45,8 +45,8 @@ def dense_vs_sparse_figure(table: pd.DataFrame, source) -> go.Figure:
 
 def bytes_bound_figure(contexts=(8192, 65536)) -> go.Figure:
     """The most indexer + sparse attention can save over dense attention, by bytes (one decode row at TP4), for
-    bf16, fp8 and shared (every 4th layer) index keys (``m3lab.bench.sparse_attn.saving_bound``)."""
-    from m3lab.bench.sparse_attn import D, saving_bound
+    bf16, fp8 and shared (every 4th layer) index keys (``m3lab.bench_analysis.sparse.saving_bound``)."""
+    from m3lab.bench_analysis.sparse import D, saving_bound
     keys = (("bf16", 2 * D), ("fp8", D), ("bf16, shared by 4 layers", 2 * D // 4))
     bounds = pd.DataFrame([{**saving_bound(c, b), "index keys": name} for c in contexts for name, b in keys])
     return px.bar(bounds, x="ctx", y="bound_saving", color="index keys", barmode="group",
@@ -57,12 +57,12 @@ def bytes_bound_figure(contexts=(8192, 65536)) -> go.Figure:
 
 def indexer_share_figure(rep: pd.DataFrame, model: str, quant: str, ctx: int, hardware: str) -> go.Figure:
     """Share of one decode step by attention-side op at each concurrency
-    (``m3lab.bench.sparse_attn.indexer_repetition``; projected)."""
+    (``m3lab.bench_analysis.sparse.indexer_repetition``; projected)."""
     return px.bar(rep, x="op", y="share", color="op", facet_col="concurrency",
                   title=f"Share of one decode step by op, concurrency {' vs '.join(map(str, rep.concurrency.unique()))}"
                         f" ({model} TP4 {quant}, context {ctx}; projected for {hardware} from the OpTable)")
 
 
 def targets_figure(targets: pd.DataFrame, source) -> go.Figure:
-    """The sparse-attention targets (``m3lab.bench.sparse_attn.targets``) as a table figure."""
+    """The sparse-attention targets (``m3lab.bench_analysis.sparse.targets``) as a table figure."""
     return targets_table(targets, source, "Sparse-attention and indexer targets")

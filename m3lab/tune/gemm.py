@@ -6,18 +6,25 @@ rotated weights (m3lab.bench.timing); the fastest goes into
 ``kernels/gemm/configs/N=..,K=..,w=..,device=...json``. A time budget bounds the run: points not
 reached keep the heuristic fallback.
 """
+import concurrent.futures as cf
 import math
+import multiprocessing as mp
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from ..bench.gemm import make_operands
+from ..bench.timing import graph_time
+from ..gates.checks import TOLERANCES, rel_rms
 from ..kernels.gemm import launcher, layout_launcher
 from ..kernels.gemm.tables import (CONFIG_DIR, CROSSOVER_MAX_M, DECODE_MAX_M, GEMV_MAX_M, PREFILL_KERNELS, GemmConfig,
                                    device_name, heuristic_config, load_table, table_path, write_table)
-from ..kernels.gemm.reference import W_FORMATS, linear_ref
+from ..kernels.gemm.reference import W_FORMATS, linear_ref, quantize_weight
+from ..kernels.mx.decode_layout import pack
 from ..spec.dtypes import element_bytes
+from ..spec.hardware import load_hardware
 
 DECODE_MS = tuple(1 << i for i in range(CROSSOVER_MAX_M.bit_length()))     # 1, 2, 4, ..., CROSSOVER_MAX_M
 PREFILL_MS = (2048, 4096, 8192)
@@ -81,9 +88,15 @@ def _splits(tiles: int, k: int, bk: int, sms: int) -> list[int]:
     return sorted(out)
 
 
-def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -> list[GemmConfig]:
+def profile_sms(hardware: str = "h200") -> int:
+    """SMs (compute units) of a hardware profile: the grid the candidates aim at when no device is given."""
+    return load_hardware(hardware).compute_units
+
+
+def candidates(m: int, n: int, k: int, sms: int | None = None, w_format: str = "bf16") -> list[GemmConfig]:
     """Candidate configs of M's regime (tables.py): decode kernels (gemv, split-K, stream-K) for
     M <= DECODE_MAX_M, the prefill kernels (tiled, persistent) above CROSSOVER_MAX_M, both in between."""
+    sms = sms or profile_sms()
     prefill = [GemmConfig("tiled", bm, bn, bk, 8, 1, nw, ns) for bm, bn, bk, nw, ns in PREFILL_TILES]
     prefill += [GemmConfig("persistent", bm, bn, bk, 8, sk, nw, ns, FLATTEN=fl or None)
                 for bm, bn, bk, nw, ns, sk, fl in PERSISTENT_TILES]
@@ -111,9 +124,10 @@ def candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "bf16") -
     return list(dict.fromkeys(out))
 
 
-def layout_candidates(m: int, n: int, k: int, sms: int = 132, w_format: str = "mxfp8_layout") -> list[GemmConfig]:
+def layout_candidates(m: int, n: int, k: int, sms: int | None = None, w_format: str = "mxfp8_layout") -> list[GemmConfig]:
     """Decode-layout candidates (M <= DECODE_MAX_M): the LAYOUT_SWEEP tiles of the format's kernels, SPLIT_K aiming
     at 2 x SMs programs (the first tile also at 1 and 4), and the gemv kernel up to LAYOUT_GEMV_TUNE_MAX_M."""
+    sms = sms or profile_sms()
     fmt = base_format(w_format)
     bm = max(16, min(64, _pow2_ceil(m)))
     out = []
@@ -137,7 +151,6 @@ def base_format(w_format: str) -> str:
 def _weights(w: torch.Tensor, s, w_format: str):
     """What a launch of ``w_format`` takes: (w, scales), or the decode-layout package of them (packed once)."""
     if w_format in LAYOUT_FORMATS:
-        from ..kernels.mx.decode_layout import pack
         return pack(w, s, base_format(w_format))
     return w, s
 
@@ -160,7 +173,6 @@ def _compile_worker(jobs: list[tuple[str, dict, int]]) -> list[str]:
     """Run each (w_format, config, K) once on a small problem (N 512, the real K: the split count a config
     gets depends on K) with the real shapes' divisibility, which fills the Triton disk cache;
     -> one error string per job ('' = compiled)."""
-    from ..kernels.gemm.reference import quantize_weight
     device = torch.device("cuda")
     errors = []
     for w_format, cfg, k in jobs:
@@ -181,8 +193,6 @@ def precompile(jobs: list[tuple[str, GemmConfig, int]], workers: int = 12, log=p
     M is not specialised and the M3 shapes share N, K divisibility, so one binary per config and split
     count serves every point.
     """
-    import concurrent.futures as cf
-    import multiprocessing as mp
     jobs = list(dict.fromkeys(jobs))
     chunks = [jobs[i::workers] for i in range(workers)]
     t0, failed = time.time(), {}
@@ -196,15 +206,29 @@ def precompile(jobs: list[tuple[str, GemmConfig, int]], workers: int = 12, log=p
     return failed
 
 
+def precompile_points(shapes, ms_by_format: dict, log=print, workers: int = 12) -> None:
+    """Compile, in worker processes, the kernels the GEMM points will launch: each table config (the launcher's
+    choice; MX and fp8 prefill run the bf16 one) and the decode-layout config at M <= 64. (matmul_ogs' variants
+    compile in the timing process: in spawned workers its option constraints failed an assertion, H200.)"""
+    device = torch.device("cuda")
+    jobs = []
+    for f, ms in ms_by_format.items():
+        for n, k in shapes:
+            for m in ms:
+                cfg, kernel_format = launcher.launch_config(m, n, k, f, device)
+                jobs.append((kernel_format, cfg, k))
+                if f in launcher.MX_FORMATS and m <= 64:
+                    lf = layout_launcher.layout_table_format(f)
+                    jobs.append((lf, layout_launcher.layout_config(m, n, k, f, device), k))
+    precompile(jobs, workers, log)
+
+
 def tune_point(m: int, n: int, k: int, w_format: str, cands: list[GemmConfig], checked: dict,
                rep_ms: float = 8.0, device: torch.device | None = None, timer=None) -> list[dict]:
     """Time every candidate at one point -> rows {config, us, error}.
 
     ``timer(calls) -> Timing`` defaults to graph replay on the GPU (tests pass a CPU timer).
     """
-    from ..bench.gemm import make_operands
-    from ..bench.timing import graph_time
-    from ..gates.checks import TOLERANCES, rel_rms
     device = device or torch.device("cuda")
     timer = timer or (lambda calls: graph_time(calls, rep_ms=rep_ms, warmup_ms=2))
     tol = TOLERANCES["bfloat16" if device.type == "cuda" else "float16"]
@@ -236,7 +260,7 @@ def tune_gemm(shapes, w_formats=("bf16", "mxfp8", "mxfp4"), ms=DECODE_MS + PREFI
     Formats: W_FORMATS (weights as stored, :func:`launcher.linear`) and LAYOUT_FORMATS (MX weights packed into the
     decode layout, :func:`layout_launcher.linear_layout`; decode M only).
 
-    shapes: (N, K) pairs, normally :func:`m3lab.bench.gemm.model_gemm_shapes` (the OpTable's distinct GEMMs).
+    shapes: (N, K) pairs, normally :func:`m3lab.optable.kernel_shapes.model_gemm_shapes` (the OpTable's distinct GEMMs).
     Candidates are compiled in parallel first (``workers`` processes); MX and fp8 formats at prefill M take the
     bf16 winner (the launcher dequantises W, then runs the bf16 kernel), timed once for the record.
     """

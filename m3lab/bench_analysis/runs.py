@@ -5,7 +5,9 @@ Each function returns ``(table, source)``: the long benchmark table (``m3lab.ben
 checkout's commit) or ``recorded`` (the committed rows, with their own device, commit and date) — for every
 figure's title. ``device``: ``"auto"`` (cuda when torch sees a GPU), ``"cpu"`` (the recorded tables) or
 ``"cuda"``. The runners are :mod:`m3lab.bench.gemm`, :mod:`m3lab.bench.moe` and :mod:`m3lab.bench.sparse_attn`
-(called, never copied); torch and the kernels are imported only when a measurement runs (heavy).
+(called, never copied); the recorded tables are read by m3lab/bench_analysis/{gemm,moe,sparse}.py. The runners,
+torch and the kernels are imported only when a measurement runs or a table is read (heavy, and the CPU gates of
+notebook 05 need the Triton interpreter switched on before the kernels' first import).
 """
 from __future__ import annotations
 
@@ -16,9 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.optable.kernel_shapes import moe_problem
 from m3lab.provenance import commit
-from m3lab.spec.model import load_model
-from m3lab.spec.plan import ParallelPlan
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -84,10 +85,11 @@ def _progress(line: str) -> None:
 def gemm(device: str = "auto", ms=(1, 8, 32, 64, 128, 2048), formats=("bf16", "mxfp8", "mxfp4"), shapes=None,
          path=None) -> tuple[pd.DataFrame, Source]:
     """The GEMM benchmark (:func:`m3lab.bench.gemm.bench_gemm`) at ``ms`` x ``formats`` x ``shapes`` ((N, K);
-    None: the M3 TP4 set) on a GPU, else the committed table's last run (:func:`m3lab.bench.gemm.gemm_table`)."""
+    None: the M3 TP4 set) on a GPU, else the committed table's last run
+    (:func:`m3lab.bench_analysis.gemm.gemm_table`)."""
     if resolve_device(device) == "cpu":
-        from m3lab.bench.gemm import gemm_table
-        table = gemm_table("cpu", path=path)
+        from m3lab.bench_analysis.gemm import gemm_table
+        table = gemm_table(path)
         return table, Source.of(table, live=False)
     import torch
 
@@ -103,50 +105,49 @@ def gemm(device: str = "auto", ms=(1, 8, 32, 64, 128, 2048), formats=("bf16", "m
 def moe(device: str = "auto", ts=(1, 8, 32, 128, 512, 2048, 8192), routings=("balanced", "zipf"), providers=None,
         path=None) -> tuple[pd.DataFrame, Source]:
     """The grouped-MoE benchmark (:func:`m3lab.bench.moe.bench`, every provider unless ``providers``) at ``ts``
-    x ``routings`` on a GPU, else the recorded table (:func:`m3lab.bench.moe.moe_table`)."""
-    from m3lab.bench import moe as bench_moe
+    x ``routings`` on a GPU, else the recorded table (:func:`m3lab.bench_analysis.moe.moe_table`)."""
+    from m3lab.bench_analysis.moe import moe_table
     if resolve_device(device) == "cpu":
-        table = bench_moe.moe_table(path)
+        table = moe_table(path)
         return table, Source.of(table, live=False)
     import torch
 
+    from m3lab.bench import moe as bench_moe
     from m3lab.bench.ceilings import measure_ceilings
     from m3lab.bench.table import append_rows
     rows = bench_moe.bench(list(providers or bench_moe.PROVIDERS), tuple(ts), tuple(routings),
                            ceilings=measure_ceilings(torch.device("cuda")), log=_progress)
     with tempfile.TemporaryDirectory() as tmp:   # read back as the recorded table is: T and routing parsed
-        table = bench_moe.moe_table(append_rows(Path(tmp) / "moe.csv", rows))
+        table = moe_table(append_rows(Path(tmp) / "moe.csv", rows))
     return table, Source.of(table, live=True)
 
 
 def sparse(device: str = "auto", batches=(1, 32, 128), contexts=(8192, 65536), q_rows=(1, 4), prefill: bool = True,
            deadline_s: float = 600.0, path=None) -> tuple[pd.DataFrame, Source]:
-    """The sparse-attention and indexer benchmark (:func:`m3lab.bench.sparse_attn.main`, gates skipped) at
-    ``batches`` x ``contexts`` x ``q_rows`` (+ the prefill chunks) on a GPU, else the recorded table
-    (:func:`m3lab.bench.sparse_attn.recorded_table`). Live runs need vLLM's kernels (its peer)."""
-    from m3lab.bench import sparse_attn as sa
+    """The sparse-attention and indexer benchmark (:func:`m3lab.bench.sparse_attn.run`) at ``batches`` x
+    ``contexts`` x ``q_rows`` (+ the prefill chunks) on a GPU, else the recorded table
+    (:func:`m3lab.bench_analysis.sparse.recorded_table`). Live runs need vLLM's kernels (its peer)."""
+    from m3lab.bench_analysis.sparse import recorded_table
     if resolve_device(device) == "cpu":
-        table = sa.recorded_table(path)
+        table = recorded_table(path)
         return table, Source.of(table, live=False)
+    from m3lab.bench import sparse_attn as sa
     from m3lab.vllm.imports import m3_module
     m3_module("common.ops.sparse_attn", "live sparse-attention measurements (vLLM's kernels are the peer)")
     with tempfile.TemporaryDirectory() as tmp:   # the runner prints its progress and writes its table here
-        sa.main(out=tmp, batches=",".join(map(str, batches)), contexts=",".join(map(str, contexts)),
-                q_rows=",".join(map(str, q_rows)), deadline_s=deadline_s, prefill=prefill, gates="")
-        csv = Path(tmp) / "sparse_attn.csv"
+        csv = sa.run(out=tmp, batches=tuple(batches), contexts=tuple(contexts), q_rows=tuple(q_rows),
+                     deadline_s=deadline_s, prefill=prefill)
         if not csv.is_file():
             raise M3LabError(f"no sparse-attention point finished within deadline_s={deadline_s}", field="deadline_s")
-        table = sa.recorded_table(csv)
+        table = recorded_table(csv)
     return table, Source.of(table, live=True)
 
 
-def tuned_moe_table(device_name: str = "NVIDIA_H200", experts: int | None = None,
-                    n: int | None = None) -> pd.DataFrame:
+def tuned_moe_table(device_name: str = "NVIDIA_H200", experts: int | None = None, n: int | None = None) -> pd.DataFrame:
     """The tuned grouped-MoE launch table in vLLM's format (``kernels/moe/configs``) as rows: T and its config.
-    ``experts``/``n`` default to M3 at TP4 with the shared expert fused (129 rows of 768 columns)."""
+    ``experts`` (incl. the fused shared one), ``n`` (intermediate width per rank): default one TP4 rank of M3."""
     from m3lab.kernels.moe import tables
-    m, plan = load_model("minimax-m3"), ParallelPlan(tp=4, fused_shared_expert=True)
-    experts = plan.expert_rows_local(m) if experts is None else experts
-    n = plan.expert_inter_local(m) if n is None else n
+    m3 = moe_problem("minimax-m3", tp=4)
+    experts, n = experts or m3.routed + m3.shared, n or m3.inter
     table = tables.load_table(tables.CONFIG_DIR / tables.file_name(experts, n, device_name))
     return pd.DataFrame([{"T": t, **cfg.to_dict()} for t, cfg in sorted(table.items())])
