@@ -45,10 +45,13 @@ def test_no_work_history_in_docs_or_code():
     assert _hits(HISTORY, _files()) == []
 
 
+UNTRACKED = ("node_modules", "runs", "build", "dist")   # folders a checkout makes, never docs
+
+
 def _docs() -> list[tuple[str, str, Path]]:
     """(label, text, folder it is relative to) of every README and every docstring in m3lab/ and kernels/."""
     out = [(str(p.relative_to(ROOT)), p.read_text(), p.parent) for p in [*ROOT.glob("*.md"), *ROOT.rglob("README.md")]
-           if not any(part.startswith(".") or part in ("node_modules", "runs", "build", "dist") for part in p.relative_to(ROOT).parts)]
+           if not any(part.startswith(".") or part in UNTRACKED for part in p.relative_to(ROOT).parts)]
     for p in sorted([*(ROOT / "m3lab").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]):
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
