@@ -88,7 +88,7 @@ def test_settings_take_vllm_env_and_flag_names():
 
 def test_defaults_are_vllms():
     from m3lab.spec.hardware import list_hardware, load_hardware
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
 
     for name in VLLM_SERVE_BATCH_DEFAULTS:
         assert vllm_batch_defaults(load_hardware(name)) == VLLM_SERVE_BATCH_DEFAULTS[name], name

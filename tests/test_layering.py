@@ -62,7 +62,7 @@ def test_import_has_no_side_effects():
 # Layers, lowest first (a module takes the rank of its longest matching prefix). A module may import its own
 # layer and the layers below; importing a higher one is an upward import. m3lab.kernels is the repo's kernels/.
 LAYERS = {
-    "m3lab.errors": 0, "m3lab.atomic": 0, "m3lab.kernels": 0, "m3lab.vllm.imports": 0, "m3lab.vllm.install": 0,
+    "m3lab.errors": 0, "m3lab.atomic": 0, "m3lab.kernels": 0, "m3lab.vllm_src": 0,
     "m3lab.spec": 1, "m3lab.traces": 1, "m3lab.artifacts": 1, "m3lab.published": 1,
     "m3lab.workload": 2, "m3lab.optable": 2, "m3lab.cache.pool": 2, "m3lab.cache.policies": 2,
     "m3lab.dispatch": 3,

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from m3lab.errors import M3LabError
-from m3lab.vllm import install
+from m3lab.vllm_src import install
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "m3lab" / "serving" / "data" / "inferencex_atom_mtp_tp4_conc64_isl8192_osl1024.json"

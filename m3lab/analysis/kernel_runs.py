@@ -130,7 +130,7 @@ def sparse(device: str = "auto", batches=(1, 32, 128), contexts=(8192, 65536), q
     if resolve_device(device) == "cpu":
         table = sa.recorded_table(path)
         return table, Source.of(table, live=False)
-    from m3lab.vllm.imports import m3_module
+    from m3lab.vllm_src.imports import m3_module
     m3_module("common.ops.sparse_attn", "live sparse-attention measurements (vLLM's kernels are the peer)")
     with tempfile.TemporaryDirectory() as tmp:   # the runner prints its progress and writes its table here
         sa.main(out=tmp, batches=",".join(map(str, batches)), contexts=",".join(map(str, contexts)),

@@ -320,7 +320,7 @@ def tile_choices(device_name: str = "NVIDIA_H200", ms=TILE_MS, w_format: str = "
     import math
 
     from ..kernels.gemm.tables import heuristic_config, load_table, nearest, table_path
-    from ..vllm.imports import vllm_module
+    from ..vllm_src.imports import vllm_module
     from .gemm import VLLM_MXFP8, model_gemm_shapes
     select = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 tile table")._select_cfg
     rows = []

@@ -86,7 +86,7 @@ def provider_calls(provider: str, ops: Operands, w_format: str, m: int, n: int, 
         dws = [pack(w, s, w_format) for w, s in ops.ws]
         return [lambda dw=dw, y=y: layout_launcher.linear_layout(ops.x, dw, out=y) for dw, y in zip(dws, ops.ys)]
     if provider == "vllm-mxfp8":   # vLLM's own launcher, run as vLLM runs it (its quantiser, tile and kernel)
-        from ..vllm.imports import vllm_module
+        from ..vllm_src.imports import vllm_module
         linear = vllm_module(VLLM_MXFP8, "vLLM's MXFP8 linear")._mxfp8_dot_scaled_linear
         return [lambda w=w, s=s: linear(ops.x, w, s) for w, s in ops.ws]
     config = None

@@ -144,7 +144,7 @@ def _vllm_mxfp8(x, w, weights_, ids):
     if not _VLLM_MX:
         from ..kernels.moe.align import align
         from ..kernels.mx import triton_mx
-        from ..vllm.imports import m3_module, vllm_module
+        from ..vllm_src.imports import m3_module, vllm_module
         m3_module("amd.ops.swiglu_oai")
         mod = vllm_module("vllm.model_executor.layers.fused_moe.experts.mxfp8_native_moe")
         mod.moe_align_block_size = lambda ids_, block_m, e, emap=None, ignore_invalid_experts=False: \

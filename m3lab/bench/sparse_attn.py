@@ -118,7 +118,7 @@ def common_fraction(p: Point) -> float:
 
 
 def _vllm():
-    from ..vllm.imports import m3_module
+    from ..vllm_src.imports import m3_module
     return (m3_module("common.ops.sparse_attn"), m3_module("common.ops.index_topk"),
             m3_module("amd.ops.index_topk"))
 

@@ -617,7 +617,7 @@ def spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> Mo
 
 def _vllm_parses() -> bool:
     """Whether vLLM's config class parses M3 configs here (else m3lab's reader, with a one-time notice)."""
-    from m3lab.vllm import install  # the install check reads package metadata only (no vLLM import)
+    from m3lab.vllm_src import install  # the install check reads package metadata only (no vLLM import)
     return install.tell_once("parsing MiniMax M3 configs with vLLM's MiniMaxM3Config (m3lab's own reader is used)")
 
 

@@ -21,7 +21,7 @@ from m3lab.errors import M3LabError
 @lru_cache(maxsize=1)
 def vllm_root() -> Path:
     """The installed vllm package directory (found without importing vllm)."""
-    from m3lab.vllm import install
+    from m3lab.vllm_src import install
     install.require("citing vLLM's source")
     spec = importlib.util.find_spec("vllm")
     return Path(list(spec.submodule_search_locations)[0])

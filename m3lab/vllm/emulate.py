@@ -112,7 +112,7 @@ def _prepare_process() -> None:
     """Import vLLM as m3lab does, with the pieces that must resolve before any emulation (idempotent)."""
     if _PROCESS.prepared:
         return
-    from m3lab.vllm.imports import prepare
+    from m3lab.vllm_src.imports import prepare
     prepare("emulating a GPU platform for vLLM")
     os.environ.setdefault("HIP_VISIBLE_DEVICES", "")
     import transformers  # noqa: F401  (probes find_spec("torchvision") before the stand-in exists)
@@ -312,7 +312,7 @@ def _aiter_constants(platform: Any) -> Iterator[None]:
 def _first_binding(target: Target) -> None:
     """On the process's first emulation: the real M3 package and fresh arch-bound modules."""
     if isinstance(sys.modules.get(M3_PACKAGE), types.ModuleType) and not hasattr(sys.modules[M3_PACKAGE], "__file__"):
-        del sys.modules[M3_PACKAGE]  # m3lab.vllm.imports' bare package: import vLLM's own under the target
+        del sys.modules[M3_PACKAGE]  # m3lab.vllm_src.imports' bare package: import vLLM's own under the target
     for name in ARCH_BOUND_MODULES:
         if name in sys.modules:
             importlib.reload(sys.modules[name])

@@ -32,7 +32,7 @@ def shipped_dir() -> Path:
     """The installed vLLM's shipped tables (found without importing vLLM)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        from m3lab.vllm import install
+        from m3lab.vllm_src import install
         install.require("comparing with vLLM's shipped fused-MoE tables")
     return Path(list(spec.submodule_search_locations)[0]) / "model_executor" / "layers" / "fused_moe" / "configs"
 

@@ -81,7 +81,7 @@ class _Vllm:
         if cls._mods is None:
             cache_root()
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")   # its warnings about tiny test budgets are noise
-            from m3lab.vllm.imports import vllm_module
+            from m3lab.vllm_src.imports import vllm_module
 
             m = {name: vllm_module(mod, FEATURE) for name, mod in (
                 ("config", "vllm.config"), ("registry", "vllm.model_executor.models.registry"),

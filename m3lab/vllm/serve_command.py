@@ -308,7 +308,7 @@ def _cpu_platform_if_unspecified() -> Iterator[None]:
     the same reason (``vllm/entrypoints/cli/main.py:78-85``); do that for the duration, then restore."""
     import sys
 
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
     platforms = vllm_module("vllm.platforms", "checking commands with vLLM's parser")
     before = platforms.current_platform
     if not before.is_unspecified():
@@ -337,7 +337,7 @@ def vllm_parser(command: str) -> Any:
     as ``vllm/entrypoints/cli/serve.py:172`` builds it) or ``"bench serve"``
     (``vllm/benchmarks/serve.py:add_cli_args``)."""
     if command not in _PARSERS:
-        from m3lab.vllm.imports import vllm_module
+        from m3lab.vllm_src.imports import vllm_module
         argparse_utils = vllm_module("vllm.utils.argparse_utils", "checking commands with vLLM's parser")
         parser = argparse_utils.FlexibleArgumentParser(prog=f"vllm {command}")
         with _cpu_platform_if_unspecified():
@@ -368,7 +368,7 @@ def parse_with_vllm(argv: Sequence[str]) -> Any:
             with contextlib.redirect_stderr(err):
                 ns = parser.parse_args(rest)
             if command == "serve":
-                from m3lab.vllm.imports import vllm_module
+                from m3lab.vllm_src.imports import vllm_module
                 vllm_module("vllm.entrypoints.common.cli_args").validate_parsed_serve_args(ns)
         except SystemExit:
             msg = err.getvalue().strip().splitlines()
@@ -382,7 +382,7 @@ def parse_with_vllm(argv: Sequence[str]) -> Any:
 def unknown_env(env: dict[str, str]) -> list[str]:
     """The variables of ``env`` vLLM does not declare (``VLLM_*`` missing from ``vllm.envs``; anything else
     except the device-visibility variables)."""
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
     known = set(vllm_module("vllm.envs").environment_variables)
     return sorted(k for k in env if k not in known and k not in DEVICE_VARS.values())
 
