@@ -126,7 +126,7 @@ def test_entry_points_take_a_deployment():
     from m3lab.serving.step_cost import cost_step
     from m3lab.serving.disagg import pd_estimate
     from m3lab.spec.memory import memory_facts
-    from m3lab.workload.shapes import shape_histograms
+    from m3lab.analysis.shapes import shape_histograms
 
     for fn in (estimate, pd_estimate, cached_serving, cost_step, shape_histograms, memory_facts):
         assert next(iter(inspect.signature(fn).parameters)) == "deployment", fn.__name__

@@ -41,7 +41,7 @@ def shapes(
     """Local shapes each kernel sees over a workload (projected): distinct GEMMs with their M values."""
     # heavy dependency: the resolver runs vLLM (in a worker) when the deployment asks for what vLLM decides
     from m3lab.vllm.fastpaths import effective_plan
-    from m3lab.workload.shapes import shape_histograms
+    from m3lab.analysis.shapes import shape_histograms
 
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl,
                   concurrency=concurrency, num_prompts=num_prompts, max_num_seqs=max_num_seqs,
