@@ -68,7 +68,7 @@ LAYERS = {
     "m3lab.dispatch": 3,
     "m3lab.model": 4, "m3lab.weights": 4, "m3lab.cost": 4, "m3lab.analysis": 4,
     "m3lab.analysis.kernel_runs": 6,   # runs the benchmark runners (layer 5) for the kernel notebooks' figures
-    "m3lab.pd": 4, "m3lab.pd.speculation": 5, "m3lab.pd.plots": 6,
+    "m3lab.pd": 4,
     "m3lab.serving": 5, "m3lab.bench": 5, "m3lab.gates": 5, "m3lab.tune": 5, "m3lab.vllm": 5, "m3lab.cache": 5, "m3lab.capture": 6,
     "m3lab.plots": 6, "m3lab.pipeline": 6, "m3lab.ladder": 6,
     "m3lab.cli": 7, "m3lab.nb": 7, "m3lab.__main__": 7, "m3lab": 7,
