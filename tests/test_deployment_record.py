@@ -122,7 +122,7 @@ def test_a_changed_preset_is_named_for_what_changed():
 
 
 def test_entry_points_take_a_deployment():
-    from m3lab.cache.serving import cached_serving
+    from m3lab.serving.cached import cached_serving
     from m3lab.serving.step_cost import cost_step
     from m3lab.serving.disagg import pd_estimate
     from m3lab.spec.memory import memory_facts

@@ -5,9 +5,9 @@ import sys
 import textwrap
 
 # Packages that must import without the notebook stack. m3lab.plots / pipeline / cli / nb sit on top.
-CORE = ["m3lab.spec", "m3lab.optable", "m3lab.workload", "m3lab.model", "m3lab.dispatch", "m3lab.weights",
-        "m3lab.kernels", "m3lab.bench", "m3lab.tune", "m3lab.gates", "m3lab.traces", "m3lab.cost",
-        "m3lab.serving", "m3lab.analysis", "m3lab.ladder"]
+CORE = ["m3lab.vllm_src", "m3lab.spec", "m3lab.optable", "m3lab.workload", "m3lab.model", "m3lab.dispatch",
+        "m3lab.weights", "m3lab.kernels", "m3lab.bench", "m3lab.tune", "m3lab.gates", "m3lab.traces", "m3lab.cost",
+        "m3lab.serving", "m3lab.analysis", "m3lab.ladder", "m3lab.capture"]
 NOTEBOOK_STACK = ["plotly", "papermill", "nbformat", "nbconvert", "jupyterlab", "jupyter_client", "ipykernel",
                   "IPython"]
 
@@ -59,19 +59,37 @@ def test_import_has_no_side_effects():
 
 
 # ---------------------------------------------------------------- the import graph, read from the source
-# Layers, lowest first (a module takes the rank of its longest matching prefix). A module may import its own
-# layer and the layers below; importing a higher one is an upward import. m3lab.kernels is the repo's kernels/.
+# Floors, lowest first: every key is a folder (m3lab.<folder>) or a top module (m3lab.<module>), never a file
+# inside a folder. A module may import its own floor and the floors below; importing a higher one is an upward
+# import. m3lab.kernels is the repo's kernels/.
 LAYERS = {
     "m3lab.errors": 0, "m3lab.atomic": 0, "m3lab.kernels": 0, "m3lab.vllm_src": 0,
     "m3lab.spec": 1, "m3lab.traces": 1, "m3lab.artifacts": 1, "m3lab.published": 1,
-    "m3lab.workload": 2, "m3lab.optable": 2, "m3lab.cache.pool": 2, "m3lab.cache.policies": 2,
-    "m3lab.dispatch": 3,
-    "m3lab.model": 4, "m3lab.weights": 4, "m3lab.cost": 4, "m3lab.analysis": 4,
-    "m3lab.analysis.kernel_runs": 6,   # runs the benchmark runners (layer 5) for the kernel notebooks' figures
-    "m3lab.pd": 4,
-    "m3lab.serving": 5, "m3lab.bench": 5, "m3lab.gates": 5, "m3lab.tune": 5, "m3lab.vllm": 5, "m3lab.cache": 5, "m3lab.capture": 6,
-    "m3lab.plots": 6, "m3lab.pipeline": 6, "m3lab.ladder": 6,
-    "m3lab.cli": 7, "m3lab.nb": 7, "m3lab.__main__": 7, "m3lab": 7,
+    "m3lab.cache": 2, "m3lab.dispatch": 2, "m3lab.weights": 2,
+    "m3lab.workload": 3, "m3lab.model": 3,
+    "m3lab.optable": 4,
+    "m3lab.analysis": 5, "m3lab.cost": 5, "m3lab.pd": 5,
+    "m3lab.vllm": 6,
+    "m3lab.serving": 7,
+    "m3lab.capture": 8, "m3lab.gates": 8,
+    "m3lab.bench": 9,
+    "m3lab.tune": 10,
+    "m3lab.ladder": 11, "m3lab.sessions": 11,
+    "m3lab.plots": 12, "m3lab.pipeline": 12,
+    "m3lab.cli": 13, "m3lab.nb": 13, "m3lab.__main__": 13, "m3lab": 13,
+}
+
+# The {bench, gates, tune} and {analysis, bench} knots, restructured on the bench room's branch: the upward imports
+# (importer, imported) it removes. The lead deletes this set when that branch is merged; nothing else is exempt,
+# and an entry that no longer occurs fails the test (the set cannot outlive the knot).
+AWAITING_BENCH_ROOM = {
+    ("m3lab.analysis.kernel_runs", "m3lab.bench.ceilings"), ("m3lab.analysis.kernel_runs", "m3lab.bench.gemm"),
+    ("m3lab.analysis.kernel_runs", "m3lab.bench.moe"), ("m3lab.analysis.kernel_runs", "m3lab.bench.sparse_attn"),
+    ("m3lab.analysis.kernel_runs", "m3lab.bench.table"),
+    ("m3lab.bench.gpu_session", "m3lab.tune.gemm"), ("m3lab.bench.peers_gemm", "m3lab.tune.gemm"),
+    ("m3lab.bench.peers_session", "m3lab.tune.gemm"),
+    ("m3lab.gates.gemm", "m3lab.bench.gemm"), ("m3lab.gates.vllm_gemm", "m3lab.bench.gemm"),
+    ("m3lab.gates.perf", "m3lab.bench.table"), ("m3lab.gates.perf", "m3lab.bench.timing"),
 }
 
 
@@ -161,20 +179,45 @@ def _rank(module: str, layers: dict):
     return layers[max(keys, key=len)] if keys else None
 
 
-def upward_imports(graph: dict, layers: dict) -> list[str]:
-    """Every import of a higher layer, and every module in no layer, as readable lines."""
-    bad = []
+def upward_edges(graph: dict, layers: dict) -> dict:
+    """{(importer, imported): readable line} for every import of a higher layer, and {(module, None): line} for
+    every module in no layer."""
+    bad = {}
     for mod, edges in sorted(graph.items()):
         r = _rank(mod, layers)
         if r is None:
-            bad.append(f"{mod} is in no layer (add it to LAYERS)")
+            bad[(mod, None)] = f"{mod} is in no layer (add it to LAYERS)"
             continue
         for target, (line, in_fn) in sorted(edges.items()):
             t = _rank(target, layers)
             if t is not None and t > r:
                 where = "inside a function" if in_fn else "at module level"
-                bad.append(f"{mod}:{line} imports {target} {where} (layer {r} -> {t})")
+                bad[(mod, target)] = f"{mod}:{line} imports {target} {where} (layer {r} -> {t})"
     return bad
+
+
+def upward_imports(graph: dict, layers: dict) -> list[str]:
+    """Every import of a higher layer, and every module in no layer, as readable lines."""
+    return list(upward_edges(graph, layers).values())
+
+
+def layer_keys_below_folders(layers: dict) -> list[str]:
+    """Keys of the layer map deeper than ``pkg.<folder>``: a per-file exception, which the map must not have."""
+    return sorted(k for k in layers if k.count(".") > 1)
+
+
+def layering_violations(graph: dict, layers: dict, awaiting: set) -> list[str]:
+    """What the repository's layering test reports: per-file keys in the map, upward imports not awaiting the
+    bench room, entries of ``awaiting`` outside its knot or no longer present."""
+    found = upward_edges(graph, layers)
+    out = [f"{k} is deeper than a folder: the layer map takes folders only" for k in layer_keys_below_folders(layers)]
+    out += [line for edge, line in found.items() if edge not in awaiting]
+    knot = {"analysis", "bench", "gates", "tune"}
+    out += [f"{a} -> {b} awaits the bench room but is outside its knot" for a, b in sorted(awaiting)
+            if not {a.split(".")[1], b.split(".")[1]} <= knot]
+    out += [f"{a} -> {b} awaits the bench room but no longer occurs: delete it"
+            for a, b in sorted(awaiting - set(found))]
+    return out
 
 
 def _repo_graph():
@@ -189,8 +232,27 @@ def test_no_import_cycles_even_through_function_level_imports():
 
 
 def test_no_upward_imports():
-    bad = upward_imports(_repo_graph(), LAYERS)
+    bad = layering_violations(_repo_graph(), LAYERS, AWAITING_BENCH_ROOM)
     assert not bad, "\n".join(bad)
+
+
+def test_a_planted_upward_import_or_per_file_key_fails_the_repository_map():
+    graph = _repo_graph()
+    assert layering_violations(graph, LAYERS, AWAITING_BENCH_ROOM) == []
+    planted = {**graph, "m3lab.spec.model": {**graph["m3lab.spec.model"], "m3lab.serving.estimate": (9, True)}}
+    assert layering_violations(planted, LAYERS, AWAITING_BENCH_ROOM) == [
+        "m3lab.spec.model:9 imports m3lab.serving.estimate inside a function (layer 1 -> 7)"]
+    inside_knot = {**graph, "m3lab.gates.moe": {**graph["m3lab.gates.moe"], "m3lab.bench.moe": (3, False)}}
+    assert layering_violations(inside_knot, LAYERS, AWAITING_BENCH_ROOM) == [
+        "m3lab.gates.moe:3 imports m3lab.bench.moe at module level (layer 8 -> 9)"]
+    per_file = {**LAYERS, "m3lab.dispatch.capture": 8}
+    assert layering_violations(graph, per_file, AWAITING_BENCH_ROOM) == [
+        "m3lab.dispatch.capture is deeper than a folder: the layer map takes folders only"]
+    stale = AWAITING_BENCH_ROOM | {("m3lab.bench.moe", "m3lab.tune.gemm"), ("m3lab.serving.cached", "m3lab.cli")}
+    assert layering_violations(graph, LAYERS, stale) == [
+        "m3lab.serving.cached -> m3lab.cli awaits the bench room but is outside its knot",
+        "m3lab.bench.moe -> m3lab.tune.gemm awaits the bench room but no longer occurs: delete it",
+        "m3lab.serving.cached -> m3lab.cli awaits the bench room but no longer occurs: delete it"]
 
 
 def _plant(tmp_path, files: dict) -> dict:

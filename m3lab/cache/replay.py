@@ -9,7 +9,7 @@ oldest finishing first. A request is admitted as vLLM admits it (lookup, then ``
 whole prompt with ``full_sequence_must_fit``, then the stats record), then decodes its output (slots up
 to ``prompt + output - 1`` tokens; the blocks that fill are cached). When blocks run out the oldest
 running request finishes early; a request that fits in no empty pool is counted in ``rejected``
-(vLLM would never schedule it). For time, queues and preemption use :mod:`m3lab.cache.serving`.
+(vLLM would never schedule it). For time, queues and preemption use :mod:`m3lab.serving.cached`.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from m3lab.errors import M3LabError
 
 
 def _capacity(text: str, block_size: int) -> float | None:
-    from m3lab.cache.capacity import check_sim_capacity
+    from m3lab.serving.cache_capacity import check_sim_capacity
 
     if text.lower() in ("inf", "infinite", "unlimited", "none"):
         return None
@@ -93,7 +93,7 @@ def cache_sim_cmd(
 
 
 def print_estimate(summary: dict, as_json: bool) -> None:
-    """Print what ``m3lab estimate --workload agentx`` computed (:func:`m3lab.cache.serving.estimate_workload`):
+    """Print what ``m3lab estimate --workload agentx`` computed (:func:`m3lab.serving.cached.estimate_workload`):
     one JSON object, or the headline figures."""
     if as_json:
         echo_json(summary)

@@ -27,7 +27,7 @@ def _each(name: str, least: int = 1, *, null: bool = False) -> Callable[[dict], 
 
 
 def _capacities(p: dict) -> None:
-    from m3lab.cache.capacity import check_sim_capacity
+    from m3lab.serving.cache_capacity import check_sim_capacity
     from m3lab.cache.replay import blocks_for_tokens
     from m3lab.cache.trace import read_trace
     block = inspect.signature(read_trace).parameters["block_size"].default   # what notebook 06 replays with

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from m3lab.cache.capacity import cache_capacity
+from m3lab.serving.cache_capacity import cache_capacity
 from m3lab.cost.host_time import step_host_us
 from m3lab.cost.model import cost_label, resolve_calibration
 from m3lab.errors import M3LabError

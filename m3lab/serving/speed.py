@@ -37,7 +37,7 @@ def _timed(label: str, fn) -> dict:
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run the benchmarks and print one line each, then the rows as JSON."""
     argv = sys.argv[1:] if argv is None else argv
-    from m3lab.cache.serving import estimate_workload
+    from m3lab.serving.cached import estimate_workload
     from m3lab.serving.estimate import estimate
     from m3lab.spec.serving import make_deployment
 

@@ -3,7 +3,7 @@
 :func:`cached_serving` serves a trace (default: the AgentX-like generator, :mod:`m3lab.cache.agentic`) on one
 replica as vLLM does: the step generator (:mod:`m3lab.workload.scheduler`, proven equal to vLLM's scheduler) with
 the deployment's limits, prefix caching on the trace's block keys (:class:`~m3lab.workload.requests.KeyContents`)
-in a KV pool per rank from the hardware memory (:mod:`m3lab.cache.capacity`; vLLM's LRU eviction or another
+in a KV pool per rank from the hardware memory (:mod:`m3lab.serving.cache_capacity`; vLLM's LRU eviction or another
 policy), speculative decoding with exact drafts (the record's method and k; acceptance from the record, or for
 agentic traffic without one the named assumption :data:`m3lab.workload.deployed.ASSUMED_AGENTIC_ACCEPT_LEN`), new
 turns' content prefilled in chunks that share steps with the running decodes. It runs on a clock
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from m3lab.cache.capacity import cache_capacity
 from m3lab.cache.replay import M3LabKVCache
 from m3lab.cache.sessions import Sessions
 from m3lab.cache.trace import Trace
 from m3lab.cost.host_time import step_host_us
 from m3lab.cost.model import cost_label, resolve_calibration
 from m3lab.errors import M3LabError
+from m3lab.serving.cache_capacity import cache_capacity
 from m3lab.serving.progress import late_progress
 from m3lab.serving.step_cost import StepCoster
 from m3lab.serving.timed_engine import TimedEngine, run_engines
