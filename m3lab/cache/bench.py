@@ -26,8 +26,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from m3lab.cache.agentic import generate
 from m3lab.cache.replay import M3LabKVCache, blocks_for_tokens, replay
 from m3lab.cache.trace import MOONCAKE_SYNTHETIC, Trace, read_mooncake
+from m3lab.cache.vllm_ref import VllmKVCache
 
 MOONCAKE = MOONCAKE_SYNTHETIC
 CSV = Path(__file__).resolve().parents[2] / "traces" / "bench" / "cache_sim.csv"
@@ -51,7 +53,6 @@ def lookup_rate(trace: Trace, engine: str, repeats: int = 3) -> tuple[int, float
     if engine == "m3lab":
         kv = M3LabKVCache(need, bs)
     else:
-        from m3lab.cache.vllm_ref import VllmKVCache
         kv = VllmKVCache(need, bs)
     for i in range(len(trace)):
         p = int(trace.prompt[i])
@@ -95,8 +96,6 @@ def _commit() -> str:
 
 def run(requests: int = 1000, repeats: int = 3, with_vllm: bool = True) -> list[dict]:
     """All measurements as rows (see module docstring)."""
-    from m3lab.cache.agentic import generate
-
     trace = read_mooncake(MOONCAKE, limit=requests)
     name = f"mooncake-synthetic[:{len(trace)}]"
     rows = []

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from m3lab.dispatch.registry import INDEXER_HANDOFF, FastPathRegistry, attach_impls
+from m3lab.vllm_src import install
 from m3lab.vllm_src.imports import m3_module
 
 
@@ -132,7 +133,6 @@ def implementations(topk: int = 16, init_blocks: int = 0, local_blocks: int = 1)
 def attach_vllm_kernels(registry: FastPathRegistry, *, topk: int = 16, init_blocks: int = 0,
                         local_blocks: int = 1) -> dict[str, str]:
     """Attach vLLM's own M3 kernels to the registry's paths; -> {path: "ok" | error text}."""
-    from m3lab.vllm_src import install
     if not install.available():
         return {"vllm": install.problem()}
     return attach_impls(registry, implementations(topk, init_blocks, local_blocks))
