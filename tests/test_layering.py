@@ -80,7 +80,7 @@ LAYERS = {
 }
 
 # The {bench, gates, tune} and {analysis, bench} knots, restructured on the bench room's branch: the upward imports
-# (importer, imported) it removes. The lead deletes this set when that branch is merged; nothing else is exempt,
+# (importer, imported) it removes. The lead empties this set when that branch is merged; nothing else is exempt,
 # and an entry that no longer occurs fails the test (the set cannot outlive the knot).
 AWAITING_BENCH_ROOM = {
     ("m3lab.analysis.kernel_runs", "m3lab.bench.ceilings"), ("m3lab.analysis.kernel_runs", "m3lab.bench.gemm"),
