@@ -26,7 +26,7 @@ MTP = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, block_size=16,
 
 @pytest.mark.parametrize("cfg", [SchedulerConfig(async_scheduling=False), MTP], ids=["sync", "async-mtp"])
 def test_metrics_are_vllm_bench_calculate_metrics(cfg):
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
 
     serve = vllm_module("vllm.benchmarks.serve")
     func = vllm_module("vllm.benchmarks.lib.endpoint_request_func")

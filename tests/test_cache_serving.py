@@ -1,4 +1,4 @@
-"""Agentic serving (m3lab.cache.serving): sessions on one engine of the step generator on a clock, prefix hits,
+"""Agentic serving (m3lab.serving.cached): sessions on one engine of the step generator on a clock, prefix hits,
 KV capacity, preemption, speculative decoding, long contexts in the step cost, the CLI."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from m3lab.cache.agentic import generate
-from m3lab.cache.serving import CoarseStepTime, acceptance_sensitivity, cached_serving
+from m3lab.serving.cached import CoarseStepTime, acceptance_sensitivity, cached_serving
 from m3lab.cache.trace import fixed_length
 from m3lab.cli.main import app
 from m3lab.errors import M3LabError
@@ -136,7 +136,7 @@ def test_open_loop_uses_the_trace_arrival_times():
 
 
 def test_capacity_per_rank_comes_from_the_memory_model():
-    from m3lab.cache.capacity import cache_capacity
+    from m3lab.serving.cache_capacity import cache_capacity
     from m3lab.serving.capacity import RESERVE_BYTES
     from m3lab.spec.hardware import load_hardware
     from m3lab.spec.memory import kv_bytes, weight_bytes_per_gpu

@@ -55,16 +55,16 @@ def test_bad_input_exits_2(tmp_path):
 def test_verify_real_dispatcher_trace_tp2_names_kv_condition(tmp_path):
     """Acceptance 4 on a trace from m3lab.dispatch (full-width M3 on the meta device, 4 layers)."""
     try:
-        from m3lab.dispatch import capture
+        from m3lab.capture import reference
     except ImportError as err:  # the dispatcher/model package is not importable in this checkout
-        pytest.skip(f"m3lab.dispatch.capture: {err}")
+        pytest.skip(f"m3lab.capture.reference: {err}")
     from m3lab.dispatch.registry import m3_registry
     from m3lab.spec.serving import load_preset
     from m3lab.vllm.fastpath_expectations import registry_answers
     dep = load_preset("mxfp8-tp4-optimised").with_settings({"tp": "2", "ep": "2"})  # the registry reads vLLM's answer
-    tp2 = capture.capture_dispatch_trace("minimax-m3", {"tp": 2, "fused_shared_expert": True}, [[40], [1]],
-                                         tmp_path / "tp2.jsonl.gz", device="meta", layers=4,
-                                         registry=m3_registry(answers=registry_answers(dep)))
+    tp2 = reference.capture_dispatch_trace("minimax-m3", {"tp": 2, "fused_shared_expert": True}, [[40], [1]],
+                                           tmp_path / "tp2.jsonl.gz", device="meta", layers=4,
+                                           registry=m3_registry(answers=registry_answers(dep)))
     res = runner.invoke(app, ["trace", "verify", str(tp2), "--expect", "minimax_m3_tp4", "--json"])
     assert res.exit_code == 1, res.output
     rows = {r["id"]: r for r in json.loads(res.stdout)["results"]}

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from m3lab.dispatch.capture import build_traced_model
-from m3lab.dispatch.crosscheck import compare_with_optable, traced_shapes
+from m3lab.capture.reference import build_traced_model
+from m3lab.capture.crosscheck import compare_with_optable, traced_shapes
 from m3lab.optable import build_optable
 from m3lab.spec.plan import ParallelPlan
 from m3lab.workload.step import EngineStep

@@ -88,7 +88,7 @@ def test_settings_take_vllm_env_and_flag_names():
 
 def test_defaults_are_vllms():
     from m3lab.spec.hardware import list_hardware, load_hardware
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
 
     for name in VLLM_SERVE_BATCH_DEFAULTS:
         assert vllm_batch_defaults(load_hardware(name)) == VLLM_SERVE_BATCH_DEFAULTS[name], name
@@ -122,11 +122,11 @@ def test_a_changed_preset_is_named_for_what_changed():
 
 
 def test_entry_points_take_a_deployment():
-    from m3lab.cache.serving import cached_serving
+    from m3lab.serving.cached import cached_serving
     from m3lab.serving.step_cost import cost_step
     from m3lab.serving.disagg import pd_estimate
     from m3lab.spec.memory import memory_facts
-    from m3lab.workload.shapes import shape_histograms
+    from m3lab.analysis.shapes import shape_histograms
 
     for fn in (estimate, pd_estimate, cached_serving, cost_step, shape_histograms, memory_facts):
         assert next(iter(inspect.signature(fn).parameters)) == "deployment", fn.__name__

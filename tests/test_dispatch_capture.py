@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from m3lab.dispatch.gpu_capture import capture
+from m3lab.capture.gpu import capture
 from m3lab.traces import read_dispatch_trace
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from m3lab.dispatch import CallContext, Condition, Dispatcher, FastPath, FastPathRegistry, m3_registry
-from m3lab.dispatch.capture import build_traced_model, capture_dispatch_trace, run_steps
+from m3lab.capture.reference import build_traced_model, capture_dispatch_trace, run_steps
 from m3lab.errors import M3LabError
 from m3lab.traces import Expectations, read_dispatch_trace, verify
 

@@ -21,7 +21,7 @@ D, B = 128, 128  # vLLM's kernels are compiled for head_dim 128 and 128-token bl
 @pytest.fixture(autouse=True, scope="module")
 def one_autotune_config():
     """The interpreter has no device to benchmark on: keep the first config of vLLM's autotuned top-k kernels."""
-    from m3lab.vllm.imports import m3_module
+    from m3lab.vllm_src.imports import m3_module
     ops = m3_module("common.ops.index_topk")
     tuned = [getattr(ops, k).fn for k in ("_topk_index_kernel", "_topk_index_partial_kernel")]
     saved = [t.configs for t in tuned]

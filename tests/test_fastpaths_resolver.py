@@ -12,7 +12,8 @@ import pytest
 
 from m3lab.errors import M3LabError
 from m3lab.spec.serving import PRESETS, deployment, load_preset
-from m3lab.vllm import decide, install, workers
+from m3lab.vllm import decide, workers
+from m3lab.vllm_src import install
 from m3lab.vllm.fastpaths import effective_plan, resolve
 from m3lab.vllm.fastpath_types import Decision
 

@@ -13,7 +13,7 @@ from m3lab.vllm.cite import Flag
 
 def _vllm_default(name: str):
     """What vllm.envs returns for ``name`` with the variable unset."""
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
     envs = vllm_module("vllm.envs")
     saved = os.environ.pop(name, None)
     try:
@@ -33,7 +33,7 @@ def test_every_env_default_equals_vllm_envs():
 
 
 def test_other_defaults_equal_vllm_config_defaults():
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
     kernel = vllm_module("vllm.config.kernel").KernelConfig
     attention = vllm_module("vllm.config.attention").AttentionConfig
     fields = {**kernel.__dataclass_fields__, **attention.__dataclass_fields__}

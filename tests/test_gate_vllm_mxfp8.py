@@ -7,7 +7,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from m3lab.gates.runner import run_gates  # noqa: E402
-from m3lab.vllm import install  # noqa: E402
+from m3lab.vllm_src import install  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not install.available(), reason="vLLM 0.33.0 not installed")
 

@@ -132,7 +132,7 @@ def test_activation_rule_is_vllms():
     """dl.quantize_x_mxfp8 (the fp8-MMA kernel's reference) equals vLLM's activation quantiser for MXFP8 linears
     (vllm/model_executor/layers/quantization/utils/mxfp8_utils.py:38, ``_mxfp8_e4m3_quantize_torch``), including
     all-zero blocks, blocks whose maximum sits at 448 * 2**e and just above it, and blocks 2**±30 apart."""
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
     mod = vllm_module("vllm.model_executor.layers.quantization.utils.mxfp8_utils", "vLLM's MXFP8 activation quantiser")
     x = torch.randn(6, 512) * torch.exp2(torch.randint(-30, 30, (6, 16)).float()).repeat_interleave(32, 1)
     x[0, :32] = 0

@@ -15,7 +15,7 @@ M3_E, M3_N, M3_H, M3_TOPK = 129, 768, 6144, 5
 
 
 def _fused_moe_module():
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
     return vllm_module("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused-MoE config lookup")
 
 

@@ -17,7 +17,7 @@ CPU = torch.device("cpu")
 
 def _pa():
     from m3lab.gates import interpreter_compat
-    from m3lab.vllm.imports import m3_module
+    from m3lab.vllm_src.imports import m3_module
     assert interpreter_compat.apply()
     return m3_module("amd.ops.sparse_pa")
 

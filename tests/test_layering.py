@@ -5,9 +5,9 @@ import sys
 import textwrap
 
 # Packages that must import without the notebook stack. m3lab.plots / pipeline / cli / nb sit on top.
-CORE = ["m3lab.spec", "m3lab.optable", "m3lab.workload", "m3lab.model", "m3lab.dispatch", "m3lab.weights",
-        "m3lab.kernels", "m3lab.bench", "m3lab.tune", "m3lab.gates", "m3lab.traces", "m3lab.cost",
-        "m3lab.serving", "m3lab.analysis", "m3lab.ladder", "m3lab.bench_analysis", "m3lab.sessions"]
+CORE = ["m3lab.vllm_src", "m3lab.spec", "m3lab.optable", "m3lab.workload", "m3lab.model", "m3lab.dispatch",
+        "m3lab.weights", "m3lab.kernels", "m3lab.bench", "m3lab.tune", "m3lab.gates", "m3lab.traces", "m3lab.cost",
+        "m3lab.serving", "m3lab.analysis", "m3lab.ladder", "m3lab.capture", "m3lab.bench_analysis", "m3lab.sessions"]
 NOTEBOOK_STACK = ["plotly", "papermill", "nbformat", "nbconvert", "jupyterlab", "jupyter_client", "ipykernel",
                   "IPython"]
 
@@ -59,22 +59,26 @@ def test_import_has_no_side_effects():
 
 
 # ---------------------------------------------------------------- the import graph, read from the source
-# Layers, lowest first (a module takes the rank of its longest matching prefix). A module may import its own
-# layer and the layers below; importing a higher one is an upward import. m3lab.kernels is the repo's kernels/.
+# Floors, lowest first: every key is a folder (m3lab.<folder>) or a top module (m3lab.<module>), never a file
+# inside a folder. A module may import its own floor and the floors below; importing a higher one is an upward
+# import. m3lab.kernels is the repo's kernels/.
 LAYERS = {
     "m3lab.errors": 0, "m3lab.atomic": 0, "m3lab.provenance": 0, "m3lab.arith": 0, "m3lab.kernels": 0,
-    "m3lab.vllm.imports": 0, "m3lab.vllm.install": 0,
+    "m3lab.vllm_src": 0,
     "m3lab.spec": 1, "m3lab.traces": 1, "m3lab.artifacts": 1, "m3lab.published": 1,
-    "m3lab.workload": 2, "m3lab.optable": 2, "m3lab.cache.pool": 2, "m3lab.cache.policies": 2,
-    "m3lab.dispatch": 3,
-    "m3lab.model": 4, "m3lab.weights": 4, "m3lab.cost": 4, "m3lab.analysis": 4,
-    "m3lab.pd": 4, "m3lab.pd.speculation": 5, "m3lab.pd.plots": 6,
-    "m3lab.dispatch.capture": 5, "m3lab.dispatch.gpu_capture": 5, "m3lab.dispatch.crosscheck": 5,
-    "m3lab.serving": 5, "m3lab.bench": 5, "m3lab.gates": 5, "m3lab.tune": 5, "m3lab.vllm": 5, "m3lab.cache": 5,
-    "m3lab.plots": 6, "m3lab.pipeline": 6, "m3lab.ladder": 6, "m3lab.bench_analysis": 6, "m3lab.sessions": 6,
-    "m3lab.cli": 7, "m3lab.nb": 7, "m3lab.__main__": 7, "m3lab": 7,
+    "m3lab.cache": 2, "m3lab.dispatch": 2, "m3lab.weights": 2,
+    "m3lab.workload": 3, "m3lab.model": 3,
+    "m3lab.optable": 4,
+    "m3lab.analysis": 5, "m3lab.cost": 5, "m3lab.pd": 5,
+    "m3lab.vllm": 6,
+    "m3lab.serving": 7,
+    "m3lab.capture": 8, "m3lab.gates": 8,
+    "m3lab.bench": 9,
+    "m3lab.tune": 10, "m3lab.bench_analysis": 10,
+    "m3lab.ladder": 11, "m3lab.sessions": 11,
+    "m3lab.plots": 12, "m3lab.pipeline": 12,
+    "m3lab.cli": 13, "m3lab.nb": 13, "m3lab.__main__": 13, "m3lab": 13,
 }
-
 
 def _modules(roots: dict) -> dict:
     """{module name: path} for every .py under each root folder ({folder: package name})."""
@@ -162,20 +166,38 @@ def _rank(module: str, layers: dict):
     return layers[max(keys, key=len)] if keys else None
 
 
-def upward_imports(graph: dict, layers: dict) -> list[str]:
-    """Every import of a higher layer, and every module in no layer, as readable lines."""
-    bad = []
+def upward_edges(graph: dict, layers: dict) -> dict:
+    """{(importer, imported): readable line} for every import of a higher layer, and {(module, None): line} for
+    every module in no layer."""
+    bad = {}
     for mod, edges in sorted(graph.items()):
         r = _rank(mod, layers)
         if r is None:
-            bad.append(f"{mod} is in no layer (add it to LAYERS)")
+            bad[(mod, None)] = f"{mod} is in no layer (add it to LAYERS)"
             continue
         for target, (line, in_fn) in sorted(edges.items()):
             t = _rank(target, layers)
             if t is not None and t > r:
                 where = "inside a function" if in_fn else "at module level"
-                bad.append(f"{mod}:{line} imports {target} {where} (layer {r} -> {t})")
+                bad[(mod, target)] = f"{mod}:{line} imports {target} {where} (layer {r} -> {t})"
     return bad
+
+
+def upward_imports(graph: dict, layers: dict) -> list[str]:
+    """Every import of a higher layer, and every module in no layer, as readable lines."""
+    return list(upward_edges(graph, layers).values())
+
+
+def layer_keys_below_folders(layers: dict) -> list[str]:
+    """Keys of the layer map deeper than ``pkg.<folder>``: a per-file exception, which the map must not have."""
+    return sorted(k for k in layers if k.count(".") > 1)
+
+
+def layering_violations(graph: dict, layers: dict) -> list[str]:
+    """What the repository's layering test reports: per-file keys in the map, then every upward import (and
+    every module in no layer)."""
+    out = [f"{k} is deeper than a folder: the layer map takes folders only" for k in layer_keys_below_folders(layers)]
+    return out + list(upward_edges(graph, layers).values())
 
 
 def _repo_graph():
@@ -190,8 +212,26 @@ def test_no_import_cycles_even_through_function_level_imports():
 
 
 def test_no_upward_imports():
-    bad = upward_imports(_repo_graph(), LAYERS)
+    bad = layering_violations(_repo_graph(), LAYERS)
     assert not bad, "\n".join(bad)
+
+
+def test_a_planted_upward_import_or_per_file_key_fails_the_repository_map():
+    graph = _repo_graph()
+    assert layering_violations(graph, LAYERS) == []
+    planted = {**graph, "m3lab.spec.model": {**graph["m3lab.spec.model"], "m3lab.serving.estimate": (9, True)}}
+    assert layering_violations(planted, LAYERS) == [
+        "m3lab.spec.model:9 imports m3lab.serving.estimate inside a function (layer 1 -> 7)"]
+    gates_up = {**graph, "m3lab.gates.moe": {**graph["m3lab.gates.moe"], "m3lab.bench.moe": (3, False)}}
+    assert layering_violations(gates_up, LAYERS) == [
+        "m3lab.gates.moe:3 imports m3lab.bench.moe at module level (layer 8 -> 9)"]
+    analysis_up = {**graph, "m3lab.bench_analysis.gemm": {**graph["m3lab.bench_analysis.gemm"],
+                                                          "m3lab.sessions.gemm": (4, True)}}
+    assert layering_violations(analysis_up, LAYERS) == [
+        "m3lab.bench_analysis.gemm:4 imports m3lab.sessions.gemm inside a function (layer 10 -> 11)"]
+    per_file = {**LAYERS, "m3lab.dispatch.capture": 8}
+    assert layering_violations(graph, per_file) == [
+        "m3lab.dispatch.capture is deeper than a folder: the layer map takes folders only"]
 
 
 def _plant(tmp_path, files: dict) -> dict:

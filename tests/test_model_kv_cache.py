@@ -78,12 +78,12 @@ def test_out_of_blocks_and_unknown_layout_are_clear_errors():
         _cache("triton").aiter_pages(0)
 
 
-@pytest.mark.skipif(not __import__("m3lab.vllm.install", fromlist=["available"]).available(),
+@pytest.mark.skipif(not __import__("m3lab.vllm_src.install", fromlist=["available"]).available(),
                     reason="vLLM 0.33.0 not installed")
 def test_aiter_pages_follow_vllms_page_table_rebase():
     """vLLM's own page arithmetic (amd/ops/sparse_pa.py): the K/V views count as interleaved sides (16 page ids
     per 128-token block) and a rebased block table page id reaches the written token in both views."""
-    from m3lab.vllm.imports import m3_module
+    from m3lab.vllm_src.imports import m3_module
 
     sp = m3_module("amd.ops.sparse_pa")
     c = _cache("aiter", block=128, blocks=3, heads=1, dim=128, dtype=torch.bfloat16)

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from m3lab.bench.table import BenchRow, append_rows
-from m3lab.pd import collective_time as ct
+from m3lab.cost import collective_time as ct
 from m3lab.spec.hardware import load_hardware
 from m3lab.spec.serving import make_deployment
 

@@ -89,7 +89,7 @@ def test_source_ranks_match_vllm_nixl_tp_mapping():
     # vllm/distributed/kv_transfer/kv_connector/v1/nixl/tp_mapping.py:79-127 (compute_tp_mapping)
     from types import SimpleNamespace
 
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
     tpm = vllm_module("vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping")
     for tp_p, tp_d in [(4, 4), (2, 4), (4, 8), (8, 4), (4, 2), (8, 8), (1, 4), (8, 2)]:
         for d in range(tp_d):

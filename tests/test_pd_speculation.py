@@ -6,7 +6,7 @@ import torch
 
 from m3lab.errors import M3LabError
 from m3lab.model import build_model
-from m3lab.pd.speculation import (acceptance_table, bench_acceptance, fit_acceptance_rate, geometric_accept_len,
+from m3lab.serving.speculation import (acceptance_table, bench_acceptance, fit_acceptance_rate, geometric_accept_len,
                                   greedy_accept, projected_accept_len, rollback, verify_step)
 
 PROMPT = 83   # > topk_blocks x block (4 x 16) of the mini model: the indexer really selects

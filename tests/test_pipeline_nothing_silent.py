@@ -144,7 +144,7 @@ def test_a_library_progress_bar_leaves_nothing_in_the_report(tmp_path):
 
 
 def test_shipped_tables_cite_repository_paths_not_this_machines():
-    from m3lab.pd.speculation import acceptance_table
+    from m3lab.serving.speculation import acceptance_table
     from m3lab.serving.vllm_bench import shipped_bench_table
 
     for table in (shipped_bench_table(), acceptance_table()):

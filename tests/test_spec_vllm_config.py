@@ -7,7 +7,7 @@ import pytest
 
 from m3lab.errors import M3LabError
 from m3lab.spec.model import CONFIG_DIR, ModelSpec, parse_hf_config
-from m3lab.vllm import install
+from m3lab.vllm_src import install
 
 needs_vllm = pytest.mark.skipif(not install.available(), reason="vLLM 0.33.0 not installed")
 FIELDS = ("layers", "hidden", "heads_q", "heads_kv", "head_dim", "vocab", "experts", "topk", "n_shared",

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from m3lab.errors import M3LabError
-from m3lab.vllm import install
+from m3lab.vllm_src import install
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "m3lab" / "serving" / "data" / "inferencex_atom_mtp_tp4_conc64_isl8192_osl1024.json"
@@ -37,7 +37,7 @@ def _bench_with_gpus(tmp_path: Path, gpus: str, deployment=None) -> Path:
 @needs_vllm
 def test_collect_bench_and_profile_into_artifacts_with_fast_path_verdict(tmp_path):
     from m3lab.spec.serving import load_preset
-    from m3lab.vllm.collect import collect, measured
+    from m3lab.serving.collect import collect, measured
 
     run = tmp_path / "run"
     profile = tmp_path / "profile"
@@ -79,7 +79,7 @@ def test_collect_refuses_a_benchmark_of_another_model_under_a_preset(tmp_path):
     """The review's command: a Qwen3.5 result collected as the MiniMax M3 preset h200-bf16-tp4."""
     from m3lab.cli.main import app
     from m3lab.spec.serving import load_preset
-    from m3lab.vllm.collect import bench_mismatches
+    from m3lab.serving.collect import bench_mismatches
     from m3lab.serving.vllm_bench import read_bench_result
 
     res = CliRunner().invoke(app, ["vllm", "collect", str(tmp_path / "run"), "--bench", str(BENCH),
@@ -96,7 +96,7 @@ def test_collect_refuses_another_concurrency_or_lengths_of_the_deployments_workl
 
     from m3lab.serving.vllm_bench import read_bench_result
     from m3lab.spec.serving import load_preset
-    from m3lab.vllm.collect import bench_mismatches
+    from m3lab.serving.collect import bench_mismatches
 
     preset = load_preset("h200-bf16-tp4")
     dep = SimpleNamespace(model=preset.model, name=preset.name,
@@ -111,7 +111,7 @@ def test_collect_refuses_another_concurrency_or_lengths_of_the_deployments_workl
 
 def test_collect_bad_input_names_the_field(tmp_path):
     from m3lab.cli.main import app
-    from m3lab.vllm.collect import collect
+    from m3lab.serving.collect import collect
 
     with pytest.raises(M3LabError, match="no GPU count") as err:
         collect(tmp_path / "run", [BENCH])
@@ -191,7 +191,7 @@ def test_measured_beside_the_estimate(tmp_path):
     """A collected measurement stands beside an estimate of the same deployment only (never another model,
     GPU count, concurrency or length)."""
     from m3lab.serving.estimate import estimate
-    from m3lab.vllm.collect import beside_estimate, collect
+    from m3lab.serving.collect import beside_estimate, collect
 
     from m3lab.spec.serving import make_deployment
 

@@ -13,7 +13,8 @@ import random
 import pytest
 
 from m3lab.spec.serving import deployment
-from m3lab.vllm import install, workers
+from m3lab.vllm import workers
+from m3lab.vllm_src import install
 from m3lab.vllm.emulate import Target
 from m3lab.vllm.fastpaths import plan_of, resolve
 

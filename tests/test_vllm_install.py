@@ -4,7 +4,7 @@ import json
 from typer.testing import CliRunner
 
 from m3lab.cli.main import app
-from m3lab.vllm import imports, install
+from m3lab.vllm_src import imports, install
 
 
 def test_the_setup_installed_vllm_0_33():

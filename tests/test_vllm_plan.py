@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from m3lab.errors import M3LabError
-from m3lab.vllm import install
+from m3lab.vllm_src import install
 
 pytestmark = pytest.mark.skipif(not install.available(), reason="vLLM 0.33.0 is installed by the set-up and CI")
 
@@ -138,7 +138,7 @@ def test_checking_leaves_vllms_platform_as_it_was(plans):
     process may still see that stand-in, or later vLLM imports would take CPU branches."""
     import sys
 
-    from m3lab.vllm.imports import vllm_module
+    from m3lab.vllm_src.imports import vllm_module
     from m3lab.vllm.serve_command import check_with_vllm
 
     before = vllm_module("vllm.platforms").current_platform

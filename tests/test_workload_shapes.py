@@ -6,7 +6,7 @@ import numpy as np
 
 from m3lab.spec.serving import make_deployment
 from m3lab.workload import Scheduler, SchedulerConfig, Workload
-from m3lab.workload.shapes import query_positions, schedule, shape_histograms, sharding_table
+from m3lab.analysis.shapes import query_positions, schedule, shape_histograms, sharding_table
 
 
 def _random_workload(rng):

@@ -1,1 +1,2 @@
-"""Checklist views over the OpTable that return DataFrames: repetition (step 2) and byte planes (step 3)."""
+"""Checklist views over the OpTable that return DataFrames: local shapes over a workload (step 1,
+:mod:`m3lab.analysis.shapes`), repetition (step 2) and byte planes (step 3)."""

@@ -20,6 +20,8 @@ import pandas as pd
 
 from m3lab.errors import M3LabError
 from m3lab.optable.ops import ACT as OUT_DTYPE
+from m3lab.spec.memory import index_layers, kv_bytes
+from m3lab.spec.quant import load_quant
 
 PLANES = ("compute", "persistent", "communication")
 NORM_WEIGHT_DTYPE = OUT_DTYPE   # rows without a w_dtype are norms: their weight vector is bf16 (optable.ops)
@@ -156,9 +158,6 @@ def kv_per_layer(model, plan, quant) -> pd.DataFrame:
     """KV-cache bytes per token per rank of every layer: ``[layer, part, bytes_per_token_per_rank]`` (main
     K/V on every layer with a KV cache (not linear-attention layers, whose state is per request); the
     index-key cache on the layers with an indexer, replicated on every rank)."""
-    from m3lab.spec.memory import index_layers, kv_bytes
-    from m3lab.spec.quant import load_quant
-
     q = load_quant(quant)
     kb = kv_bytes(model, q.kv_dtype, q.index_dtype, plan)
     kv_layers = model.kv_layers

@@ -18,7 +18,7 @@ benchmark format (:mod:`m3lab.bench.table`) under ``traces/bench/collectives.csv
   rank 1 as one contiguous message, 24 back to back per timed run, eagerly (``nccl-eager``: a capture that
   failed on one rank only would hang the other); ``tbps`` = bytes / t.
 
-:func:`m3lab.pd.collective_time.comm_time_us` reads the table back for the cost model.
+:func:`m3lab.cost.collective_time.comm_time_us` reads the table back for the cost model.
 """
 from __future__ import annotations
 

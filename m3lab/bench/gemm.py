@@ -24,7 +24,7 @@ from ..kernels.mx.decode_layout import pack
 from ..optable.kernel_shapes import model_gemm_shapes, rank_dims
 from ..spec.dtypes import weight_bytes
 from ..spec.gemm_cost import gemm_cost
-from ..vllm.imports import vllm_module
+from ..vllm_src.imports import vllm_module
 from .ceilings import Ceilings, measure_ceilings
 from .table import BenchRow, append_rows, commit_id, today
 from .session_log import session_log

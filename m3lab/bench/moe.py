@@ -45,7 +45,7 @@ from ..kernels.mx import triton_mx
 from ..optable.kernel_shapes import moe_problem
 from ..spec.dtypes import weight_bytes
 from ..spec.model import load_model
-from ..vllm.imports import m3_module, vllm_module
+from ..vllm_src.imports import m3_module, vllm_module
 from .ceilings import Ceilings, measure_ceilings
 from .table import BenchRow, append_rows, commit_id, today
 from .timing import graph_time

@@ -35,7 +35,7 @@ VARIANTS = tuple(OgsVariant(w, s) for w in WARPS for s in SPLITS[w])
 
 def _tk():
     """The triton_kernels package as vLLM imports it (its vendored copy registered as ``triton_kernels``)."""
-    from ..vllm.imports import vllm_module
+    from ..vllm_src.imports import vllm_module
     vllm_module("vllm.utils.import_utils").import_triton_kernels()
     import triton_kernels  # noqa: F401 - registered by vLLM's import above
     from triton_kernels import matmul_ogs

@@ -90,7 +90,7 @@ def vllm_moe_configs(t: int, experts: int, n: int, hidden: int, topk: int, ours_
     from pathlib import Path
 
     from ..kernels.moe import tables
-    from ..vllm.imports import vllm_module
+    from ..vllm_src.imports import vllm_module
     fm = vllm_module("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused_moe configs")
     found = {"default": dict(fm.get_default_config(t, experts, n, hidden, topk, None, None))}
     shipped = Path(shipped_dir or Path(fm.__file__).parent / "configs")
@@ -134,7 +134,7 @@ def moe_point(t: int, rnd: int, keep, ceilings: Ceilings, device: str, log) -> t
 # --- sparse attention and indexer ------------------------------------------------------------------------------
 def sparse_point(b: int, ctx: int, rnd: int, ceilings: Ceilings, device: str, log) -> list[BenchRow]:
     from ..kernels.pdl import pdl_enabled
-    from ..vllm.imports import vllm_module
+    from ..vllm_src.imports import vllm_module
     from . import sparse_attn as sa
     mods = sa.vllm_modules()
     try:

@@ -16,7 +16,7 @@ def measure(model: str = "minimax-m3", tp: int = 4, isl: int = 8192, osl: int = 
             repeats: int = 3) -> dict:
     """Seconds to build every histogram (schedule included), per repetition."""
     from m3lab.spec.serving import make_deployment
-    from m3lab.workload.shapes import shape_histograms
+    from m3lab.analysis.shapes import shape_histograms
 
     dep = make_deployment(None, model=model, tp=tp, quant="bf16", isl=isl, osl=osl, concurrency=concurrency)
     times, report = [], None

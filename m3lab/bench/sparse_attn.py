@@ -39,7 +39,7 @@ from ..kernels.indexer import launcher as index_launcher
 from ..kernels.sparse_attn import launcher as attn_launcher
 from ..kernels.sparse_attn import reference as attn_ref
 from ..optable.kernel_shapes import sparse_problem
-from ..vllm.imports import m3_module
+from ..vllm_src.imports import m3_module
 from .ceilings import Ceilings, measure_ceilings
 from .session_log import session_log
 from .table import BenchRow, append_rows, commit_id, today

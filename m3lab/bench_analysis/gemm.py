@@ -16,7 +16,7 @@ from ..kernels.gemm.tables import (CONFIG_DIR, DECODE_MAX_M, heuristic_config, l
                                    table_path)
 from ..optable.kernel_shapes import model_gemm_shapes
 from ..spec.hardware import load_hardware
-from ..vllm.imports import vllm_module
+from ..vllm_src.imports import vllm_module
 
 DECODE_MS = (1, 8, 32, 64, 128)      # the bf16 decode points of the targets
 MX_TARGET_MAX_M = 32                 # MX targets: decode M <= 32

@@ -132,7 +132,7 @@ def sparse(device: str = "auto", batches=(1, 32, 128), contexts=(8192, 65536), q
         table = recorded_table(path)
         return table, Source.of(table, live=False)
     from m3lab.bench import sparse_attn as sa
-    from m3lab.vllm.imports import m3_module
+    from m3lab.vllm_src.imports import m3_module
     m3_module("common.ops.sparse_attn", "live sparse-attention measurements (vLLM's kernels are the peer)")
     with tempfile.TemporaryDirectory() as tmp:   # the runner prints its progress and writes its table here
         csv = sa.run(out=tmp, batches=tuple(batches), contexts=tuple(contexts), q_rows=tuple(q_rows),

@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 
 from m3lab.arith import ceil_div
+from m3lab.cache.agentic import generate
 from m3lab.cache.replay import M3LabKVCache, blocks_for_tokens, replay
 from m3lab.cache.trace import MOONCAKE_SYNTHETIC, Trace, read_mooncake
+from m3lab.cache.vllm_ref import VllmKVCache
 from m3lab.provenance import TRACES_BENCH, append_csv, commit, cpu_name, today
 
 MOONCAKE = MOONCAKE_SYNTHETIC
@@ -48,7 +50,6 @@ def lookup_rate(trace: Trace, engine: str, repeats: int = 3) -> tuple[int, float
     if engine == "m3lab":
         kv = M3LabKVCache(need, bs)
     else:
-        from m3lab.cache.vllm_ref import VllmKVCache
         kv = VllmKVCache(need, bs)
     for i in range(len(trace)):
         p = int(trace.prompt[i])
@@ -70,8 +71,6 @@ def lookup_rate(trace: Trace, engine: str, repeats: int = 3) -> tuple[int, float
 
 def run(requests: int = 1000, repeats: int = 3, with_vllm: bool = True) -> list[dict]:
     """All measurements as rows (see module docstring)."""
-    from m3lab.cache.agentic import generate
-
     trace = read_mooncake(MOONCAKE, limit=requests)
     name = f"mooncake-synthetic[:{len(trace)}]"
     rows = []

@@ -9,7 +9,7 @@ oldest finishing first. A request is admitted as vLLM admits it (lookup, then ``
 whole prompt with ``full_sequence_must_fit``, then the stats record), then decodes its output (slots up
 to ``prompt + output - 1`` tokens; the blocks that fill are cached). When blocks run out the oldest
 running request finishes early; a request that fits in no empty pool is counted in ``rejected``
-(vLLM would never schedule it). For time, queues and preemption use :mod:`m3lab.cache.serving`.
+(vLLM would never schedule it). For time, queues and preemption use :mod:`m3lab.serving.cached`.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import pandas as pd
 from m3lab.arith import ceil_div
 from m3lab.cache.pool import PrefixCache
 from m3lab.cache.trace import Trace
+from m3lab.cache.vllm_ref import VllmKVCache
 from m3lab.errors import M3LabError
 
 ENGINES = ("m3lab", "vllm")
@@ -77,7 +78,6 @@ def make_engine(engine: str, num_blocks: int | None, block_size: int, policy: st
         if num_blocks is None:
             raise M3LabError("vLLM's block pool needs a finite capacity", field="capacity_tokens",
                              hint="pass --capacity-tokens N (the hit rate of a very large N equals unlimited)")
-        from m3lab.cache.vllm_ref import VllmKVCache
         return VllmKVCache(num_blocks, block_size, use_eagle=use_eagle)
     raise M3LabError(f"unknown engine {engine!r}", field="engine", hint=f"choose one of {', '.join(ENGINES)}")
 
@@ -138,7 +138,7 @@ def _progress(n: int, enabled: bool):
     return prog, prog.add_task("replaying", total=n)
 
 
-def replay(trace: Trace, engine: str = "m3lab", *, num_blocks: int | None = None, policy: str = "lru",
+def replay(trace: Trace, engine: str = "m3lab", *, num_blocks: int | None = None, policy: str = "lru",  # long: hot loop
            concurrency: int = 1, use_eagle: bool = False, progress: bool = False, cache=None) -> ReplayResult:
     """Replay ``trace`` (see module docstring). ``num_blocks``: vLLM's ``num_gpu_blocks`` (None: unlimited);
     ``cache``: an engine to use instead of a fresh one."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from m3lab.vllm.imports import vllm_module
+from m3lab.vllm_src.imports import vllm_module
 
 FEATURE = "running a trace through vLLM's own KV cache manager (--engine vllm)"
 

@@ -26,8 +26,8 @@ def advise_cmd(
                                                   help="as for estimate (default: the hardware's shipped one)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Rank the fixes this deployment has not applied by estimated gain, best first."""
-    from m3lab.ladder.advise import advise
-    from m3lab.ladder.evaluate import check
+    from m3lab.ladder.advise import advise  # local: pulls in pandas, torch
+    from m3lab.ladder.evaluate import check  # local: pulls in pandas, torch
 
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                   index_dtype=index_dtype, isl=isl, osl=osl, concurrency=concurrency, num_prompts=num_prompts)

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import typer
 
+from m3lab.cache.agentic import AgenticConfig, generate
+from m3lab.cache.policies import POLICIES
+from m3lab.cache.trace import FORMATS, read_trace
 from m3lab.cli.output import echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
+from m3lab.serving.cache_capacity import check_sim_capacity
 
 
 def _capacity(text: str, block_size: int) -> float | None:
-    from m3lab.cache.capacity import check_sim_capacity
-
     if text.lower() in ("inf", "infinite", "unlimited", "none"):
         return None
     try:
@@ -33,18 +35,15 @@ def _capacity(text: str, block_size: int) -> float | None:
 
 def _trace(trace: str, fmt: str, block_size: int, skip_invalid: bool, show_progress: bool = True):
     if fmt == "agentic" and trace.startswith("generate:"):
-        from m3lab.cache.agentic import generate
         parts = trace.split(":")
         try:
             sessions = int(parts[1])
             seed = int(parts[2]) if len(parts) > 2 else 0
         except (ValueError, IndexError):
             raise M3LabError(f"--trace {trace!r}: expected generate:SESSIONS[:SEED]", field="trace") from None
-        from m3lab.cache.agentic import AgenticConfig
         AgenticConfig(sessions=sessions, seed=seed, block_size=block_size)   # bounds, before the long part
         with progress("generating sessions", unit="sessions", enabled=show_progress) as update:
             return generate(sessions=sessions, seed=seed, block_size=block_size, progress=update)
-    from m3lab.cache.trace import read_trace
     return read_trace(trace, fmt, block_size, skip_invalid=skip_invalid)
 
 
@@ -59,9 +58,7 @@ def cache_sim_cmd(
         skip_invalid: bool = typer.Option(False, "--skip-invalid", help="skip malformed lines (and count them)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Replay a request trace through a KV prefix cache; print hit rates, evictions and peak KV usage."""
-    from m3lab.cache.replay import ENGINES, blocks_for_tokens, replay
-    from m3lab.cache.policies import POLICIES
-    from m3lab.cache.trace import FORMATS
+    from m3lab.cache.replay import ENGINES, blocks_for_tokens, replay  # local: pulls in pandas
 
     if fmt not in FORMATS:
         raise M3LabError(f"unknown --format {fmt!r}", field="format", hint=f"choose one of {', '.join(FORMATS)}")
@@ -93,7 +90,7 @@ def cache_sim_cmd(
 
 
 def print_estimate(summary: dict, as_json: bool) -> None:
-    """Print what ``m3lab estimate --workload agentx`` computed (:func:`m3lab.cache.serving.estimate_workload`):
+    """Print what ``m3lab estimate --workload agentx`` computed (:func:`m3lab.serving.cached.estimate_workload`):
     one JSON object, or the headline figures."""
     if as_json:
         echo_json(summary)

@@ -14,6 +14,8 @@ from typing import Annotated, Any, List, Optional
 import typer
 
 from m3lab.errors import M3LabError
+from m3lab.spec.serving import make_deployment
+from m3lab.spec.settings import canonical
 
 SET_HELP = ("KEY=VALUE, repeatable: any deployment field (tp, kv_dtype, aiter, max_num_seqs, index_topk_freq, "
             "accept_len, ...), a vLLM variable (VLLM_ROCM_USE_AITER=0) or a vllm serve flag (--max-num-seqs=128)")
@@ -57,9 +59,6 @@ def parse_set(items: list[str]) -> dict[str, str]:
 def build(preset: str | None, set_items: list[str] | None = None, **flags: Any):
     """The Deployment of ``--preset`` with the flags given (None: not given) and ``--set`` applied; a field given
     both as a flag and in ``--set`` is an error."""
-    from m3lab.spec.serving import make_deployment
-    from m3lab.spec.settings import canonical
-
     given = {k: v for k, v in flags.items() if v is not None}
     extra = parse_set(set_items or [])
     named = {canonical(k)[0]: k for k in given}

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import typer
 
+from m3lab.cli.output import echo_json
+from m3lab.pipeline.environment import describe
+from m3lab.vllm_src import install
+
 
 def env_cmd(json_out: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """m3lab, vLLM, torch and triton versions, the device and the git commit (as summary.json records them)."""
-    from m3lab.cli.output import echo_json
-    from m3lab.pipeline.environment import describe
-    from m3lab.vllm import install
-
     info = describe()
     info["vllm_problem"] = install.problem()
     if json_out:

@@ -84,7 +84,7 @@ def estimate_cmd(  # long: typer declares every option in the signature
         raise M3LabError("--breakdown applies to the colocated fixed-length estimate", field="breakdown",
                          hint="drop --pd / --workload, or --breakdown")
     if d.workload.kind != "fixed":
-        from m3lab.cache.serving import estimate_workload
+        from m3lab.serving.cached import estimate_workload
         from m3lab.cli.cache import print_estimate
         print_estimate(estimate_workload(d, calibration=cal, progress=True), as_json)
         return

@@ -38,13 +38,13 @@ def ladder_cmd(
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Switch the write-up's fixes on one at a time and estimate each step (projected), beside the write-up's own
     figure for a fix where its configuration is this one."""
-    from m3lab.ladder import fixes as fx
+    from m3lab.ladder import fixes as fx  # local: pulls in pandas
 
     if list_fixes:
         _print_fixes(fx, as_json)
         return
-    from m3lab.ladder.evaluate import check
-    from m3lab.ladder.ladder import plan, run
+    from m3lab.ladder.evaluate import check  # local: pulls in pandas, torch
+    from m3lab.ladder.ladder import plan, run  # local: pulls in pandas, torch
 
     flags = dict(model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                  index_dtype=index_dtype, isl=isl, osl=osl, concurrency=concurrency, num_prompts=num_prompts)

@@ -7,6 +7,8 @@ errors anywhere below a command print one line, ``Error: <message>``, and exit w
 import typer
 from typer.core import TyperGroup
 
+from m3lab.cli import (advise, bench, cache, env, estimate, fastpaths, gate, ladder, pd, pipeline, planes,
+                       repetition, shapes, trace, tune, vllm)
 from m3lab.errors import M3LabError
 
 USER_ERROR_EXIT = 2
@@ -77,23 +79,10 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def _register_all() -> None:
-    # commands (one line per module; each module defines register(app))
-    from m3lab.cli import estimate; estimate.register(app)  # noqa: E702
-    from m3lab.cli import pipeline; pipeline.register(app)  # noqa: E702
-    from m3lab.cli import trace; trace.register(app)  # noqa: E702
-    from m3lab.cli import gate; gate.register(app)  # noqa: E702
-    from m3lab.cli import tune; tune.register(app)  # noqa: E702
-    from m3lab.cli import bench; bench.register(app)  # noqa: E702
-    from m3lab.cli import shapes; shapes.register(app)  # noqa: E702
-    from m3lab.cli import repetition; repetition.register(app)  # noqa: E702
-    from m3lab.cli import planes; planes.register(app)  # noqa: E702
-    from m3lab.cli import env; env.register(app)  # noqa: E702
-    from m3lab.cli import fastpaths; fastpaths.register(app)  # noqa: E702
-    from m3lab.cli import pd; pd.register(app)  # noqa: E702
-    from m3lab.cli import cache; cache.register(app)  # noqa: E702
-    from m3lab.cli import vllm; vllm.register(app)  # noqa: E702
-    from m3lab.cli import ladder; ladder.register(app)  # noqa: E702
-    from m3lab.cli import advise; advise.register(app)  # noqa: E702
+    """Every command group, in the order ``m3lab --help`` lists them (each module defines ``register(app)``)."""
+    for group in (estimate, pipeline, trace, gate, tune, bench, shapes, repetition, planes, env, fastpaths, pd, cache,
+                  vllm, ladder, advise):
+        group.register(app)
 
 
 _register_all()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from m3lab.cli.output import echo_json
+from m3lab.errors import M3LabError
 
 
 def pd_plan_cmd(
@@ -28,8 +29,7 @@ def pd_plan_cmd(
         bandwidth: float = typer.Option(50.0, "--bandwidth", help="link GB/s per GPU (each rank its own link)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Transfer descriptors per layer, bytes per request and transfer time of a prefill -> decode KV hand-off."""
-    from m3lab.errors import M3LabError
-    from m3lab.pd.geometry import pd_plan
+    from m3lab.pd.geometry import pd_plan  # local: pulls in pandas, torch
 
     if bandwidth <= 0:
         raise M3LabError(f"--bandwidth {bandwidth} must be positive (GB/s per GPU)", field="bandwidth")

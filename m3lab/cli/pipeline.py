@@ -13,7 +13,15 @@ from typing import List, Optional
 
 import typer
 
+from m3lab.cli.output import echo_json
 from m3lab.errors import M3LabError
+from m3lab.pipeline.params import notebook_parameters
+from m3lab.pipeline.report import build_report
+from m3lab.pipeline.runner import RunInterrupted, resume_run, run_pipeline
+from m3lab.pipeline.spec import DEFAULT_PIPELINE, list_pipelines, load_pipeline, notebooks_dir
+from m3lab.pipeline.sweep import (SweepInterrupted, is_sweep_folder, parse_axes, rebuild_comparison, resume_sweep,
+                                  run_sweep)
+from m3lab.pipeline.sweep_report import COMPARISON, SWEEP_REPORT
 
 INTERRUPTED_EXIT = 130   # the shell's code for a process ended by SIGINT
 
@@ -31,9 +39,6 @@ def run(
     progress: bool = typer.Option(False, "--progress/--quiet", help="Show papermill's per-cell progress bars."),
 ) -> None:
     """Run a pipeline of notebooks with papermill and print where the run folder is."""
-    from m3lab.pipeline.runner import RunInterrupted, resume_run, run_pipeline
-    from m3lab.pipeline.spec import DEFAULT_PIPELINE
-
     try:
         if resume is not None:
             name = _pipeline_name(pipeline) if pipeline is not None else None
@@ -54,7 +59,6 @@ def run(
 
 
 def _pipeline_name(pipeline: str) -> str:
-    from m3lab.pipeline.spec import load_pipeline
     return load_pipeline(pipeline).name
 
 
@@ -78,10 +82,6 @@ def sweep(
     progress: bool = typer.Option(False, "--progress/--quiet", help="Show papermill's per-cell progress bars."),
 ) -> None:
     """Run a pipeline once per point of a parameter grid; end with one comparison table across the points."""
-    from m3lab.pipeline.spec import DEFAULT_PIPELINE
-    from m3lab.pipeline.sweep import SweepInterrupted, parse_axes, resume_sweep, run_sweep
-    from m3lab.pipeline.sweep_report import SWEEP_REPORT
-
     try:
         from m3lab.pipeline.grid_file import is_grid_file, load_grid
         if resume is not None:
@@ -107,8 +107,6 @@ def sweep(
 
 
 def _sweep_summary(record: dict) -> None:
-    from m3lab.pipeline.sweep_report import COMPARISON, SWEEP_REPORT
-
     failed = [p for p in record["points"] if p["status"] != "ok"]
     folder = Path(record["folder"])
     typer.echo(f"sweep folder: {folder} ({len(record['points']) - len(failed)} ok, {len(failed)} failed)")
@@ -126,10 +124,6 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show the pipelines, their notebooks, and each notebook's parameters with defaults."""
-    from m3lab.cli.output import echo_json
-    from m3lab.pipeline.params import notebook_parameters
-    from m3lab.pipeline.spec import list_pipelines, load_pipeline
-
     pipes = [load_pipeline(name) for name in ([pipeline] if pipeline else list_pipelines())]
     listing = {"pipelines": [
         {"name": p.name, "description": p.description,
@@ -171,8 +165,6 @@ def report(run_dir: Path = typer.Argument(..., metavar="RUN_OR_SWEEP_DIR",
                                          help="A run folder made by 'm3lab run', or a sweep folder made by "
                                               "'m3lab sweep'.")) -> None:
     """(Re)build report.html of a run folder, or comparison.parquet and sweep.html of a sweep folder."""
-    from m3lab.pipeline.report import build_report
-    from m3lab.pipeline.sweep import is_sweep_folder, rebuild_comparison
     typer.echo(str(rebuild_comparison(run_dir) if is_sweep_folder(run_dir) else build_report(run_dir)))
 
 
@@ -224,8 +216,6 @@ def free_port(start: int, tries: int = 50) -> int:
 def _lab_root() -> tuple[Path, str]:
     """(root folder, folder to open): the repository with notebooks/ and runs/ when in a checkout, else the
     notebooks folder."""
-    from m3lab.pipeline.spec import notebooks_dir
-
     nbs = notebooks_dir().resolve()
     if (nbs.parent / "m3lab").is_dir():
         return nbs.parent, nbs.name

@@ -15,8 +15,11 @@ from typing import Optional
 
 import typer
 
-from m3lab.cli import deploy_options as opt
+from m3lab.cli import columns, deploy_options as opt
+from m3lab.cli.output import echo_json
 from m3lab.errors import M3LabError
+from m3lab.nb import format_bytes, format_number
+from m3lab.workload.step import EngineStep
 
 PHASES = ("decode", "prefill")
 MAX_BATCH = 1 << 20            # requests in one step: the step holds one entry per request
@@ -30,8 +33,6 @@ def calibration_option(value: str | None):
 
 def engine_step(model, phase: str, batch: int, context: int, chunk: int | None):
     """The EngineStep of ``--phase/--batch/--context/--chunk``, each checked before any work."""
-    from m3lab.workload.step import EngineStep
-
     if phase not in PHASES:
         raise M3LabError(f"--phase {phase!r} is not one of {', '.join(PHASES)}", field="phase")
     if not 1 <= batch <= MAX_BATCH:
@@ -74,8 +75,6 @@ def planes(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Bytes per op of one engine step, split into compute tensors, persistent state and communication."""
-    from m3lab.cli.output import echo_json
-
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                   index_dtype=index_dtype)
     wl = d.workload
@@ -93,8 +92,8 @@ def step_planes(deployment, step, phase: str, calibration) -> dict:
     """The JSON of ``m3lab planes``: deployment, step, ``ops`` (:func:`~m3lab.analysis.byte_planes.op_planes`),
     ``totals`` by plane (:func:`~m3lab.analysis.byte_planes.planes_totals`) and the step's projected time by
     plane (:func:`~m3lab.analysis.byte_planes.time_by_plane`)."""
-    from m3lab.analysis import byte_planes as bp
-    from m3lab.serving.step_cost import cost_step
+    from m3lab.analysis import byte_planes as bp  # local: pulls in pandas
+    from m3lab.serving.step_cost import cost_step  # local: pulls in pandas
 
     d, gpus = deployment, deployment.plan.world
     costed = cost_step(d, step, calibration=calibration)   # the OpTable of vLLM's kernels, costed
@@ -115,10 +114,7 @@ def step_planes(deployment, step, phase: str, calibration) -> dict:
 
 
 def _print(result: dict) -> None:
-    from m3lab.cli import columns
-
     width = columns.terminal_width()
-    from m3lab.nb import format_bytes, format_number
 
     d, s = result["deployment"], result["step"]
     head = (f"{d['model']} {d['quant']} (KV {d['kv_dtype']}) TP{d['tp']} EP{d['ep']} on {d['hardware']}: one "

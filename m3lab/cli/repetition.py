@@ -15,9 +15,11 @@ from typing import Optional
 
 import typer
 
-from m3lab.cli import deploy_options as opt
+from m3lab.cli import columns, deploy_options as opt
+from m3lab.cli.output import echo_json
 from m3lab.cli.planes import calibration_option
 from m3lab.errors import M3LabError
+from m3lab.nb import format_value
 
 
 def repetition(
@@ -32,9 +34,8 @@ def repetition(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Each op's cost over a whole serving run: per call, per engine step, per request, per 1,000 output tokens."""
-    from m3lab.analysis import repetition as rp
-    from m3lab.cli.output import echo_json
-    from m3lab.serving.estimate import estimate
+    from m3lab.analysis import repetition as rp  # local: pulls in pandas
+    from m3lab.serving.estimate import estimate  # local: pulls in pandas
 
     if top < 1:
         raise M3LabError(f"--top {top} must be a positive number of ops", field="top")
@@ -66,10 +67,7 @@ def repetition(
 
 
 def _print(result: dict, top: int) -> None:
-    from m3lab.cli import columns
-
     width = columns.terminal_width()
-    from m3lab.nb import format_value
 
     w, t = result["workload"], result["totals"]
     head = (f"{w['model']} {w['quant']} (KV {w['kv_dtype']}) TP{w['tp']} EP{w['ep']} on {w['hardware']}: "

@@ -6,7 +6,13 @@ from typing import Optional
 
 import typer
 
+from m3lab.analysis.shapes import shape_histograms
 from m3lab.cli import deploy_options as opt
+from m3lab.cli.columns import Column, render, wrap
+from m3lab.nb import format_bytes, is_bytes_column
+from m3lab.spec.hardware import list_hardware, load_hardware
+from m3lab.spec.memory import memory_facts
+from m3lab.vllm.fastpaths import effective_plan
 
 
 def _records(df) -> list[dict]:
@@ -40,8 +46,6 @@ def shapes(
 ) -> None:
     """Local shapes each kernel sees over a workload (projected): distinct GEMMs with their M values."""
     # heavy dependency: the resolver runs vLLM (in a worker) when the deployment asks for what vLLM decides
-    from m3lab.vllm.fastpaths import effective_plan
-    from m3lab.workload.shapes import shape_histograms
 
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, isl=isl, osl=osl,
                   concurrency=concurrency, num_prompts=num_prompts, max_num_seqs=max_num_seqs,
@@ -74,7 +78,6 @@ def _print_shapes(result: dict) -> None:
     """The shapes at the terminal's width: no op name cut, no line folded inside a word."""
     import shutil
 
-    from m3lab.cli.columns import Column, render, wrap
 
     width = shutil.get_terminal_size((100, 24)).columns
     wl = result.get("workload", {})
@@ -105,10 +108,6 @@ def model_facts(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Parameter counts, weight bytes per GPU and KV-cache bytes per token (whole model and per rank)."""
-    from m3lab.spec.hardware import list_hardware, load_hardware
-    from m3lab.spec.memory import memory_facts
-    from m3lab.vllm.fastpaths import effective_plan   # heavy: runs vLLM (in a worker) when indexer CP is asked
-
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                   index_dtype=index_dtype)
     spec, q = d.model, d.quant
@@ -122,7 +121,6 @@ def model_facts(
     from rich.console import Console
     from rich.table import Table
 
-    from m3lab.nb import format_bytes, is_bytes_column
 
     t = Table("fact", "value", title=f"{spec.name} at TP{d.plan.tp} EP{d.plan.ep}, {q.name} weights, KV {q.kv_dtype}, "
                                      f"index {q.index_dtype}")

@@ -58,7 +58,7 @@ def summarize_cmd(trace: Path = typer.Argument(..., help="trace file (dispatch J
                   top: int = typer.Option(20, "--top", min=1, help="rows to show"),
                   as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Per-kernel time shares (kernel traces) or per-(op, path) counts (dispatch traces)."""
-    from m3lab.traces import load_trace, summarize, summary_totals
+    from m3lab.traces import load_trace, summarize, summary_totals  # local: pulls in pandas
 
     with progress("reading trace", unit="MB", scale=1e6, enabled=progress_wanted(as_json)) as update:
         table = load_trace(trace, progress=update)
@@ -103,7 +103,7 @@ def verify_cmd(traces: List[Path] = typer.Argument(..., help="one or more traces
     """Check fast-path expectations; exit 1 when one fails (or nothing could be checked)."""
     from rich.console import Console
 
-    from m3lab.traces import verify
+    from m3lab.traces import verify  # local: pulls in pandas
     from m3lab.vllm.fastpath_expectations import load_expectations  # shipped, a YAML path, or preset:<name>
 
     result = verify(load_expectations(expect), *traces)

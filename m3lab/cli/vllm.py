@@ -96,7 +96,7 @@ def collect(run_dir: Path = typer.Argument(..., help="run folder to add the meas
                                                                      "gpus metadata, else the preset's)"),
             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Copy bench results and profiler traces into a run folder as artifacts; verify the expected fast paths."""
-    from m3lab.vllm.collect import collect as do_collect
+    from m3lab.serving.collect import collect as do_collect
 
     dep = None
     if preset:

@@ -309,7 +309,7 @@ def _inside(r: Rows) -> Result:
 @lru_cache(maxsize=32)
 def _measured_groups(hw_name: str) -> frozenset:
     """Group sizes with measured all-reduces on ``hw_name`` (``traces/bench/collectives.csv``)."""
-    from m3lab.pd.collective_time import load_table
+    from m3lab.cost.collective_time import load_table
     t = load_table()
     if t is None:
         return frozenset()
@@ -319,8 +319,8 @@ def _measured_groups(hw_name: str) -> frozenset:
 
 def _allreduce(r: Rows, floor_name: str) -> Result:
     """Wire time over the link at ``link_eff``, at least the named latency; a measured all-reduce of the device
-    and group size replaces both (``m3lab.pd.collective_time``)."""
-    from m3lab.pd.collective_time import allreduce_us
+    and group size replaces both (``m3lab.cost.collective_time``)."""
+    from m3lab.cost.collective_time import allreduce_us
     eff = np.full(_n(r), r.a("link_eff"))
     floor = np.full(_n(r), r.a(floor_name))
     payload, group = r.f("comm_payload"), r.f("comm_group")

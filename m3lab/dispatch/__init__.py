@@ -2,8 +2,8 @@
 
 Submodules: ``fastpath`` (declarations), ``registry`` (the M3 fast paths, kernel attachment),
 ``repo_kernels`` (the indexer and top-k fast paths on this repo's kernels),
-``dispatcher`` (choosing and recording), ``capture`` (dispatch traces of reference-model steps),
-``gpu_capture`` (timed dispatch + profiler traces on a GPU), ``crosscheck`` (traced shapes vs OpTable).
+``dispatcher`` (choosing and recording). Traces of the model running through it are captured by
+:mod:`m3lab.capture`.
 
 Public API: :class:`Dispatcher` (``call(op, layer, kind, ref, tensors, attrs, params)``),
 :class:`FastPath`, :class:`Condition`, :class:`CallContext`, :class:`FastPathRegistry`,

@@ -20,7 +20,7 @@ def indexer(iq: torch.Tensor, index_cache: torch.Tensor, block_tables: torch.Ten
             cu_seqlens_q: torch.Tensor, *, tables: list[list[int]], starts: list[int], counts: list[int],
             block_size: int, topk: int, init_blocks: int, local_blocks: int) -> torch.Tensor:
     """Scores (and at decode the top-k, handed to the ``topk`` op) -> fp32 [Hi, T, NBmax], -inf past each row."""
-    from m3lab.kernels.indexer import launcher
+    from m3lab.kernels.indexer import launcher  # local: pulls in triton
     scores = launcher.indexer_varlen(iq, index_cache, block_tables, seq_lens, cu_seqlens_q, tables=tables,
                                      starts=starts, counts=counts, block_size=block_size)
     selected = None
@@ -38,6 +38,6 @@ def topk_blocks(scores: torch.Tensor, positions: torch.Tensor, *, block_size: in
     """The selection the indexer call made (decode), else the top-k kernel on ``scores`` -> int32 [Hi, T, topk]."""
     if INDEXER_HANDOFF.scores is scores and INDEXER_HANDOFF.topk is not None:
         return INDEXER_HANDOFF.topk
-    from m3lab.kernels.indexer import launcher
+    from m3lab.kernels.indexer import launcher  # local: pulls in triton
     return launcher.topk_blocks(scores, positions, block_size=block_size, topk=topk, local_blocks=local_blocks,
                                 init_blocks=init_blocks)

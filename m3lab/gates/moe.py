@@ -103,7 +103,7 @@ def vllm_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights
     import triton.language as tl
 
     from ..kernels.moe.align import align
-    from ..vllm.imports import m3_module, vllm_module
+    from ..vllm_src.imports import m3_module, vllm_module
     fm = vllm_module("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused_moe_kernel")
     act_mod = m3_module("amd.ops.swiglu_oai", "vLLM's SwiGLU-OAI")
     t, h = x.shape

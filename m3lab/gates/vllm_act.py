@@ -15,7 +15,7 @@
 
 vLLM's wrappers allocate their outputs; each call runs with the module's ``torch.empty`` returning
 NaN-filled tensors, so an unwritten element fails. CPU: interpreter, fp32 and fp16; CUDA: bf16, M3 shapes.
-vLLM is imported through ``m3lab.vllm.imports`` (the module, not the re-exported function: pitfall 6).
+vLLM is imported through ``m3lab.vllm_src.imports`` (the module, not the re-exported function: pitfall 6).
 """
 import contextlib
 
@@ -33,7 +33,7 @@ CPU_DTYPES = (torch.float32, torch.float16)
 
 
 def _mod(name: str):
-    from ..vllm.imports import m3_module
+    from ..vllm_src.imports import m3_module
     return m3_module(name, f"the vllm.* gates ({name})")
 
 

@@ -29,7 +29,7 @@ LINEAR = "vllm.model_executor.kernels.linear.mxfp8.rocm_native"
 
 
 def _linear_module():
-    from ..vllm.imports import vllm_module
+    from ..vllm_src.imports import vllm_module
     return vllm_module(LINEAR, "the vllm.mxfp8_linear gate")
 
 

@@ -1,6 +1,6 @@
 """vLLM 0.33.0's own M3 sparse-attention, indexer and page-table kernels as gates against m3lab's references.
 
-Imported from the installed vllm (``m3lab.vllm.imports``). On CPU they run in the Triton interpreter with fp32
+Imported from the installed vllm (``m3lab.vllm_src.imports``). On CPU they run in the Triton interpreter with fp32
 operands (block 128 is vLLM's constant, so head dims are kept small); on a GPU in bf16 with the M3 TP4 shapes.
 Under the interpreter, vLLM's autotuned top-k kernels keep only their smallest config (the autotuner needs a
 GPU to benchmark) and the interpreter's bool-mask fix is applied (``interpreter_compat``).
@@ -34,7 +34,7 @@ TOPK = 16
 
 def _module(name: str):
     from . import interpreter_compat
-    from ..vllm.imports import m3_module
+    from ..vllm_src.imports import m3_module
     interpreter_compat.apply()
     mod = m3_module(name, "the vLLM sparse-attention gates")
     if os.environ.get("TRITON_INTERPRET") == "1":

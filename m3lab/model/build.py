@@ -32,9 +32,9 @@ def build_model(model: Any = None, plan: Any = None, *, checkpoint: str | None =
     spec = resolve_model(model)
     pl: ParallelPlan = as_plan(plan).validate(spec)
     if checkpoint is not None:
-        from m3lab.weights.loader import load_weights
+        from m3lab.weights.loader import load_weights  # local: pulls in safetensors
         weights, formats = load_weights(checkpoint, spec, pl, rank=rank, dtype=dtype, device=device)
     else:
-        from m3lab.weights.random_init import random_weights
+        from m3lab.weights.random_init import random_weights  # local: pulls in safetensors
         weights, formats = random_weights(spec, pl, dtype=dtype, device=device, seed=seed), {}
     return M3Model(spec, pl, weights, formats, dispatcher or Dispatcher(plan=pl), rank=rank)

@@ -19,7 +19,7 @@ The MoE experts are one op, ``moe_experts`` (alignment, gate_up + SwiGLU-OAI, do
 vLLM's fused-MoE call runs), with the shared expert as the last row of a top-(k+1) table when it is fused
 (``ParallelPlan.shared_fusion_reason``: asked for, no EP, routed and shared experts in one format), else routed
 only and the shared expert as its own MLP; the record's ``shared_expert`` attribute says which and why. The
-OpTable splits the op into its two grouped GEMMs (``moe_gate_up``, ``moe_down``; ``m3lab.dispatch.crosscheck``).
+OpTable splits the op into its two grouped GEMMs (``moe_gate_up``, ``moe_down``; ``m3lab.capture.crosscheck``).
 """
 from dataclasses import dataclass, field
 from typing import Any

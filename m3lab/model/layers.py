@@ -5,6 +5,8 @@ All math in fp32, results in the input dtype. Shapes in the docstrings.
 import torch
 import torch.nn.functional as F
 
+from m3lab.kernels.gemm.reference import linear_ref
+
 
 def gemma_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x [..., d], zero-centred weight w [d]: x / sqrt(mean(x^2) + eps) * (1 + w)."""
@@ -56,7 +58,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None
     """
     if w_format in ("bf16", "fp32", "fp16"):
         return F.linear(x, w.to(x.dtype))
-    from m3lab.kernels.gemm.reference import linear_ref
     return linear_ref(x, w, w_format=w_format, w_scale=w_scale)
 
 

@@ -47,7 +47,7 @@ Columns (units: elements, FLOPs, bytes; NaN where not applicable):
   sparse page adapter's table builder, where it runs). See :mod:`m3lab.optable.dispatch`.
 
 Per-expert token counts come from a routing model (balanced, Zipf, recorded) and are never materialised
-per step; long workloads go through :mod:`m3lab.workload.shapes`.
+per step; long workloads go through :mod:`m3lab.analysis.shapes`.
 """
 from m3lab.optable.builder import build_optable
 from m3lab.optable.dispatch import Dispatch, PathChoice

@@ -131,7 +131,7 @@ def _ffn_rows(c: StepContext, moe: bool) -> list[dict]:
     rows = [ops.elementwise("post_attn_norm", "norm", T * H, reads=2, writes=2, flops_per=4, m=T, hidden=H,
                             weight_elems=H, **fused_ar)]
     if not moe:
-        inter = m.dense_inter // p.tp
+        inter = p.dense_inter_local(m)
         w = q.weight_dtype("dense_mlp")
         return rows + [*gemm_rows("gate_up_proj", T, 2 * inter, H, w),
                        ops.elementwise("act", "activation", T * inter, reads=2, writes=1, flops_per=8, m=T),

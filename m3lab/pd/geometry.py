@@ -32,6 +32,7 @@ from m3lab.pd.ranks import check_tp, heads_of_rank, rank_pairs
 from m3lab.pd.regions import CACHE_BYTES, Region, check_layout, index_region, main_region, scale_regions
 from m3lab.spec.model import ModelSpec, load_model
 from m3lab.spec.plan import ParallelPlan
+from m3lab.spec.quant import normalize_cache_dtype
 
 SCALE_MODES = ("none", "scalar", "per_token_head")
 DESC_COLUMNS = ("layer", "region", "src_rank", "src_block", "src_offset", "length", "dst_rank", "dst_block",
@@ -50,7 +51,6 @@ class CacheSide:
     num_blocks: int = 1024
 
     def __post_init__(self):
-        from m3lab.spec.quant import normalize_cache_dtype
         object.__setattr__(self, "kv_dtype", normalize_cache_dtype(self.kv_dtype, "kv_dtype"))
         object.__setattr__(self, "index_dtype", normalize_cache_dtype(self.index_dtype, "index_dtype"))
         check_layout(self.layout)

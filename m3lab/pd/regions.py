@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from m3lab.errors import M3LabError
+from m3lab.model.kv_cache import LAYOUTS, PagedKVCache
 
 PROBE_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32}   # element size -> integer probe dtype
 CACHE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
@@ -53,7 +54,6 @@ class Region:
 
 
 def _layout_names() -> tuple[str, ...]:
-    from m3lab.model.kv_cache import LAYOUTS
     return tuple(LAYOUTS)
 
 
@@ -67,8 +67,6 @@ def check_layout(layout: str, field: str = "layout") -> str:
 @lru_cache(maxsize=64)
 def _probe_main(layout: str, kv_heads: int, block: int, head_dim: int, esize: int) -> tuple[np.ndarray, int]:
     """Element offsets [2, H, block, D] of block 0 and the block stride, written through PagedKVCache.write."""
-    from m3lab.model.kv_cache import PagedKVCache
-
     dt = PROBE_DTYPES[esize]
     limit = torch.iinfo(dt).max
     if block - 1 > limit or head_dim - 1 > limit or 2 * kv_heads + 2 > limit:
@@ -109,8 +107,6 @@ def _probe_main(layout: str, kv_heads: int, block: int, head_dim: int, esize: in
 @lru_cache(maxsize=16)
 def _probe_index(block: int, index_dim: int, esize: int) -> tuple[np.ndarray, int]:
     """Element offsets [1, 1, block, Di] of the index-key cache, written through PagedKVCache.write."""
-    from m3lab.model.kv_cache import PagedKVCache
-
     dt = PROBE_DTYPES[esize]
 
     def run(fill) -> np.ndarray:

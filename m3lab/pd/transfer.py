@@ -28,6 +28,10 @@ import numpy as np
 import torch
 
 from m3lab.arith import ceil_div
+from m3lab.model import build_model
+from m3lab.model.kv_cache import PagedKVCache
+from m3lab.pd.ranks import heads_of_rank
+from m3lab.spec.model import ModelSpec
 
 SEQ = 0
 
@@ -103,9 +107,6 @@ def run_jobs(jobs: list[RankJob], backend: str = "gloo") -> dict[int, dict]:
 
 
 def _side_cache(model, side, rank: int, num_blocks: int):
-    from m3lab.model.kv_cache import PagedKVCache
-    from m3lab.pd.ranks import heads_of_rank
-
     sp = model.sparse
     heads = heads_of_rank(rank, side.tp, model.heads_kv)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
@@ -167,22 +168,11 @@ def verify_handoff(prefill, decode, *, model=None, prompt_len: int = 37, decode_
     """Run the hand-off of one prompt between real processes and check it (module docstring). ``prefill``,
     ``decode``: :class:`~m3lab.pd.geometry.CacheSide`; ``corrupt``: index of a descriptor whose destination
     offset is moved by one element (the check must then fail)."""
-    from m3lab.model import build_model
-    from m3lab.pd.geometry import _model, request_descriptors
-    from m3lab.spec.model import ModelSpec
+    from m3lab.pd.geometry import _model, request_descriptors  # local: pulls in pandas
 
     m = _model(model if model is not None else ModelSpec.mini())
-    ref = build_model(m, None, seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, m.vocab, (prompt_len,), generator=g)
+    ref, ref_cache, logits, tokens = _reference_run(m, prompt_len, decode_steps, num_blocks, seed)
     n_blocks = ceil_div(prompt_len + decode_steps, m.sparse.block_size)
-    ref_cache = ref.new_cache(num_blocks, dtype=torch.bfloat16)
-    logits = [ref.step(ref_cache, [(SEQ, prompt)])]
-    tokens = []
-    for _ in range(decode_steps):
-        tokens.append(logits[-1].argmax(-1))
-        logits.append(ref.step(ref_cache, [(SEQ, tokens[-1])]))
-
     src_table, dst_table = _tables(n_blocks, num_blocks, seed)
     layers = range(m.layers)
     desc = request_descriptors(m, prefill, decode, prompt_len, src_table, dst_table)
@@ -196,29 +186,11 @@ def verify_handoff(prefill, decode, *, model=None, prompt_len: int = 37, decode_
     for cache, heads in pre:
         _fill(cache, ref_cache, heads, src_table, prompt_len, layers)
     dec = [_side_cache(m, decode, r, num_blocks) for r in range(decode.tp)]
-    jobs = [RankJob(_bytes(c)) for c, _ in pre] + [
-        RankJob({(*k, v): torch.zeros_like(b) for k, b in _bytes(c).items() for v in variants}) for c, _ in dec]
-    for variant, ds in variants.items():
-        for (layer, region, s, d), grp in ds.groupby(["layer", "region", "src_rank", "dst_rank"], sort=True):
-            src_idx = byte_index(grp["src_offset"].to_numpy(), grp["length"].to_numpy())
-            dst_idx = byte_index(grp["dst_offset"].to_numpy(), grp["length"].to_numpy())
-            jobs[s].sends.setdefault(prefill.tp + d, []).append(((layer, region), src_idx))
-            jobs[prefill.tp + d].recvs.setdefault(s, []).append(((layer, region, variant), dst_idx))
-    received = run_jobs(jobs, backend)
-
+    received = run_jobs(_transfer_jobs(pre, dec, variants, prefill.tp), backend)
     found = {v: [] for v in variants}
     for r, (cache, heads) in enumerate(dec):
         _fill(cache, ref_cache, heads, dst_table, prompt_len, layers)
-        got = received[prefill.tp + r]
-        for key, want in _bytes(cache).items():
-            region_cache = cache.kv[key[0]] if key[1] == "main" else cache.index[key[0]]
-            block_bytes = region_cache[0].numel() * region_cache.element_size()
-            for v in variants:
-                diff = (got[(*key, v)] != want).nonzero().flatten()
-                if len(diff):
-                    blocks = sorted({int(b) for b in (diff // block_bytes).tolist()})
-                    found[v].append((key[0], key[1], r, blocks, int(len(diff))))
-            region_cache.reshape(-1).view(torch.uint8).copy_(got[(*key, "sent")])   # decode on from what arrived
+        _compare_received(cache, received[prefill.tp + r], r, variants, found)
 
     # decode on from the received KV: heads gathered from the decode ranks into one cache
     assembled = ref.new_cache(num_blocks, dtype=torch.bfloat16)
@@ -231,6 +203,50 @@ def verify_handoff(prefill, decode, *, model=None, prompt_len: int = 37, decode_
                         corrupted_mismatches=found.get("corrupted"),
                         corrupted=None if corrupt is None else tuple(desc.loc[corrupt, ["layer", "region", "dst_rank",
                                                                                         "dst_block"]]))
+
+
+def _reference_run(m, prompt_len: int, decode_steps: int, num_blocks: int, seed: int):
+    """(reference model, its KV cache, logits of the prefill and each decode step, greedy decode tokens) of one
+    random prompt of ``prompt_len`` tokens on the whole (unsharded) model."""
+    ref = build_model(m, None, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, m.vocab, (prompt_len,), generator=g)
+    ref_cache = ref.new_cache(num_blocks, dtype=torch.bfloat16)
+    logits = [ref.step(ref_cache, [(SEQ, prompt)])]
+    tokens = []
+    for _ in range(decode_steps):
+        tokens.append(logits[-1].argmax(-1))
+        logits.append(ref.step(ref_cache, [(SEQ, tokens[-1])]))
+    return ref, ref_cache, logits, tokens
+
+
+def _transfer_jobs(pre, dec, variants: dict, prefill_tp: int) -> list[RankJob]:
+    """One job per process (prefill ranks, then decode ranks): every descriptor group of every variant becomes a
+    send from its prefill rank and a receive into a zeroed copy of the decode rank's region."""
+    jobs = [RankJob(_bytes(c)) for c, _ in pre] + [
+        RankJob({(*k, v): torch.zeros_like(b) for k, b in _bytes(c).items() for v in variants}) for c, _ in dec]
+    for variant, ds in variants.items():
+        for (layer, region, s, d), grp in ds.groupby(["layer", "region", "src_rank", "dst_rank"], sort=True):
+            src_idx = byte_index(grp["src_offset"].to_numpy(), grp["length"].to_numpy())
+            dst_idx = byte_index(grp["dst_offset"].to_numpy(), grp["length"].to_numpy())
+            jobs[s].sends.setdefault(prefill_tp + d, []).append(((layer, region), src_idx))
+            jobs[prefill_tp + d].recvs.setdefault(s, []).append(((layer, region, variant), dst_idx))
+    return jobs
+
+
+def _compare_received(cache, got: dict, rank: int, variants: dict, found: dict) -> None:
+    """Append to ``found[variant]`` every (layer, region, rank, blocks, bytes) where what decode rank ``rank``
+    received differs from what its ``cache`` should hold; then overwrite the cache with what arrived under
+    "sent" (decoding goes on from the received KV)."""
+    for key, want in _bytes(cache).items():
+        region_cache = cache.kv[key[0]] if key[1] == "main" else cache.index[key[0]]
+        block_bytes = region_cache[0].numel() * region_cache.element_size()
+        for v in variants:
+            diff = (got[(*key, v)] != want).nonzero().flatten()
+            if len(diff):
+                blocks = sorted({int(b) for b in (diff // block_bytes).tolist()})
+                found[v].append((key[0], key[1], rank, blocks, int(len(diff))))
+        region_cache.reshape(-1).view(torch.uint8).copy_(got[(*key, "sent")])
 
 
 def _assemble(target, caches, heads_per_rank, n: int, layers) -> None:

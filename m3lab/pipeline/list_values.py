@@ -10,9 +10,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from m3lab.cache.policies import POLICIES
+from m3lab.cache.trace import read_trace
 from m3lab.errors import M3LabError
 from m3lab.pipeline import validate
+from m3lab.serving.cache_capacity import check_sim_capacity
 from m3lab.spec.model import load_model
+from m3lab.spec.plan import ParallelPlan
 
 
 def _each(name: str, least: int = 1, *, null: bool = False) -> Callable[[dict], None]:
@@ -27,9 +31,7 @@ def _each(name: str, least: int = 1, *, null: bool = False) -> Callable[[dict], 
 
 
 def _capacities(p: dict) -> None:
-    from m3lab.cache.capacity import check_sim_capacity
-    from m3lab.cache.replay import blocks_for_tokens
-    from m3lab.cache.trace import read_trace
+    from m3lab.cache.replay import blocks_for_tokens  # local: pulls in pandas
     block = inspect.signature(read_trace).parameters["block_size"].default   # what notebook 06 replays with
     _each("capacities_tokens", null=True)(p)
     for v in p["capacities_tokens"]:
@@ -46,7 +48,6 @@ def _model(p: dict):
 
 
 def _sharding_tps(p: dict) -> None:
-    from m3lab.spec.plan import ParallelPlan
     model = _model(p)
     for tp in p["sharding_tps"]:
         ParallelPlan(tp=tp).validate(model)
@@ -61,7 +62,6 @@ def _ratios(p: dict) -> None:
 
 
 def _policies(p: dict) -> None:
-    from m3lab.cache.policies import POLICIES
     bad = [v for v in p["policies"] if v not in POLICIES]
     if bad:
         raise M3LabError(f"policies: {bad[0]!r} is not an eviction policy", field="policies",

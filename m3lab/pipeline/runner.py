@@ -207,10 +207,29 @@ def _clear_artifacts(run_dir: Path, step: str) -> None:
     shutil.rmtree(artifacts.artifacts_dir(run_dir) / step, ignore_errors=True)
 
 
-def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, echo) -> RunResult:
-    import papermill as pm
+def _run_notebook(step, out: Path, parameters: dict, run_dir: Path, progress: bool) -> str | None:
+    """Execute ``step``'s notebook into ``out`` (kernel output appended to the run's kernel log): the error in one
+    line, None when every cell ran. Ctrl-C, in this process or in the kernel, raises KeyboardInterrupt."""
+    import papermill as pm  # the notebook stack, absent on a bare GPU box
     from papermill.exceptions import PapermillExecutionError
 
+    try:
+        with open(run_dir / KERNEL_LOG, "ab") as kernel_log:
+            pm.execute_notebook(str(step.notebook), str(out), parameters=parameters, kernel_name=KERNEL,
+                                progress_bar=progress, cwd=str(run_dir), language="python",
+                                log_output=False, kernel_manager_class=_kernel_manager(kernel_log))
+    except PapermillExecutionError as err:
+        if err.ename == "KeyboardInterrupt":
+            raise KeyboardInterrupt from None
+        return f"{err.ename}: {err.evalue}"
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # the kernel died, the notebook could not be written, ...
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, echo) -> RunResult:
     _quiet_papermill_inspection()
     todo = [(i, s) for i, s in enumerate(pipe.steps) if summary["steps"][i]["status"] != "ok"]
     done = len(pipe.steps) - len(todo)
@@ -225,20 +244,7 @@ def _execute(pipe: Pipeline, run_dir: Path, summary: dict, *, progress: bool, ec
         error = None
         try:
             with _step_env(run_dir, step.name), atomic_path(run_dir / entry["output"]) as tmp:
-                try:
-                    with open(run_dir / KERNEL_LOG, "ab") as kernel_log:
-                        pm.execute_notebook(str(step.notebook), str(tmp),
-                                            parameters=summary["parameters"][step.name], kernel_name=KERNEL,
-                                            progress_bar=progress, cwd=str(run_dir), language="python",
-                                            log_output=False, kernel_manager_class=_kernel_manager(kernel_log))
-                except PapermillExecutionError as err:
-                    if err.ename == "KeyboardInterrupt":
-                        raise KeyboardInterrupt from None
-                    error = f"{err.ename}: {err.evalue}"
-                except KeyboardInterrupt:
-                    raise
-                except Exception as err:  # the kernel died, the notebook could not be written, ...
-                    error = f"{type(err).__name__}: {err}"
+                error = _run_notebook(step, tmp, summary["parameters"][step.name], run_dir, progress)
                 _check_complete(tmp)  # a half-written notebook never replaces the last good one
         except KeyboardInterrupt:
             entry.update(status="interrupted", error="interrupted (Ctrl-C)",

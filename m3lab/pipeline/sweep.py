@@ -31,6 +31,7 @@ import yaml
 from m3lab.atomic import write_json
 from m3lab.errors import M3LabError
 from m3lab.pipeline.params import resolve_parameters
+from m3lab.pipeline.ray_executor import check_reachable, require_ray, run_tasks
 from m3lab.pipeline.run_folder import SUMMARY, new_run_dir, relative
 from m3lab.pipeline.runner import resume_run, run_pipeline
 from m3lab.pipeline.spec import load_pipeline
@@ -91,7 +92,6 @@ def run_sweep(pipeline: str | os.PathLike, axes: dict[str, list[Any]], overrides
     for p in points:  # validate everything before running anything
         resolve_parameters(pipe, p)
     if use_ray:
-        from m3lab.pipeline.ray_executor import check_reachable, require_ray
         require_ray()
         check_reachable(ray_address)   # before a sweep folder is made: a wrong address leaves nothing behind
     folder = new_run_dir(out_dir, f"sweep-{pipe.name}")
@@ -244,7 +244,6 @@ def _run_locally(pipeline_file, record, todo, folder, progress, echo, finished):
 
 
 def _run_on_ray(pipeline_file, record, todo, folder, address, options, echo, finished):
-    from m3lab.pipeline.ray_executor import run_tasks
     names = [record["points"][i]["name"] for i in todo]
 
     def on_done(o) -> str:

@@ -15,6 +15,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from m3lab.errors import M3LabError
+from m3lab.optable.routing import make_routing
+from m3lab.serving.capacity import capacity
+from m3lab.spec.hardware import load_hardware
+from m3lab.spec.serving import make_deployment
+from m3lab.workload.deployed import check_spec
 
 NULL_WORDS = ("none", "null", "~")   # -p KEY=None / none / null all mean null (YAML reads only null and ~)
 #: the deployment vocabulary of the notebooks' parameters cells (None: the preset's value)
@@ -30,9 +35,6 @@ def is_null(value: Any) -> bool:
 def step_deployment(values: dict[str, Any]):
     """The Deployment a step's parameters describe (None when it declares none of
     :data:`DEPLOYMENT_PARAMETERS`), built by the notebooks' own call and validated, its KV checked to fit."""
-    from m3lab.serving.capacity import capacity
-    from m3lab.spec.serving import make_deployment
-
     if not any(k in values for k in DEPLOYMENT_PARAMETERS):
         return None
     given = {k: values[k] for k in DEPLOYMENT_PARAMETERS[1:-1] if k in values and not is_null(values[k])}
@@ -52,27 +54,24 @@ def step_deployment(values: dict[str, Any]):
 
 
 def _check_calibration(p, d):
-    from m3lab.cost.model import resolve_calibration
-    from m3lab.spec.hardware import load_hardware
+    from m3lab.cost.model import resolve_calibration  # local: pulls in pandas
     if not is_null(p["calibration"]):
         resolve_calibration(d.hardware if d is not None else load_hardware(p.get("hardware") or "mi355x"),
                             p["calibration"])
 
 
 def _check_routing(p, d):
-    from m3lab.optable.routing import make_routing
     make_routing(p["routing"], 8, 2)
 
 
 def _check_spec(p, d):
-    from m3lab.workload.deployed import check_spec
     check_spec(p["spec_tokens"], p.get("accept_len"))
 
 
 def _check_device(p, d):
     if p["device"] == "cpu":  # always valid; skips importing torch
         return
-    from m3lab.bench_analysis.runs import resolve_device
+    from m3lab.bench_analysis.runs import resolve_device  # local: pulls in pandas
     resolve_device(p["device"])   # auto, cpu, or cuda with a GPU visible
 
 
@@ -87,7 +86,7 @@ def _check_threshold(name):
 # (parameter names a check reads, the check(values, deployment or None)). A check runs when a step declares all
 # of its names; the first name is the one the error is reported against.
 def _check_fixes(p, d):
-    from m3lab.ladder.fixes import get_fix
+    from m3lab.ladder.fixes import get_fix  # local: pulls in pandas
     if not is_null(p["fixes"]):
         if isinstance(p["fixes"], str) or not hasattr(p["fixes"], "__iter__"):
             raise M3LabError(f"fixes={p['fixes']!r} must be a list of fix names", field="fixes",

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from m3lab.artifacts import INTERACTIVE_STEP, current_step
 from m3lab.ladder.before import BEFORE as REPRESENTED
+from m3lab.ladder.ladder import toggled
 
 
 def _published(row) -> str:
@@ -71,8 +72,6 @@ def fix_toggles(start, fixes, *, calibration="default", live: bool | None = None
         return "pipeline run: the static ladder above; open the notebook in JupyterLab for a toggle per fix"
     import ipywidgets as widgets  # optional: only the interactive view needs it
     from IPython.display import display
-
-    from m3lab.ladder.ladder import toggled
 
     boxes = {f.name: widgets.Checkbox(value=False, description=f.name, indent=False,
                                       disabled=not (f.is_switch or f.name in REPRESENTED),

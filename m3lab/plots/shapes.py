@@ -1,4 +1,4 @@
-"""Figures of notebook 01 (local shapes): take the DataFrames of :mod:`m3lab.workload.shapes`, return plotly figures.
+"""Figures of notebook 01 (local shapes): take the DataFrames of :mod:`m3lab.analysis.shapes`, return plotly figures.
 
 Every figure is projected (analytic schedule, routing model), not measured; titles say so and give units.
 """

@@ -46,7 +46,7 @@ def dense_vs_sparse_figure(table: pd.DataFrame, source) -> go.Figure:
 def bytes_bound_figure(contexts=(8192, 65536)) -> go.Figure:
     """The most indexer + sparse attention can save over dense attention, by bytes (one decode row at TP4), for
     bf16, fp8 and shared (every 4th layer) index keys (``m3lab.bench_analysis.sparse.saving_bound``)."""
-    from m3lab.bench_analysis.sparse import D, saving_bound
+    from m3lab.bench_analysis.sparse import D, saving_bound  # local: pulls in torch, triton
     keys = (("bf16", 2 * D), ("fp8", D), ("bf16, shared by 4 layers", 2 * D // 4))
     bounds = pd.DataFrame([{**saving_bound(c, b), "index keys": name} for c in contexts for name, b in keys])
     return px.bar(bounds, x="ctx", y="bound_saving", color="index keys", barmode="group",

@@ -30,10 +30,11 @@ import pandas as pd
 
 from m3lab.arith import ceil_div
 from m3lab.errors import M3LabError
-from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
 from m3lab.serving.progress import late_progress
 from m3lab.serving.timeline import host_columns, step_timeline
 from m3lab.spec.traffic import VLLM_BENCH_NUM_PROMPTS
+from m3lab.vllm.scheduler_judge import Judge, warm_up
+from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
 from m3lab.workload.scheduler import Scheduler, SchedulerConfig
 from m3lab.workload.step import EngineStep
 
@@ -209,7 +210,6 @@ def simulate_records(cfg: SchedulerConfig, contents: RequestContents, concurrenc
     if engine == "m3lab":
         with late_progress("schedule (m3lab)", len(contents), progress) as bar:
             return Scheduler(cfg, outputs=outputs).records(contents, arrivals, on_finish=bar.update)
-    from m3lab.vllm.scheduler_judge import Judge       # heavy, optional (vLLM)
     if cfg.num_kv_blocks is None:                      # vLLM needs a finite pool: one that holds every request
         need = int(ceil_div(contents.prompt + contents.max_tokens + 8 * (cfg.spec_tokens + 1), cfg.block_size).sum())
         cfg = cfg.replace(num_kv_blocks=need + 2)
@@ -334,7 +334,6 @@ def compare_engines(isl: int = 8192, osl: int = 1024, concurrency: int = 32, num
     def toy(step):
         return 5000.0 + 2.0 * step.num_tokens
 
-    from m3lab.vllm.scheduler_judge import warm_up     # heavy, optional (vLLM)
 
     t0 = time.perf_counter()
     warm_up()

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 
 from m3lab.errors import M3LabError
 from m3lab.spec.limits import VLLM_GPU_MEMORY_UTILIZATION as GPU_MEMORY_UTILIZATION  # vLLM's default
+from m3lab.spec.memory import kv_bytes, state_bytes_per_request, weight_bytes_per_gpu
+from m3lab.spec.quant import load_quant
 
 RESERVE_BYTES = 4 * 2**30      # assumed activation peak + CUDA/HIP graph pools + workspace per GPU
 DEFAULT_BLOCK = 16             # vLLM's default KV block when the model does not fix one
@@ -69,9 +71,6 @@ def capacity(model, plan, quant, hw, *, isl: int, osl: int,
              gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION, reserve_bytes: float = RESERVE_BYTES,
              spec_tokens: int = 0) -> Capacity:
     """Weights per GPU, KV capacity in tokens and the largest concurrency that fits (see module docstring)."""
-    from m3lab.spec.memory import kv_bytes, state_bytes_per_request, weight_bytes_per_gpu
-    from m3lab.spec.quant import load_quant
-
     if not 0 < gpu_memory_utilization <= 1:
         raise M3LabError(f"gpu_memory_utilization={gpu_memory_utilization} must be in (0, 1]",
                          field="gpu_memory_utilization")

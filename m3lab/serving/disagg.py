@@ -22,23 +22,26 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from m3lab.analysis.byte_planes import kv_per_layer
 from m3lab.arith import ceil_div
-from m3lab.cache.capacity import cache_capacity
 from m3lab.cost.host_time import step_host_us
 from m3lab.cost.model import cost_label, resolve_calibration
 from m3lab.errors import M3LabError
 from m3lab.pd.geometry import pd_plan
+from m3lab.serving.cache_capacity import cache_capacity
 from m3lab.serving.capacity import block_size_of
+from m3lab.serving.estimate import estimate
 from m3lab.serving.pd_sim import setup, simulate, whole_requests
 from m3lab.serving.step_cost import StepCoster
+from m3lab.spec.memory import state_bytes_per_request
+from m3lab.spec.quant import load_quant
 from m3lab.workload.deployed import ACCEPTANCE_MODEL, acceptance, fake_outputs, fixed_contents
+from m3lab.workload.step import EngineStep
 
 DECODE_SAMPLES = 8    # decode contexts sampled between isl and isl + osl
 
 
 def _decode_step_s(coster, concurrency: int, isl: int, osl: int, mode: str) -> float:
-    from m3lab.workload.step import EngineStep
-
     ctx = np.linspace(isl + 1, isl + osl, DECODE_SAMPLES).round().astype(int)
     return float(np.mean([coster.time_us(EngineStep.decode(concurrency, int(c)), mode) for c in ctx])) * 1e-6
 
@@ -46,10 +49,6 @@ def _decode_step_s(coster, concurrency: int, isl: int, osl: int, mode: str) -> f
 def _handoff_bytes_per_rank(m, plan, quant, isl: int) -> float:
     """Bytes the busiest rank moves for one request: the exact hand-off geometry for M3-style caches
     (:func:`m3lab.pd.geometry.pd_plan`), else per-layer KV bytes per rank plus a linear-attention state."""
-    from m3lab.analysis.byte_planes import kv_per_layer
-    from m3lab.spec.memory import state_bytes_per_request
-    from m3lab.spec.quant import load_quant
-
     if m.sparse is not None and m.sparse.style == "block" and m.linear is None and m.mla is None:
         q = load_quant(quant)
         s, _ = pd_plan(m, plan.tp, plan.tp, isl, kv_dtype=q.kv_dtype, index_dtype=q.index_dtype)
@@ -64,8 +63,6 @@ def disaggregated(deployment, *, ratios=((1, 1), (1, 2), (1, 3), (2, 1), (2, 3))
     lengths and concurrency; its KV link): request rates, TTFT (prefill + KV hand-off), TPOT and output
     tokens/s/GPU; ``limited_by`` says which side sets the rate. ``prefill_concurrency``: prompts in flight on a
     prefill instance."""
-    from m3lab.serving.estimate import estimate
-
     d = deployment.validate()
     wl, tp = d.workload, d.plan.tp
     isl, osl, concurrency = wl.isl, wl.osl, wl.concurrency

@@ -29,7 +29,7 @@ from pathlib import Path
 from m3lab.atomic import write_text
 from m3lab.optable.dispatch import PHASES, Dispatch, PathChoice
 from m3lab.spec.record_key import stable_key
-from m3lab.vllm.fastpaths import resolves
+from m3lab.vllm.fastpaths import plan_of, resolve, resolves
 
 _CACHE: dict = {}
 CACHE_SIZE = 64
@@ -79,7 +79,6 @@ def dispatch_for(deployment, tokens: dict[str, int] | None = None) -> Dispatch |
 
 def _resolve(deployment, tokens: dict[str, int]) -> Dispatch:
     # heavy dependency: the resolver imports vLLM (seconds); only resolvable deployments reach it
-    from m3lab.vllm.fastpaths import plan_of, resolve
     choices, res = {}, None
     for phase in PHASES:
         res = resolve(deployment, tokens=tokens[phase], phase=phase)

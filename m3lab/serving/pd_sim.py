@@ -36,6 +36,7 @@ from m3lab.arith import ceil_div
 from m3lab.serving.bench_load import BURST_SHARE_LIMIT, bench_metrics
 from m3lab.serving.progress import late_progress
 from m3lab.serving.timed_engine import TimedEngine, run_engines
+from m3lab.workload.deployed import scheduler_config
 from m3lab.workload.requests import FakeOutputs, UniqueContents
 from m3lab.workload.scheduler import Scheduler
 
@@ -214,8 +215,6 @@ def whole_requests(cfg, tokens: int) -> int:
 def setup(deployment, *, prefill_blocks: int, decode_blocks: int, block_size: int, handoff_s: float,
           outputs: FakeOutputs) -> PDSetup:
     """The :class:`PDSetup` of a P/D ``deployment`` (role limits from the record, KV blocks per instance given)."""
-    from m3lab.workload.deployed import scheduler_config
-
     d, wl = deployment, deployment.workload
     pcfg = scheduler_config(d, role="prefill", block_size=block_size, num_kv_blocks=prefill_blocks)
     dcfg = scheduler_config(d, role="decode", block_size=block_size, num_kv_blocks=decode_blocks)

@@ -21,7 +21,9 @@ import math
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.serving.estimate import estimate
 from m3lab.serving.vllm_bench import DATA_DIR, SHIPPED_BENCH, read_bench_result
+from m3lab.spec.serving import make_deployment
 
 SPEC_TOKENS = 3          # assumed MTP draft length of both runs (not in the files)
 MEASURED_BY = "InferenceX (SemiAnalysisAI/InferenceX @775633cf)"
@@ -45,10 +47,6 @@ def sample_deployment(name: str) -> dict:
 def estimate_sample(name: str, calibration="default", num_requests: int | None = None):
     """The :class:`~m3lab.serving.estimate.ServingEstimate` of a shipped sample's model and deployment
     (``num_requests``: requests simulated; default: the prompts the sample's run sent)."""
-    from m3lab.serving.estimate import estimate
-
-    from m3lab.spec.serving import make_deployment
-
     d = sample_deployment(name)
     spec = {"spec_method": "mtp", "spec_tokens": d["spec_tokens"], "accept_len": d["accept_len"],
             "accept_dataset": "the sample's own run (mean ITL / mean TPOT)"} if d["spec_tokens"] else {}

@@ -16,6 +16,8 @@ import os
 import sys
 import time
 
+from m3lab.spec.serving import make_deployment
+
 TARGETS_S = {"fixed 8K/1K c=128": 3.0, "agentic c=28": 30.0}
 
 
@@ -37,9 +39,8 @@ def _timed(label: str, fn) -> dict:
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run the benchmarks and print one line each, then the rows as JSON."""
     argv = sys.argv[1:] if argv is None else argv
-    from m3lab.cache.serving import estimate_workload
-    from m3lab.serving.estimate import estimate
-    from m3lab.spec.serving import make_deployment
+    from m3lab.serving.cached import estimate_workload  # local: pulls in pandas
+    from m3lab.serving.estimate import estimate  # local: pulls in pandas
 
     fixed = make_deployment(concurrency=128)
     agentic = make_deployment(model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp4", spec_method="eagle3",

@@ -54,7 +54,7 @@ class _PlatformStandIn:
 def vllm_batch_defaults(hardware) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) of ``vllm serve`` on ``hardware``, from vLLM's own
     ``EngineArgs.get_batch_defaults`` with ``current_platform`` standing for that GPU (imports vLLM: seconds)."""
-    from m3lab.vllm.imports import vllm_module  # heavy: imports vLLM's engine arguments
+    from m3lab.vllm_src.imports import vllm_module  # heavy: imports vLLM's engine arguments
 
     args = vllm_module("vllm.engine.arg_utils")
     usage = vllm_module("vllm.usage.usage_lib").UsageContext.OPENAI_API_SERVER

@@ -30,11 +30,11 @@ def _attention_params(m: ModelSpec) -> dict:
     return {"attn_qkv": qkv + norms, "attn_o": m.q_width * H}
 
 
-def _linear_params(m: ModelSpec, tp: int = 1) -> dict:
-    """Per Gated DeltaNet layer (on one of ``tp`` ranks): in_proj_qkvz [2*kh*kd + 2*vh*vd, H], in_proj_ba
-    [2*vh, H], conv1d [conv_dim, kernel], A_log and dt_bias [vh], gated norm [vd]; out_proj [H, vh*vd]."""
+def _linear_params(m: ModelSpec, plan: ParallelPlan | None = None) -> dict:
+    """Per Gated DeltaNet layer (on one rank of ``plan``; whole without one): in_proj_qkvz [2*kh*kd + 2*vh*vd, H],
+    in_proj_ba [2*vh, H], conv1d [conv_dim, kernel], A_log and dt_bias [vh], gated norm [vd]; out_proj [H, vh*vd]."""
     a, H = m.linear, m.hidden
-    kh, vh = a.key_heads // tp, a.value_heads // tp
+    kh, vh = (plan or ParallelPlan()).linear_heads_local(m)
     conv = (2 * kh * a.key_dim + vh * a.value_dim) * a.conv_kernel
     qkv = H * (2 * kh * a.key_dim + 2 * vh * a.value_dim + 2 * vh) + conv + 2 * vh + a.value_dim
     return {"attn_qkv": qkv, "attn_o": vh * a.value_dim * H}
@@ -132,8 +132,8 @@ def state_bytes_per_request(m: ModelSpec, plan: ParallelPlan | None = None) -> i
     per linear layer. It does not grow with the context."""
     if m.linear is None:
         return 0
-    a, tp = m.linear, plan.tp if plan else 1
-    vh, kh = a.value_heads // tp, a.key_heads // tp
+    a = m.linear
+    kh, vh = (plan or ParallelPlan()).linear_heads_local(m)
     state = vh * a.key_dim * a.value_dim * dtype_bytes(a.state_dtype)
     conv = (a.conv_kernel - 1) * (2 * kh * a.key_dim + vh * a.value_dim) * dtype_bytes("bf16")
     return int(len(m.linear_layers) * (state + conv))
@@ -154,7 +154,7 @@ def local_weight_elements(m: ModelSpec, plan: ParallelPlan) -> dict[str, float]:
     else:
         q_heads = plan.heads_q_local(m) * (2 if m.attn_output_gate else 1)
         qkv = H * (q_heads + 2 * plan.heads_kv_local(m)) * m.head_dim
-    lin = _linear_params(m, tp) if m.linear is not None else {"attn_qkv": 0, "attn_o": 0}
+    lin = _linear_params(m, plan) if m.linear is not None else {"attn_qkv": 0, "attn_o": 0}
     n_kv, n_lin = len(m.kv_layers), len(m.linear_layers)
     if m.sparse is None:
         idx = 0

@@ -10,6 +10,7 @@ DeepSeek sparse attention, a token-level :class:`SparseConfig` with ``style="dsa
 in ``m3lab/spec/configs`` (``index.yaml`` says where each came from). Anything malformed raises
 :class:`m3lab.errors.M3LabError` naming the field.
 """
+# long: ModelSpec and the readers of every config family it accepts, each beside the fields it fills
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from m3lab.errors import M3LabError
+from m3lab.spec.vllm_config import cached_vllm_reads
+from m3lab.vllm_src import install
 
 CONFIG_DIR = Path(__file__).with_name("configs")
 ATTN_DENSE, ATTN_SPARSE, ATTN_LINEAR = "dense", "sparse", "linear"
@@ -359,29 +362,24 @@ def _m3_index_sharing(t: dict) -> dict:
     return {"index_topk_freq": max(int(freq), 1), "index_skip_topk_offset": _get(t, "index_skip_topk_offset", default=0)}
 
 
-def _minimax_m3(t: dict) -> dict:
-    """MiniMax M3 text config read as vLLM 0.33.0's AMD model reads it (vllm/models/minimax_m3/amd/model.py)."""
-    for where in (t, t.get("sparse_attention_config") or {}):
-        if isinstance(where, dict) and "index_topk_pattern" in where:
-            raise _not_a_vllm_option("index_topk_pattern")
-    base = _common(t)
-    # RoPE: get_rope(head_dim, partial_rotary_factor) (amd/model.py:201-239); rotary_dim is not read.
-    # transformers>=5 nests theta, factor and scaling in rope_parameters.
+def _m3_rope(t: dict, head_dim: int) -> dict:
+    """RoPE fields as vLLM's AMD model reads them: get_rope(head_dim, partial_rotary_factor)
+    (amd/model.py:201-239); rotary_dim is not read. transformers>=5 nests theta, factor and scaling in
+    rope_parameters."""
     rope = t.get("rope_parameters") if isinstance(t.get("rope_parameters"), dict) else {}
     factor = _get({**rope, **t}, "partial_rotary_factor", default=0.5, kind=float)
-    base["rotary_dim"] = int(round(base["head_dim"] * factor))
-    base["max_position"] = _get(t, "max_position_embeddings", default=M3_MAX_POSITION_DEFAULT)
     scaling = t.get("rope_scaling")
     if scaling is None and rope.get("rope_type", "default") != "default":
         scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
     if scaling is not None and not isinstance(scaling, dict):
         raise M3LabError("config field 'rope_scaling' must be an object (e.g. YaRN)", field="rope_scaling")
-    base["rope_scaling"] = _frozen(scaling) if scaling else None
-    layers = base["layers"]
-    sp_cfg = t.get("sparse_attention_config") or {}
-    if not isinstance(sp_cfg, dict):
-        raise M3LabError("config field 'sparse_attention_config' must be an object", field="sparse_attention_config")
-    merged = {**t, **sp_cfg}
+    return {"rotary_dim": int(round(head_dim * factor)),
+            "max_position": _get(t, "max_position_embeddings", default=M3_MAX_POSITION_DEFAULT),
+            "rope_scaling": _frozen(scaling) if scaling else None}
+
+
+def _m3_layer_types(merged: dict, layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(attention type, MLP type) of every layer, from the frequency lists or the named type lists."""
     attn = (_per_layer(merged, "sparse_attention_freq", layers, {0: ATTN_DENSE, 1: ATTN_SPARSE})
             or _per_layer(merged, "layer_types", layers,
                           {"full_attention": ATTN_DENSE, "minimax_m3_sparse": ATTN_SPARSE, "sparse": ATTN_SPARSE}))
@@ -395,23 +393,44 @@ def _minimax_m3(t: dict) -> dict:
                          {"dense": MLP_DENSE, "sparse": MLP_MOE, "moe": MLP_MOE}))
     if mlp is None:
         raise M3LabError("config field 'moe_layer_freq' (or 'mlp_layer_types') is missing", field="moe_layer_freq")
-    sparse = None
-    if ATTN_SPARSE in attn:
-        disable_v = merged.get("sparse_disable_index_value", 1)
-        sparse = SparseConfig(
-            index_heads=_positive(merged, "sparse_num_index_heads", "index_n_heads"),
-            index_dim=_positive(merged, "sparse_index_dim", "index_head_dim"),
-            block_size=_positive(merged, "sparse_block_size", "index_block_size"),
-            topk_blocks=_positive(merged, "sparse_topk_blocks", "index_topk_blocks"),
-            # the AMD model defaults a missing sparse_local_block to 0 (amd/model.py:797)
-            local_blocks=_get(merged, "sparse_local_block", "index_local_blocks", default=0),
-            init_blocks=_get(merged, "sparse_init_block", "index_init_blocks", default=0),
-            index_value=_index_value(disable_v, attn),
-            **_m3_index_sharing(t),
-        )
-        if sparse.index_heads != base["heads_kv"]:
-            raise M3LabError(f"sparse_num_index_heads ({sparse.index_heads}) must equal num_key_value_heads "
-                             f"({base['heads_kv']})", field="sparse_num_index_heads")
+    return attn, mlp
+
+
+def _m3_sparse(t: dict, merged: dict, attn: tuple[str, ...], heads_kv: int) -> SparseConfig | None:
+    """The sparse-attention block (indexer and block selection), None when no layer is sparse."""
+    if ATTN_SPARSE not in attn:
+        return None
+    disable_v = merged.get("sparse_disable_index_value", 1)
+    sparse = SparseConfig(
+        index_heads=_positive(merged, "sparse_num_index_heads", "index_n_heads"),
+        index_dim=_positive(merged, "sparse_index_dim", "index_head_dim"),
+        block_size=_positive(merged, "sparse_block_size", "index_block_size"),
+        topk_blocks=_positive(merged, "sparse_topk_blocks", "index_topk_blocks"),
+        # the AMD model defaults a missing sparse_local_block to 0 (amd/model.py:797)
+        local_blocks=_get(merged, "sparse_local_block", "index_local_blocks", default=0),
+        init_blocks=_get(merged, "sparse_init_block", "index_init_blocks", default=0),
+        index_value=_index_value(disable_v, attn),
+        **_m3_index_sharing(t),
+    )
+    if sparse.index_heads != heads_kv:
+        raise M3LabError(f"sparse_num_index_heads ({sparse.index_heads}) must equal num_key_value_heads "
+                         f"({heads_kv})", field="sparse_num_index_heads")
+    return sparse
+
+
+def _minimax_m3(t: dict) -> dict:
+    """MiniMax M3 text config read as vLLM 0.33.0's AMD model reads it (vllm/models/minimax_m3/amd/model.py)."""
+    for where in (t, t.get("sparse_attention_config") or {}):
+        if isinstance(where, dict) and "index_topk_pattern" in where:
+            raise _not_a_vllm_option("index_topk_pattern")
+    base = _common(t)
+    base.update(_m3_rope(t, base["head_dim"]))
+    sp_cfg = t.get("sparse_attention_config") or {}
+    if not isinstance(sp_cfg, dict):
+        raise M3LabError("config field 'sparse_attention_config' must be an object", field="sparse_attention_config")
+    merged = {**t, **sp_cfg}
+    attn, mlp = _m3_layer_types(merged, base["layers"])
+    sparse = _m3_sparse(t, merged, attn, base["heads_kv"])
     inter = _positive(t, "intermediate_size")
     n_shared = _get(t, "n_shared_experts", default=0)
     return dict(base, family="minimax_m3", attn_types=attn, mlp_types=mlp, sparse=sparse,
@@ -601,7 +620,6 @@ def parse_hf_config(config: dict, name: str | None = None, source: str = "", *, 
 def spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> ModelSpec:
     """The ModelSpec of what vLLM's AMD model reads from vLLM's parse of a MiniMax M3 ``config``
     (:func:`m3lab.spec.vllm_config.cached_vllm_reads`)."""
-    from m3lab.spec.vllm_config import cached_vllm_reads  # loads vLLM's config class (torch + transformers)
     v = dict(cached_vllm_reads(config))
     n, sparse_ids, moe_ids = v.pop("layers"), set(v.pop("sparse_layers")), set(v.pop("moe_layers"))
     attn = tuple(ATTN_SPARSE if i in sparse_ids else ATTN_DENSE for i in range(n))
@@ -617,7 +635,6 @@ def spec_via_vllm(config: dict, name: str | None = None, source: str = "") -> Mo
 
 def _vllm_parses() -> bool:
     """Whether vLLM's config class parses M3 configs here (else m3lab's reader, with a one-time notice)."""
-    from m3lab.vllm import install  # the install check reads package metadata only (no vLLM import)
     return install.tell_once("parsing MiniMax M3 configs with vLLM's MiniMaxM3Config (m3lab's own reader is used)")
 
 

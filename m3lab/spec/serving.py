@@ -20,6 +20,7 @@ vLLM 0.33.0's defaults (tests compare them with vLLM's own code):
 (round-trip tested). :func:`make_deployment` builds one from a preset (:data:`PRESETS`, the write-up's MI355X
 deployments and the checklist's default) and settings in any spelling of :mod:`m3lab.spec.settings`.
 """
+# long: the Deployment record and both directions of its vLLM mapping (to_vllm, parse_vllm), kept inverse
 from __future__ import annotations
 
 import dataclasses
@@ -278,6 +279,41 @@ def _limit_flag(flag: str, value: str | None, limits: dict) -> int:
     return 0
 
 
+def _json_flag(flag: str, value: str | None, serving: dict, plan: dict, cache: dict, defaults: ServingConfig) -> bool:
+    """Record a JSON-valued flag of ``vllm serve`` (attention, model overrides, speculation, compilation, KV
+    transfer) in ``serving`` / ``plan`` / ``cache`` (KV and index dtypes, index-cache sharing); False: not one."""
+    if flag in ("--attention-config", "-ac"):
+        ac = _json_arg(flag, value)
+        cache["index_dtype"] = ac.pop("indexer_kv_dtype", "bf16")
+        plan["indexer_cp"] = bool(ac.pop("minimax_m3_indexer_cp", False))
+        if ac:
+            raise M3LabError(f"--attention-config keys {sorted(ac)} are not modelled", field=flag)
+    elif flag == "--hf-overrides":
+        hf = _json_arg(flag, value)
+        top = sorted(set(hf) - {"text_config"})
+        if top:
+            raise M3LabError(f"--hf-overrides top-level keys {top} raise on ROCm "
+                             "(vllm/model_executor/models/config.py:790-808)", field=flag,
+                             hint='put them under {"text_config": {...}}')
+        text = hf.get("text_config", {})
+        if text.get("use_index_cache"):
+            cache["freq"] = int(text.get("index_topk_freq", 1))
+            cache["offset"] = int(text.get("index_skip_topk_offset", 0))
+    elif flag in ("--speculative-config", "-sc"):
+        sc = _json_arg(flag, value)
+        serving["spec_method"] = sc.get("method")
+        serving["spec_tokens"] = int(sc.get("num_speculative_tokens", 0))
+        serving["spec_model"] = sc.get("model")
+    elif flag in ("--compilation-config", "-cc"):
+        serving["cudagraph_mode"] = str(_json_arg(flag, value).get("cudagraph_mode", defaults.cudagraph_mode))
+    elif flag == "--kv-transfer-config":
+        kv_role = _json_arg(flag, value).get("kv_role")
+        plan["role"] = {v: k for k, v in KV_ROLES.items()}.get(kv_role, "both")
+    else:
+        return False
+    return True
+
+
 def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpec, hardware: str | Hardware,
                quant: str | QuantScheme) -> Deployment:
     """A Deployment from vLLM's environment and ``vllm serve`` arguments (the inverse of ``to_vllm``).
@@ -289,10 +325,11 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
     serving: dict[str, Any] = {f: env_bool(env.get(var), getattr(defaults, f)) for f, var in ENV_FLAGS.items()}
     if env.get(V2_RUNNER_ENV) is not None:
         serving["model_runner_v2"] = bool(int(env[V2_RUNNER_ENV]))
-    plan: dict[str, Any] = {"fused_shared_expert": env_bool(env.get(FSE_ENV), False)}  # vLLM: off unless set
-    kv_dtype, index_dtype, freq, offset, enable_ep = "bf16", "bf16", 1, 0, False
+    plan: dict[str, Any] = {"fused_shared_expert": env_bool(env.get(FSE_ENV), False),  # vLLM: off unless set
+                            "role": "both"}
+    cache = {"kv_dtype": "bf16", "index_dtype": "bf16", "freq": 1, "offset": 0}
+    enable_ep = False
     limits: dict[str, Any] = {}
-    role = "both"
     i = 0
     while i < len(args):
         flag = args[i]
@@ -305,54 +342,28 @@ def parse_vllm(env: Mapping[str, str], args: list[str], *, model: str | ModelSpe
         elif flag == "--enable-expert-parallel":
             enable_ep, step = True, 1
         elif flag == "--kv-cache-dtype":
-            kv_dtype = value
-        elif flag in ("--attention-config", "-ac"):
-            ac = _json_arg(flag, value)
-            index_dtype = ac.pop("indexer_kv_dtype", "bf16")
-            plan["indexer_cp"] = bool(ac.pop("minimax_m3_indexer_cp", False))
-            if ac:
-                raise M3LabError(f"--attention-config keys {sorted(ac)} are not modelled", field=flag)
-        elif flag == "--hf-overrides":
-            hf = _json_arg(flag, value)
-            top = sorted(set(hf) - {"text_config"})
-            if top:
-                raise M3LabError(f"--hf-overrides top-level keys {top} raise on ROCm "
-                                 "(vllm/model_executor/models/config.py:790-808)", field=flag,
-                                 hint='put them under {"text_config": {...}}')
-            text = hf.get("text_config", {})
-            if text.get("use_index_cache"):
-                freq = int(text.get("index_topk_freq", 1))
-                offset = int(text.get("index_skip_topk_offset", 0))
+            cache["kv_dtype"] = value
+        elif _json_flag(flag, value, serving, plan, cache, defaults):
+            pass
         elif flag == "--monokernel":
             serving["monokernel"], step = True, 1
         elif flag == "--moe-backend":
             serving["moe_backend"] = value
-        elif flag in ("--speculative-config", "-sc"):
-            sc = _json_arg(flag, value)
-            serving["spec_method"] = sc.get("method")
-            serving["spec_tokens"] = int(sc.get("num_speculative_tokens", 0))
-            serving["spec_model"] = sc.get("model")
-        elif flag in ("--compilation-config", "-cc"):
-            serving["cudagraph_mode"] = str(_json_arg(flag, value).get("cudagraph_mode", defaults.cudagraph_mode))
         elif flag == "--max-model-len":
             serving["max_model_len"] = int(value)
         elif (taken := _limit_flag(flag, value, limits)):
             step = taken
-        elif flag == "--kv-transfer-config":
-            kv_role = _json_arg(flag, value).get("kv_role")
-            role = {v: k for k, v in KV_ROLES.items()}.get(kv_role, "both")
         else:
             raise M3LabError(f"vllm argument {flag!r} is not modelled by m3lab", field=flag)
         i += step
-    plan["role"] = role
     p = ParallelPlan(**plan)
     if enable_ep:  # vLLM's EP group spans TP x DP
         p = dataclasses.replace(p, ep=p.tp * p.dp)
     spec = load_model(model)
-    if freq > 1:
-        spec = spec.with_index_sharing(freq, offset)
+    if cache["freq"] > 1:
+        spec = spec.with_index_sharing(cache["freq"], cache["offset"])
     return Deployment(model=spec, hardware=load_hardware(hardware), plan=p,
-                      quant=load_quant(quant).with_cache(kv_dtype=kv_dtype, index_dtype=index_dtype),
+                      quant=load_quant(quant).with_cache(kv_dtype=cache["kv_dtype"], index_dtype=cache["index_dtype"]),
                       serving=ServingConfig(**serving), limits=SchedulerLimits(**limits)).validate()
 
 

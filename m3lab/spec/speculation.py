@@ -4,7 +4,7 @@ The launch side (method, draft tokens, draft checkpoint) is vLLM's ``--speculati
 :class:`~m3lab.spec.switches.ServingConfig` (``spec_method``, ``spec_tokens``, ``spec_model``). The mean
 acceptance length depends on the traffic as much as on the draft, so the record names the traffic it was
 measured on (``accept_dataset``): a chat-benchmark value (MT-Bench, GSM8K) is refused for agentic traffic unless
-the user marks it assumed. Published acceptance lengths: :data:`m3lab.pd.speculation.PUBLISHED_ACCEPTANCE`.
+the user marks it assumed. Published acceptance lengths: :data:`m3lab.serving.speculation.PUBLISHED_ACCEPTANCE`.
 """
 from __future__ import annotations
 

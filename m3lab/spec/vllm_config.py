@@ -25,6 +25,8 @@ from typing import Any
 
 from m3lab.atomic import atomic_path
 from m3lab.errors import M3LabError
+from m3lab.vllm_src import install
+from m3lab.vllm_src.imports import vllm_module
 
 CONFIG_MODULE = "vllm.transformers_utils.configs.minimax_m3"
 _STANDALONE = "_m3lab_vllm_minimax_m3_config"  # vLLM's config module loaded by file (vllm not imported)
@@ -33,11 +35,9 @@ _STANDALONE = "_m3lab_vllm_minimax_m3_config"  # vLLM's config module loaded by 
 def _config_module() -> Any:
     """vLLM's M3 config module: the imported one, or its file loaded alone (it imports only transformers)."""
     if "vllm" in sys.modules:
-        from m3lab.vllm.imports import vllm_module
         return vllm_module(CONFIG_MODULE, feature="parsing MiniMax M3 configs with vLLM's config class")
     if _STANDALONE in sys.modules:
         return sys.modules[_STANDALONE]
-    from m3lab.vllm import install
     install.require("parsing MiniMax M3 configs with vLLM's config class")
     root = Path(list(importlib.util.find_spec("vllm").submodule_search_locations)[0])
     spec = importlib.util.spec_from_file_location(_STANDALONE, root / "transformers_utils/configs/minimax_m3.py")
@@ -107,7 +107,6 @@ def _cache_dir() -> Path:
 
 
 def _cache_key(config: dict) -> str:
-    from m3lab.vllm import install
     parts = [json.dumps(config, sort_keys=True, default=str), str(install.installed_version()),
              Path(__file__).read_text(encoding="utf-8")]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]

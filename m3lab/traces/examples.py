@@ -10,7 +10,7 @@ AITER's paged sparse attention with more than one KV head per rank only when the
 table; the optimised deployment's index cache is bf16), the indexer runs on the layers that compute their top-k
 (index sharing every 4th sparse layer), the shared expert is fused into the grouped GEMM (129 experts, top-5)
 unless told otherwise, decode GEMMs take the MXFP8 decode tiles. The header carries ``"synthetic": true``;
-timings are random. Real traces come from ``m3lab.dispatch.capture.capture_dispatch_trace``.
+timings are random. Real traces come from ``m3lab.capture.reference.capture_dispatch_trace``.
 """
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """Everything that talks to an installed vLLM (m3lab's source of truth for MiniMax M3).
 
-- :mod:`m3lab.vllm.install`: which vLLM m3lab needs, whether it is installed, and the one-line install command
-  a feature prints (once) when it is missing or too old.
-- :mod:`m3lab.vllm.imports`: importing vLLM's M3 code and kernels on a CPU box or a GPU box without its
-  compiled extensions (the environment settings and the two import shims, applied before the first import).
 - :mod:`m3lab.vllm.fastpaths`: the fast-path resolver (``m3lab fastpaths``): for a deployment
   (``m3lab.spec.serving``) and a step, the path vLLM takes for every op, its kernels, every condition and the
   vLLM line that decided, taken by vLLM's own code on an emulated GPU platform (``emulate``, ``emulate_stubs``,
@@ -13,5 +9,6 @@
   registry answers, ``fastpath_views`` into tables and figures.
 - :mod:`m3lab.vllm.reference_kernels`: vLLM's own M3 Triton kernels as the reference model's fast paths.
 
-Nothing here imports vLLM at import time; the resolver imports it only in its worker processes.
+vLLM itself is reached through :mod:`m3lab.vllm_src`. Nothing here imports vLLM at import time; the resolver
+imports it only in its worker processes.
 """

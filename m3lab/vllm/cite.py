@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from m3lab.errors import M3LabError
+from m3lab.vllm_src import install
 
 
 @lru_cache(maxsize=1)
 def vllm_root() -> Path:
     """The installed vllm package directory (found without importing vllm)."""
-    from m3lab.vllm import install
     install.require("citing vLLM's source")
     spec = importlib.util.find_spec("vllm")
     return Path(list(spec.submodule_search_locations)[0])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from m3lab.vllm import recorder
 from m3lab.vllm.cite import cite_of
+from m3lab.vllm.emulate import Target, emulate
 from m3lab.vllm.fastpath_types import Check, Decision, GemmShape
 
 # The library entry or compiled op where vLLM's unquantised body went -> path id
@@ -129,6 +130,5 @@ def lm_head(module, shape: GemmShape) -> Decision:
 def tile_regime(hardware, m: int, n: int, k: int) -> str:
     """``"decode"`` when vLLM's MXFP8 ``_select_cfg`` on ``hardware`` gives (m, n, k) the one-row tile, else
     ``"prefill"`` (run in the target's worker process: it enters the emulated platform)."""
-    from m3lab.vllm.emulate import Target, emulate
     with emulate(Target.of(hardware)):
         return "decode" if is_decode_tile(m, n, k) else "prefill"

@@ -47,6 +47,7 @@ from m3lab.errors import M3LabError
 from m3lab.vllm import emulate_patch as patch
 from m3lab.vllm import emulate_stubs as stubs
 from m3lab.vllm.target_image import TargetImage, image_for
+from m3lab.vllm_src.imports import prepare
 
 # Modules whose import-time constants depend on the platform (re-imported on the first emulation when a
 # process imported them before it).
@@ -112,7 +113,6 @@ def _prepare_process() -> None:
     """Import vLLM as m3lab does, with the pieces that must resolve before any emulation (idempotent)."""
     if _PROCESS.prepared:
         return
-    from m3lab.vllm.imports import prepare
     prepare("emulating a GPU platform for vLLM")
     os.environ.setdefault("HIP_VISIBLE_DEVICES", "")
     import transformers  # noqa: F401  (probes find_spec("torchvision") before the stand-in exists)
@@ -307,7 +307,7 @@ def _aiter_constants(platform: Any) -> Iterator[None]:
 def _first_binding(target: Target) -> None:
     """On the process's first emulation: the real M3 package and fresh arch-bound modules."""
     if isinstance(sys.modules.get(M3_PACKAGE), types.ModuleType) and not hasattr(sys.modules[M3_PACKAGE], "__file__"):
-        del sys.modules[M3_PACKAGE]  # m3lab.vllm.imports' bare package: import vLLM's own under the target
+        del sys.modules[M3_PACKAGE]  # m3lab.vllm_src.imports' bare package: import vLLM's own under the target
     for name in ARCH_BOUND_MODULES:
         if name in sys.modules:
             importlib.reload(sys.modules[name])

@@ -52,7 +52,9 @@ from typing import Any
 from m3lab.errors import M3LabError
 from m3lab.spec.plan import EffectivePlan
 from m3lab.spec.serving import Deployment
+from m3lab.vllm import decide, workers
 from m3lab.vllm.decide import DEFAULT_CONTEXT
+from m3lab.vllm.emulate import Target
 from m3lab.vllm.fastpath_types import Check, Decision, ExpertShape, GemmShape
 from m3lab.vllm.vllm_build import BUILT_ARCHS, CHECKPOINT_SCHEMES
 
@@ -73,7 +75,6 @@ class Resolution:
 
     @property
     def platform(self):
-        from m3lab.vllm.emulate import Target
         return Target.of(self.deployment.hardware)
 
     @property
@@ -162,8 +163,6 @@ def resolve(deployment: Deployment, tokens: int = 32, phase: str = "decode",
     >>> r.decision("attention").path
     'aiter_sparse_pa'
     """
-    from m3lab.vllm import decide, workers
-    from m3lab.vllm.emulate import Target
     dep = _check(deployment, tokens, phase, context)
     rows = workers.call(Target.of(dep.hardware), decide.decide, dep, tokens, phase, context)
     return Resolution(deployment=dep, tokens=tokens, phase=phase, context=context, decisions=rows)

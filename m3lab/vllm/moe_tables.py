@@ -24,6 +24,7 @@ from m3lab.errors import M3LabError
 from m3lab.kernels.moe.tables import read_vllm_table
 from m3lab.kernels.nearest import nearest_key
 from m3lab.provenance import KERNELS_DIR
+from m3lab.vllm_src import install
 
 NAME = re.compile(r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<device>[^,]+?)(?:,dtype=(?P<dtype>[^,]+?))?"
                   r"(?:,block_shape=\[(?P<bn>\d+),\s*(?P<bk>\d+)\])?(?:,backend=(?P<backend>[^,]+?))?\.json$")
@@ -35,7 +36,6 @@ def shipped_dir() -> Path:
     """The installed vLLM's shipped tables (found without importing vLLM)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        from m3lab.vllm import install
         install.require("comparing with vLLM's shipped fused-MoE tables")
     return Path(list(spec.submodule_search_locations)[0]) / "model_executor" / "layers" / "fused_moe" / "configs"
 

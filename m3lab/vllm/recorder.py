@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from m3lab.vllm.cite import cite_line
 from m3lab.vllm.emulate_stubs import COLLECTIVE_LOG, StubCalled
 
 # ATen ops that move, view or allocate: not decisions, not recorded
@@ -82,7 +83,6 @@ def _constants(fn: Any, args: tuple, kwargs: dict) -> tuple[tuple[str, Any], ...
 def _vllm_site(frame: Any) -> Any:
     """The innermost frame of vLLM's code at or above ``frame``, as a Cite (None when there is none); vLLM's
     communicator wrappers are passed over (the call site that asked for the collective decides)."""
-    from m3lab.vllm.cite import cite_line
     while frame is not None:
         site = cite_line(frame.f_code.co_filename, frame.f_code.co_qualname, frame.f_lineno)
         if site is not None and not site.file.startswith("distributed/"):
@@ -187,7 +187,6 @@ def _raised_at(err: BaseException) -> Any:
 
 
 def _vllm_site_of(frame: Any, lineno: int) -> Any:
-    from m3lab.vllm.cite import cite_line
     return cite_line(frame.f_code.co_filename, frame.f_code.co_qualname, lineno)
 
 

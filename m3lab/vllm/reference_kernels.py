@@ -1,7 +1,7 @@
 """vLLM's own M3 Triton kernels as implementations of the reference model's fast paths.
 
 Each function takes the reference op's keyword arguments (``m3lab.model``) and calls vLLM's kernel entry from the
-installed vLLM (imported through :mod:`m3lab.vllm.imports`, never copied):
+installed vLLM (imported through :mod:`m3lab.vllm_src.imports`, never copied):
 
 - sparse attention: ``common/ops/sparse_attn.py`` ``minimax_m3_sparse_attn_decode`` (split-K
   ``_gqa_sparse_decode_kernel`` + ``_merge_topk_attn_out_kernel``) and ``minimax_m3_sparse_attn``
@@ -25,7 +25,8 @@ import torch
 
 from m3lab.arith import ceil_div
 from m3lab.dispatch.registry import INDEXER_HANDOFF, FastPathRegistry, attach_impls
-from m3lab.vllm.imports import m3_module
+from m3lab.vllm_src import install
+from m3lab.vllm_src.imports import m3_module
 
 
 def _ops(name: str):
@@ -133,7 +134,6 @@ def implementations(topk: int = 16, init_blocks: int = 0, local_blocks: int = 1)
 def attach_vllm_kernels(registry: FastPathRegistry, *, topk: int = 16, init_blocks: int = 0,
                         local_blocks: int = 1) -> dict[str, str]:
     """Attach vLLM's own M3 kernels to the registry's paths; -> {path: "ok" | error text}."""
-    from m3lab.vllm import install
     if not install.available():
         return {"vllm": install.problem()}
     return attach_impls(registry, implementations(topk, init_blocks, local_blocks))

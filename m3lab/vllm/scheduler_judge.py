@@ -32,6 +32,7 @@ from pathlib import Path
 from m3lab.atomic import write_text
 from m3lab.errors import M3LabError
 from m3lab.spec.model import CONFIG_DIR
+from m3lab.vllm_src.imports import vllm_module
 from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord
 from m3lab.workload.scheduler import SchedulerConfig
 
@@ -81,7 +82,6 @@ class _Vllm:
         if cls._mods is None:
             cache_root()
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")   # its warnings about tiny test budgets are noise
-            from m3lab.vllm.imports import vllm_module
 
             m = {name: vllm_module(mod, FEATURE) for name, mod in (
                 ("config", "vllm.config"), ("registry", "vllm.model_executor.models.registry"),

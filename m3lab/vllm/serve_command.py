@@ -19,6 +19,7 @@ only a launch needs:
 (``make_arg_parser`` of ``vllm serve``, ``add_cli_args`` of ``vllm bench serve``) and checks every ``VLLM_*``
 variable against ``vllm.envs``.
 """
+# long: one launch plan (instances, proxy, benchmark) whose parts share its ports, GPUs and names
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from m3lab.errors import M3LabError
+from m3lab.spec.model import _index
 from m3lab.spec.serving import KV_CONNECTOR, Deployment, block_size_args, load_preset
 from m3lab.vllm.plan_checks import check_weights_fit
+from m3lab.vllm_src.imports import vllm_module
 
 # Quantised checkpoints whose config.json m3lab reads under another name (same architecture): (model, quant) ->
 # the checkpoint vLLM loads. The MXFP4 deployment of the write-up serves amd/MiniMax-M3-MXFP4.
@@ -146,7 +149,6 @@ def checkpoint(dep: Deployment, launch: Launch) -> str:
     key = (dep.model.name, dep.quant.name)
     if key in CHECKPOINTS:
         return CHECKPOINTS[key]
-    from m3lab.spec.model import _index
     return str(_index().get(dep.model.name, {}).get("hf_id") or dep.model.name)
 
 
@@ -195,11 +197,8 @@ def _bench_args(name: str, model: str, port: int, launch: Launch, gpus: int,
     return argv, result_file
 
 
-def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None = None,
-                  name: str | None = None) -> ServePlan:
-    """The commands for ``parts``: ``[(deployment, replicas), ...]`` (one entry for a plain deployment; a
-    prefill and a decode entry for P/D). GPUs are packed onto nodes of ``launch.gpus_per_node``."""
-    launch = (launch or Launch()).validate()
+def _is_disaggregated(parts: Sequence[tuple[Deployment, int]]) -> bool:
+    """True for a prefill + decode plan, False for one aggregated deployment; anything else is refused."""
     if not parts:
         raise M3LabError("a plan needs at least one deployment", field="--preset")
     roles = {d.plan.role for d, _ in parts}
@@ -210,6 +209,37 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
     if not disagg and (len(parts) > 1 or parts[0][1] != 1):
         raise M3LabError("several aggregated deployments are separate plans", field="--preset",
                          hint="plan them one at a time (replicas are for prefill/decode instances)")
+    return disagg
+
+
+def _instance_env(dep: Deployment, launch: Launch, devices: tuple[int, ...], disagg: bool, index: int) -> dict:
+    """The environment of instance number ``index``: the deployment's vLLM variables, its GPUs when it does not
+    own the whole node (or shares it with other P/D instances), and its NIXL side-channel port."""
+    env = dict(dep.to_vllm()[0])
+    vendor = dep.hardware.vendor or "amd"
+    if disagg or len(devices) < launch.gpus_per_node:
+        env[DEVICE_VARS.get(vendor, "CUDA_VISIBLE_DEVICES")] = ",".join(map(str, devices))
+    if disagg and launch.kv_connector.startswith("Nixl"):
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_SIDE_CHANNEL_PORT + index)
+    return env
+
+
+def _proxy_argv(instances: list[Instance]) -> list[str]:
+    """vLLM's P/D proxy in front of the prefill and decode instances (hosts NODE<n> beyond node 0)."""
+    pre = [i for i in instances if i.role == "prefill"]
+    dec = [i for i in instances if i.role == "decode"]
+    host = lambda i: "localhost" if i.node == 0 else f"NODE{i.node}"  # noqa: E731
+    return ["python", PROXY_SCRIPT, "--port", str(PROXY_PORT), "--prefiller-hosts", *map(host, pre),
+            "--prefiller-ports", *(str(i.port) for i in pre), "--decoder-hosts", *map(host, dec),
+            "--decoder-ports", *(str(i.port) for i in dec)]
+
+
+def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None = None,
+                  name: str | None = None) -> ServePlan:
+    """The commands for ``parts``: ``[(deployment, replicas), ...]`` (one entry for a plain deployment; a
+    prefill and a decode entry for P/D). GPUs are packed onto nodes of ``launch.gpus_per_node``."""
+    launch = (launch or Launch()).validate()
+    disagg = _is_disaggregated(parts)
     models = {checkpoint(d, launch) for d, _ in parts}
     if len(models) > 1:
         raise M3LabError(f"P/D instances must serve one checkpoint, got {sorted(models)}", field="--preset")
@@ -233,13 +263,7 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
             if used + n > launch.gpus_per_node:
                 node, used = node + 1, 0
             devices = tuple(range(used, used + n))
-            env, _args = dep.to_vllm()
-            env = dict(env)
-            vendor = dep.hardware.vendor or "amd"
-            if disagg or n < launch.gpus_per_node:
-                env[DEVICE_VARS.get(vendor, "CUDA_VISIBLE_DEVICES")] = ",".join(map(str, devices))
-            if disagg and launch.kv_connector.startswith("Nixl"):
-                env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_SIDE_CHANNEL_PORT + len(instances))
+            env = _instance_env(dep, launch, devices, disagg, len(instances))
             port = next_port[dep.plan.role]
             next_port[dep.plan.role] += 1
             profile = launch.profile_dir
@@ -250,12 +274,7 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
             used += n
     proxy = None
     if disagg:
-        pre = [i for i in instances if i.role == "prefill"]
-        dec = [i for i in instances if i.role == "decode"]
-        host = lambda i: "localhost" if i.node == 0 else f"NODE{i.node}"  # noqa: E731
-        proxy = (["python", PROXY_SCRIPT, "--port", str(PROXY_PORT), "--prefiller-hosts", *map(host, pre),
-                  "--prefiller-ports", *(str(i.port) for i in pre), "--decoder-hosts", *map(host, dec),
-                  "--decoder-ports", *(str(i.port) for i in dec)])
+        proxy = _proxy_argv(instances)
         if any(i.node for i in instances):
             notes.append("instances span nodes: replace NODE<n> with that node's address, and set "
                          "VLLM_NIXL_SIDE_CHANNEL_HOST on each instance to its node's address")
@@ -308,7 +327,6 @@ def _cpu_platform_if_unspecified() -> Iterator[None]:
     the same reason (``vllm/entrypoints/cli/main.py:78-85``); do that for the duration, then restore."""
     import sys
 
-    from m3lab.vllm.imports import vllm_module
     platforms = vllm_module("vllm.platforms", "checking commands with vLLM's parser")
     before = platforms.current_platform
     if not before.is_unspecified():
@@ -337,7 +355,6 @@ def vllm_parser(command: str) -> Any:
     as ``vllm/entrypoints/cli/serve.py:172`` builds it) or ``"bench serve"``
     (``vllm/benchmarks/serve.py:add_cli_args``)."""
     if command not in _PARSERS:
-        from m3lab.vllm.imports import vllm_module
         argparse_utils = vllm_module("vllm.utils.argparse_utils", "checking commands with vLLM's parser")
         parser = argparse_utils.FlexibleArgumentParser(prog=f"vllm {command}")
         with _cpu_platform_if_unspecified():
@@ -368,7 +385,7 @@ def parse_with_vllm(argv: Sequence[str]) -> Any:
             with contextlib.redirect_stderr(err):
                 ns = parser.parse_args(rest)
             if command == "serve":
-                from m3lab.vllm.imports import vllm_module
+                from m3lab.vllm_src.imports import vllm_module
                 vllm_module("vllm.entrypoints.common.cli_args").validate_parsed_serve_args(ns)
         except SystemExit:
             msg = err.getvalue().strip().splitlines()
@@ -382,7 +399,6 @@ def parse_with_vllm(argv: Sequence[str]) -> Any:
 def unknown_env(env: dict[str, str]) -> list[str]:
     """The variables of ``env`` vLLM does not declare (``VLLM_*`` missing from ``vllm.envs``; anything else
     except the device-visibility variables)."""
-    from m3lab.vllm.imports import vllm_module
     known = set(vllm_module("vllm.envs").environment_variables)
     return sorted(k for k in env if k not in known and k not in DEVICE_VARS.values())
 

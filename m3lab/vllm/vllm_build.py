@@ -33,8 +33,9 @@ from typing import Any
 
 from m3lab.atomic import write_text
 from m3lab.errors import M3LabError
-from m3lab.spec.model import CONFIG_DIR, ModelSpec
+from m3lab.spec.model import CONFIG_DIR, ModelSpec, raw_config
 from m3lab.spec.serving import Deployment, block_size_args
+from m3lab.vllm.cite import cite_line
 
 ARCH = "MiniMaxM3SparseForConditionalGeneration"
 # quantization_config of each m3lab scheme as the checkpoint carries it; None: unquantised (BF16) weights.
@@ -80,7 +81,6 @@ def quant_config(scheme: str) -> dict | None:
 
 def checkpoint_config(model: ModelSpec, scheme: str) -> dict:
     """The config.json vLLM loads: ``model``'s own, cut to the layers :func:`kept_layers` keeps."""
-    from m3lab.spec.model import raw_config
     cfg = raw_config(model)
     text = cfg.setdefault("text_config", {}) if "text_config" in cfg else cfg
     n = kept_layers(model)
@@ -156,7 +156,6 @@ class Built:
 
 def refusal_of(err: BaseException) -> Refusal:
     """Where in vLLM ``err`` was raised (the innermost vLLM frame), with the vLLM functions on the way."""
-    from m3lab.vllm.cite import cite_line
     sites, tb = [], err.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code

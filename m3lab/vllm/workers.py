@@ -27,6 +27,7 @@ from typing import Any, Callable, BinaryIO
 
 from m3lab.errors import M3LabError
 from m3lab.provenance import REPO_ROOT
+from m3lab.vllm.emulate import bind
 
 MAX_WORKERS = 2
 # the caller's settings a worker must not take: the Triton interpreter would run the kernels the recorder
@@ -101,7 +102,6 @@ def _worker(target) -> Worker:
     atexit.unregister(shutdown)
     atexit.register(shutdown)  # once: a script that never calls shutdown() leaves no worker or log behind
     worker = Worker(key)
-    from m3lab.vllm.emulate import bind
     worker.call(bind, (target,), {})  # vLLM imported under the target before anything else runs there
     _WORKERS[key] = worker
     return worker

@@ -20,7 +20,7 @@ def _shapes(model: ModelSpec, plan: ParallelPlan) -> dict[str, tuple[tuple[int, 
         if sparse:
             out.update({pre + "iq_norm": ((m.sparse.index_dim,), "norm"), pre + "ik_norm": ((m.sparse.index_dim,), "norm")})
         if m.mlp_types[i] == MLP_DENSE:
-            inter = m.dense_inter // p.tp
+            inter = p.dense_inter_local(m)
             out.update({pre + "gate_up": ((2 * inter, h), "matrix"), pre + "down": ((h, inter), "matrix")})
             continue
         e, inter = p.expert_rows_local(m), p.expert_inter_local(m)

@@ -75,7 +75,7 @@ def check_spec(spec_tokens, accept_len, *, agentic: bool = False) -> None:
         raise M3LabError(f"spec_tokens={spec_tokens} needs accept_len, the mean tokens emitted per verification step",
                          field="accept_len", hint=f"set accept_len in [1, {spec_tokens + 1}] (--accept-len A) and "
                                                   "its traffic (accept_dataset); published for EAGLE3 on M3 with 3 "
-                                                  "draft tokens: 2.70 on MT-Bench (m3lab.pd.speculation)")
+                                                  "draft tokens: 2.70 on MT-Bench (m3lab.serving.speculation)")
     if accept_len is not None and (isinstance(accept_len, bool) or not isinstance(accept_len, (int, float))
                                    or not 1 <= accept_len <= spec_tokens + 1):
         raise M3LabError(f"accept_len={accept_len!r} must lie in [1, spec_tokens + 1 = {spec_tokens + 1}]",

@@ -25,6 +25,7 @@ import math
 import torch
 
 from m3lab.errors import M3LabError
+from m3lab.serving.vllm_bench import DATA_DIR, SHIPPED_BENCH, cited, read_bench_result
 from m3lab.workload.deployed import chain_acceptance
 
 EAGLE3_SOURCE = ("Inferact/MiniMax-M3-EAGLE3 model card (EAGLE3 draft of MiniMax M3, TP4, 3 speculative tokens), "
@@ -97,7 +98,6 @@ def bench_acceptance(path) -> dict | None:
     import json
     from pathlib import Path
 
-    from m3lab.serving.vllm_bench import cited, read_bench_result
 
     res = read_bench_result(path)
     raw = json.loads(Path(path).read_text())
@@ -121,7 +121,6 @@ def acceptance_table(bench_paths=None) -> "pandas.DataFrame":  # noqa: F821
     is vLLM's: accepted draft tokens / draft tokens = (accept_len - 1) / k."""
     import pandas as pd
 
-    from m3lab.serving.vllm_bench import DATA_DIR, SHIPPED_BENCH
 
     rows = [{**r, "acceptance_rate": (r["accept_len"] - 1) / r["k"], "kind": "published"}   # vLLM's definition
             for r in PUBLISHED_ACCEPTANCE]
@@ -141,7 +140,7 @@ def spec_sweep(deployment, draft_lengths, *, dataset: str = "MT-Bench",
     (k, mode)."""
     import pandas as pd
 
-    from m3lab.serving.estimate import estimate
+    from m3lab.serving.estimate import estimate  # local: pulls in pandas
 
     rows = []
     for k in draft_lengths:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from m3lab.errors import M3LabError
+from m3lab.serving.capacity import capacity
 from m3lab.spec.limits import VLLM_GPU_MEMORY_UTILIZATION as GPU_MEMORY_UTILIZATION
 
 
@@ -57,8 +58,6 @@ class CacheCapacity:
 def cache_capacity(model, plan, quant, hw, *, gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                    spec_tokens: int = 0) -> CacheCapacity:
     """One rank's KV pool for ``model`` under ``plan`` and ``quant`` on ``hw`` (see module docstring)."""
-    from m3lab.serving.capacity import capacity
-
     cap = capacity(model, plan, quant, hw, isl=1, osl=1, gpu_memory_utilization=gpu_memory_utilization,
                    spec_tokens=spec_tokens)
     n = cap.kv_capacity_tokens // cap.block_size

@@ -14,13 +14,14 @@ from m3lab.arith import ceil_div
 from m3lab.kernels.device import device_name as accelerator_name
 from m3lab.provenance import commit as provenance_commit
 from m3lab.dispatch.dispatcher import Dispatcher, plan_dict
+from m3lab.model.build import build_model, resolve_model
+from m3lab.traces.dispatch import DispatchTraceWriter
 
 
 def build_traced_model(model: Any = None, plan: Any = None, *, device: str = "cpu", dtype=None, layers: int | None = None,
                        seed: int = 0, timed: bool = False, registry: Any = None):
     """A reference model (rank 0 of ``plan``) whose dispatcher keeps records; ``layers`` keeps the first n;
     ``registry``: the dispatcher's (default ``m3_registry()``)."""
-    from m3lab.model.build import build_model, resolve_model
     spec = resolve_model(model)
     if layers is not None:
         spec = spec.with_layers(layers)
@@ -50,7 +51,6 @@ def capture_dispatch_trace(model: Any, plan: Any, steps: list[list[int]], path: 
                            layers: int | None = None, commit: str | None = None, timed: bool = False,
                            registry: Any = None, **header: Any) -> Path:
     """Run ``steps`` on the reference model and write the dispatch trace to ``path`` (.gz compresses)."""
-    from m3lab.traces.dispatch import DispatchTraceWriter
     m = build_traced_model(model, plan, device=device, layers=layers, timed=timed, registry=registry)
     dev_name = accelerator_name(device)
     with DispatchTraceWriter(path, device=dev_name, commit=commit or provenance_commit(),

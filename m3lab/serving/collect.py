@@ -29,7 +29,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
+from m3lab import artifacts
 from m3lab.errors import M3LabError
+from m3lab.serving.vllm_bench import read_bench_result
 
 STEP = "vllm"
 TRACE_SUFFIXES = (".json", ".json.gz", ".csv", ".log", ".txt", ".jsonl", ".jsonl.gz")
@@ -104,8 +106,8 @@ def kernel_table(traces: Sequence[Path]):
     kernel time), ``name`` (full name)."""
     import pandas as pd
 
-    from m3lab.traces import load_trace, short_kernel_name
-    from m3lab.traces.table import trace_format
+    from m3lab.traces import load_trace, short_kernel_name  # local: pulls in pandas
+    from m3lab.traces.table import trace_format  # local: pulls in pandas
 
     frames = []
     for path in traces:
@@ -131,8 +133,6 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
     ``deployment`` (a :class:`~m3lab.spec.serving.Deployment`) enables the fast-path verification and supplies
     the GPU count. Every input is read before anything is written. Returns a JSON-ready summary.
     """
-    from m3lab.serving.vllm_bench import read_bench_result
-
     run = Path(run_dir)
     if run.exists() and not run.is_dir():
         raise M3LabError(f"run folder {str(run)!r} is a file", field="RUN_DIR")
@@ -148,8 +148,8 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
     traces = _trace_files(profile)
     expectations = None
     if deployment is not None and traces:
-        from m3lab.traces.expectations import Expectations
-        from m3lab.vllm.fastpath_expectations import expectations_for
+        from m3lab.traces.expectations import Expectations  # local: pulls in pandas
+        from m3lab.vllm.fastpath_expectations import expectations_for  # local: pulls in pandas
         expectations = Expectations.from_dict(expectations_for(deployment), f"deployment {deployment.name}")
     kernels = kernel_table(traces)  # reads every trace (bad files fail here, before anything is written)
 
@@ -165,37 +165,52 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
 
     if results:
         import pandas as pd
-        rows = []
-        for (res, n), copy in zip(results, copied_bench):
-            row = res.per_gpu(n)
-            row.update(source=str(copy.relative_to(run)), deployment=summary["deployment"], label="measured")
-            rows.append(row)
+        rows = _bench_rows(results, copied_bench, run, summary["deployment"])
         save("vllm_bench", pd.DataFrame(rows))
-        first = rows[0]
-        headline = {k: v for k, v in first.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
-        # the keys m3lab.serving.estimate.compare_with_measured reads: median TTFT, mean TPOT
-        headline.update(ttft_s=first["median_ttft_s"], tpot_ms=first["mean_tpot_ms"],
-                        label="measured (vllm bench serve)")
-        save("vllm_measured", {k: v for k, v in headline.items() if not (isinstance(v, float) and math.isnan(v))})
+        save("vllm_measured", _headline(rows[0]))
     if traces:
         save("vllm_kernels", kernels)
         summary["kernels"] = int(len(kernels))
     if expectations is not None:
-        from m3lab.traces.verify import verify
-        v = verify(expectations, *copied_traces)
-        table = v.results.copy()
+        table, verdict = _verified(expectations, copied_traces)
         save("vllm_fastpaths", table)
-        counts = table["status"].value_counts().to_dict()
-        verdict = {"ok": v.ok, "expectations": v.expectations, "traces": [Path(t).name for t in v.traces],
-                   **{f"n_{k}": int(c) for k, c in counts.items()}}
         save("vllm_fastpaths_verdict", verdict)
         summary["fastpaths"] = verdict
     return summary
 
 
+def _bench_rows(results, copied: Sequence[Path], run: Path, deployment: str | None) -> list[dict]:
+    """One row per bench result: its per-GPU figures, the copy it came from (relative to ``run``), labelled
+    measured."""
+    rows = []
+    for (res, n), copy in zip(results, copied):
+        row = res.per_gpu(n)
+        row.update(source=str(copy.relative_to(run)), deployment=deployment, label="measured")
+        rows.append(row)
+    return rows
+
+
+def _headline(first: dict) -> dict:
+    """The first result's numbers as scalars (NaN dropped), with the keys
+    :func:`m3lab.serving.estimate.compare_with_measured` reads: median TTFT, mean TPOT."""
+    headline = {k: v for k, v in first.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    headline.update(ttft_s=first["median_ttft_s"], tpot_ms=first["mean_tpot_ms"], label="measured (vllm bench serve)")
+    return {k: v for k, v in headline.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def _verified(expectations, traces: Sequence[Path]) -> tuple[Any, dict]:
+    """(per-expectation results, verdict with counts per status) of ``expectations`` over ``traces``."""
+    from m3lab.traces.verify import verify  # local: pulls in pandas
+    v = verify(expectations, *traces)
+    table = v.results.copy()
+    counts = table["status"].value_counts().to_dict()
+    verdict = {"ok": v.ok, "expectations": v.expectations, "traces": [Path(t).name for t in v.traces],
+               **{f"n_{k}": int(c) for k, c in counts.items()}}
+    return table, verdict
+
+
 def _save(run: Path, name: str, obj: Any) -> os.PathLike:
     """``artifacts.save`` into ``run`` (not the current run of the environment) under step ``vllm``."""
-    from m3lab import artifacts
     before = os.environ.get(artifacts.RUN_DIR_ENV)
     os.environ[artifacts.RUN_DIR_ENV] = str(run)
     try:
@@ -211,8 +226,6 @@ def measured(run: str | Path | None = None) -> dict[str, Any]:
     """In a notebook: what ``m3lab vllm collect`` brought into ``run`` (default: the current run):
     ``{"bench": DataFrame | None, "measured": dict | None, "kernels": DataFrame | None,
     "fastpaths": DataFrame | None, "verdict": dict | None}``."""
-    from m3lab import artifacts
-
     out: dict[str, Any] = {}
     for key, name in (("bench", "vllm_bench"), ("measured", "vllm_measured"), ("kernels", "vllm_kernels"),
                       ("fastpaths", "vllm_fastpaths"), ("verdict", "vllm_fastpaths_verdict")):
@@ -226,7 +239,7 @@ def measured(run: str | Path | None = None) -> dict[str, Any]:
 def beside_estimate(est: Any, run: str | Path | None = None):
     """The estimate ``est`` (:func:`m3lab.serving.estimate.estimate` of the same deployment and workload) with the
     collected measurement beside it (:func:`m3lab.serving.estimate.compare_with_measured`)."""
-    from m3lab.serving.estimate import compare_with_measured
+    from m3lab.serving.estimate import compare_with_measured  # local: pulls in pandas
 
     got = measured(run)["measured"]
     if got is None:

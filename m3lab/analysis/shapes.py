@@ -146,6 +146,21 @@ def shape_histograms(deployment, *, routing=None, seed: int = 0, runs: RunArrays
     gcols = ["op", "experts", "topk", "hidden", "inter", "dtype", "layers", "tokens", "routed_tokens", "steps"]
     grouped_h = pd.concat(gframes, ignore_index=True) if gframes else pd.DataFrame(columns=gcols)
 
+    att, sel = _attention_histograms(runs, model)
+    distinct, dg = _distinct_shapes(gemm_m, grouped_h)
+    meta = {"model": model.name, "plan": plan.describe(), "quant": quant.name,
+            "shared_expert_fusion": shared_fusion(model, plan), "isl": workload.isl,
+            "osl": workload.osl, "concurrency": workload.concurrency, "num_requests": workload.n_requests,
+            "routing": rt.name if rt is not None else None, "num_runs": int(runs.repeat.size),
+            "kind": "projected (analytic schedule and routing model)"}
+    return ShapeReport(gemm_m, grouped_h, tpe, att, sel, distinct, dg, runs.num_steps, meta)
+
+
+def _attention_histograms(runs: RunArrays, model: ModelSpec):
+    """(queries per context length and phase, queries per number of selected KV blocks) over ``runs``; the second
+    is empty for a model without sparse attention."""
+    import pandas as pd
+
     dec, pre = query_positions(runs)
     pos = np.arange(dec.size)
     att = pd.concat([pd.DataFrame({"phase": "decode", "ctx": pos[dec > 0] + 1, "queries": dec[dec > 0]}),
@@ -157,6 +172,13 @@ def shape_histograms(deployment, *, routing=None, seed: int = 0, runs: RunArrays
         counts = np.bincount(blocks, weights=dec + pre)
         nz = np.flatnonzero(counts)
         sel = pd.DataFrame({"blocks": nz, "queries": counts[nz].astype(np.int64)})
+    return att, sel
+
+
+def _distinct_shapes(gemm_m, grouped_h):
+    """The distinct-shape tables a tuner must cover: the M values of every GEMM shape, the token counts of every
+    grouped-GEMM shape."""
+    import pandas as pd
 
     distinct = (gemm_m.groupby(["op", "kind", "n", "k", "dtype", "layers"], sort=False)["m"]
                 .agg(lambda s: sorted(int(v) for v in s.unique())).reset_index(name="m_values"))
@@ -167,12 +189,7 @@ def shape_histograms(deployment, *, routing=None, seed: int = 0, runs: RunArrays
         dg["num_tokens"] = dg.tokens_values.map(len)
     else:
         dg = pd.DataFrame(columns=["op", "experts", "topk", "hidden", "inter", "dtype", "tokens_values", "num_tokens"])
-    meta = {"model": model.name, "plan": plan.describe(), "quant": quant.name,
-            "shared_expert_fusion": shared_fusion(model, plan), "isl": workload.isl,
-            "osl": workload.osl, "concurrency": workload.concurrency, "num_requests": workload.n_requests,
-            "routing": rt.name if rt is not None else None, "num_runs": int(runs.repeat.size),
-            "kind": "projected (analytic schedule and routing model)"}
-    return ShapeReport(gemm_m, grouped_h, tpe, att, sel, distinct, dg, runs.num_steps, meta)
+    return distinct, dg
 
 
 def shared_fusion(model: ModelSpec, plan: ParallelPlan) -> dict:

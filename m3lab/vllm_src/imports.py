@@ -26,7 +26,7 @@ import sys
 import types
 from types import ModuleType
 
-from m3lab.vllm import install
+from m3lab.vllm_src import install
 
 M3_PACKAGE = "vllm.models.minimax_m3"
 _COMPILED = ("vllm._C", "vllm._C_stable_libtorch")

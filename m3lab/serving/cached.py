@@ -3,7 +3,7 @@
 :func:`cached_serving` serves a trace (default: the AgentX-like generator, :mod:`m3lab.cache.agentic`) on one
 replica as vLLM does: the step generator (:mod:`m3lab.workload.scheduler`, proven equal to vLLM's scheduler) with
 the deployment's limits, prefix caching on the trace's block keys (:class:`~m3lab.workload.requests.KeyContents`)
-in a KV pool per rank from the hardware memory (:mod:`m3lab.cache.capacity`; vLLM's LRU eviction or another
+in a KV pool per rank from the hardware memory (:mod:`m3lab.serving.cache_capacity`; vLLM's LRU eviction or another
 policy), speculative decoding with exact drafts (the record's method and k; acceptance from the record, or for
 agentic traffic without one the named assumption :data:`m3lab.workload.deployed.ASSUMED_AGENTIC_ACCEPT_LEN`), new
 turns' content prefilled in chunks that share steps with the running decodes. It runs on a clock
@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from m3lab.cache.capacity import cache_capacity
+from m3lab.cache.agentic import generate
 from m3lab.cache.replay import M3LabKVCache
 from m3lab.cache.sessions import Sessions
-from m3lab.cache.trace import Trace
+from m3lab.cache.trace import Trace, read_trace
 from m3lab.cost.host_time import step_host_us
 from m3lab.cost.model import cost_label, resolve_calibration
 from m3lab.errors import M3LabError
+from m3lab.serving.cache_capacity import cache_capacity
 from m3lab.serving.progress import late_progress
 from m3lab.serving.step_cost import StepCoster
 from m3lab.serving.timed_engine import TimedEngine, run_engines
@@ -39,6 +40,7 @@ from m3lab.workload.deployed import (ACCEPTANCE_MODEL, AGENTIC_ACCEPT_LEN_RANGE,
                                      scheduler_config)
 from m3lab.workload.requests import KeyContents
 from m3lab.workload.scheduler import Scheduler
+from m3lab.workload.step import EngineStep
 
 DEFAULT_SESSIONS_PER_SLOT = 1   # sessions simulated per concurrent session slot when the record names none
 STEP_QUANTUM = 1.25         # steps are costed at contexts / chunks / decode counts (> 8) rounded to 25% apart:
@@ -80,8 +82,6 @@ class CoarseStepTime:
         return t
 
     def _representative(self, key: tuple):
-        from m3lab.workload.step import EngineStep
-
         nd_key, kd, pre = key
         n_dec = nd_key if nd_key >= 0 else self._u(-nd_key)
         new, ctx = [1] * n_dec, [self._u(kd)] * n_dec
@@ -119,11 +119,9 @@ def _trace_of(d, trace: Trace | None, block_size: int) -> Trace:
         raise M3LabError("the agentic estimate serves sessions or a trace, not a fixed-length workload",
                          field="workload", hint="set workload=agentx (or workload=trace trace=PATH)")
     if trace is None and wl.kind == "agentx":
-        from m3lab.cache.agentic import generate
         trace = generate(sessions=wl.sessions or DEFAULT_SESSIONS_PER_SLOT * wl.concurrency, seed=wl.seed,
                          block_size=block_size)
     elif trace is None:
-        from m3lab.cache.trace import read_trace
         trace = read_trace(wl.trace, "mooncake", block_size)
     if trace.block_size != block_size:
         raise M3LabError(f"the trace is keyed in {trace.block_size}-token blocks but {d.model.name} uses {block_size}",

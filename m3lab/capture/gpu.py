@@ -2,7 +2,7 @@
 
 Meant for a GPU box (no plotly needed)::
 
-    python -c "from m3lab.dispatch.gpu_capture import capture; capture('$OUT', commit='abc1234')"
+    python -c "from m3lab.capture.gpu import capture; capture('$OUT', commit='abc1234')"
 
 Full M3 width at TP-local shapes (rank 0 of the plan), the first ``layers`` layers (default 5: three
 dense layers and two sparse-attention MoE layers), random bf16 weights, the KV cache in vLLM's Triton layout.
@@ -22,11 +22,13 @@ from pathlib import Path
 
 import torch
 
-from m3lab.kernels.device import device_name as accelerator_name
-from m3lab.provenance import commit as provenance_commit
-from m3lab.dispatch.capture import build_traced_model, run_steps
+from m3lab.capture.reference import build_traced_model, run_steps
 from m3lab.dispatch.dispatcher import plan_dict
 from m3lab.dispatch.registry import attach_repo_kernels, m3_registry
+from m3lab.kernels.device import device_name as accelerator_name
+from m3lab.provenance import commit as provenance_commit
+from m3lab.traces.dispatch import DispatchTraceWriter
+from m3lab.vllm.reference_kernels import attach_vllm_kernels
 
 LAYOUT = "triton"  # vLLM's Triton KV layout [blocks, kv_heads, 128, 2*head_dim]: its kernels read it in place
 
@@ -40,7 +42,6 @@ def _device_slug(device: str) -> str:
 def _attach(registry, model, device: str, with_kernels: bool, vllm_kernels: bool) -> dict[str, str]:
     status = attach_repo_kernels(registry) if with_kernels else {}
     if vllm_kernels and device.startswith("cuda"):
-        from m3lab.vllm.reference_kernels import attach_vllm_kernels
         sp = model.model.sparse
         status.update(attach_vllm_kernels(registry, topk=sp.topk_blocks, init_blocks=sp.init_blocks,
                                           local_blocks=sp.local_blocks))
@@ -90,7 +91,6 @@ def capture(out_dir: str, *, model: str = "minimax-m3", plan: dict | None = None
             prefill: tuple[int, ...] = (4096, 1024), decodes: int = 3, device: str = "cuda",
             commit: str | None = None, with_kernels: bool = True, vllm_kernels: bool = True) -> dict:
     """Run the capture; returns the summary dict (also written as JSON)."""
-    from m3lab.traces.dispatch import DispatchTraceWriter
     plan = plan if plan is not None else {"tp": 4, "fused_shared_expert": False}  # vLLM's default (no FSE)
     commit = commit or provenance_commit()
     out = Path(out_dir)

@@ -49,7 +49,7 @@ def ratio_plot(df: pd.DataFrame, title: str):
 
 def spec_plot(df: pd.DataFrame, title: str):
     """Output tokens/s/GPU and mean TPOT against the draft length (``df`` from
-    :func:`m3lab.pd.speculation.spec_sweep`)."""
+    :func:`m3lab.serving.speculation.spec_sweep`)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
