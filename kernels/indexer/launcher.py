@@ -18,6 +18,7 @@ from .triton_indexer import index_score_kernel, select_kernel
 
 PAGE = 16            # AITER page (vLLM ASM_PAGE_SIZE)
 SCORE_PROGRAMS_PER_SM = 4
+SCORE_NUM_WARPS, SCORE_NUM_STAGES = 4, 3   # index_score_kernel's launch (H200: traces/bench/sparse_attn_tune_*.csv)
 SELECT_MAX_CHUNK = 1024  # blocks sorted at once by the selector (1024 blocks = 128K tokens at block 128)
 
 
@@ -72,7 +73,7 @@ def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_tables: torc
         iq.stride(0), iq.stride(1), iq.stride(2), index_cache.stride(0), index_cache.stride(1),
         index_cache.stride(2), out.stride(0), out.stride(1), out.stride(2), block_tables.stride(0),
         hi, n_split, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_Q=block_q, BLOCK_H=block_h,
-        USE_PDL=pdl_enabled(iq.device), num_warps=4, **pdl_launch(pdl_enabled(iq.device)))
+        USE_PDL=pdl_enabled(iq.device), num_warps=SCORE_NUM_WARPS, num_stages=SCORE_NUM_STAGES, **pdl_launch(pdl_enabled(iq.device)))
     return out
 
 
