@@ -66,6 +66,16 @@ def test_every_split_gives_the_same_answer(split):
     assert rel_rms(_page16(p, blocks, split=split), attention_ref(p, blocks)) < 1e-5
 
 
+@pytest.mark.parametrize("uniform", [False, True])
+def test_ragged_and_uniform_row_counts(monkeypatch, uniform):
+    """Requests of different row counts read cu_seqlens_q; equal counts (T = R * max_q_len) may skip it."""
+    monkeypatch.setattr(launcher, "UNIFORM_Q", uniform)
+    for lens, q_lens in (([150, 70, 33], [3, 1, 2]), ([90, 200], [2, 2])):
+        p = paged_problem(lens, q_lens, dtype=torch.float32, **SMALL)
+        blocks = selection_ref(p, topk=4)
+        assert rel_rms(_triton(p, blocks), attention_ref(p, blocks)) < 1e-5
+
+
 def test_fp16_queries():
     p = _problem([130, 64], 2, dtype=torch.float16)
     blocks = selection_ref(p, topk=4)

@@ -20,6 +20,7 @@ PAGE = 16            # AITER page (vLLM ASM_PAGE_SIZE)
 SCORE_PROGRAMS_PER_SM = 4
 SCORE_NUM_WARPS, SCORE_NUM_STAGES = 4, 3   # index_score_kernel's launch (H200: traces/bench/sparse_attn_tune_*.csv)
 SELECT_MAX_CHUNK = 1024  # blocks sorted at once by the selector (1024 blocks = 128K tokens at block 128)
+SELECT_WIDE = 512        # the selector runs 8 warps above this many blocks per chunk, 4 up to it
 
 
 def _num_sms(device: torch.device) -> int:
@@ -120,7 +121,7 @@ def select_topk(scores: torch.Tensor, block_tables: torch.Tensor, seq_lens: torc
         table.stride(0), table.stride(1), ctx.stride(0),
         topk, init_blocks, local_blocks, block_page_stride,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_T=block_t, PAGES_PER_BLOCK=ppb,
-        EMIT_TABLE=emit_page_table, USE_PDL=pdl_enabled(scores.device), num_warps=4 if block_n <= 512 else 8,
+        EMIT_TABLE=emit_page_table, USE_PDL=pdl_enabled(scores.device), num_warps=4 if block_n <= SELECT_WIDE else 8,
         **pdl_launch(pdl_enabled(scores.device)))
     return out
 

@@ -9,9 +9,9 @@ of each variant with its ratio to vLLM (vLLM µs / ours) and the spread of that 
   :mod:`m3lab.bench.sparse_attn`; variants set the launchers' module constants (programs per SM, warps,
   stages) before their graph is captured; every variant's output is checked against the current one's.
 - MX decode (``mx_decode``): one weight-tile GEMM (the MoE kernel's ``weight_tile`` dataflow: MXFP4 codes
-  and E8M0 scales dequantised to fp32, scaled, cast to bf16, ``tl.dot``) with the arithmetic decode
-  (kernels/mx/triton_mx.py ``e2m1_to_f32``/``e8m0_to_f32``) or the bit-construction decode
-  (kernels/gemm/tiles.py ``e2m1_value``/``e8m0_pow2``), checked against a torch dequantisation.
+  and E8M0 scales dequantised to fp32, scaled, cast to bf16, ``tl.dot``) with kernels/mx's bit-construction
+  decode (``e2m1_value``/``e8m0_pow2``, ``bits``) or an arithmetic decode (``arith``, defined here),
+  checked against a torch dequantisation.
 """
 from __future__ import annotations
 
@@ -24,34 +24,34 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.gemm.tiles import e2m1_value, e8m0_pow2
 from ..kernels.indexer import launcher as il
-from ..kernels.mx.triton_mx import e2m1_to_f32, e8m0_to_f32
+from ..kernels.mx.triton_mx import e2m1_value, e8m0_pow2
 from ..kernels.sparse_attn import launcher as al
 from .peers import timed
 
-ATTN = {"pps2,w4,s2": (2, 4, 2), "pps2,w4,s3": (2, 4, 3), "pps2,w4,s4": (2, 4, 4), "pps2,w8,s3": (2, 8, 3),
-        "pps4,w4,s3": (4, 4, 3), "pps1,w4,s3": (1, 4, 3)}
-INDEX = {"pps4,w4,s3": (4, 4, 3), "pps8,w4,s3": (8, 4, 3), "pps16,w4,s3": (16, 4, 3), "pps4,w4,s4": (4, 4, 4),
-         "pps8,w4,s4": (8, 4, 4), "pps4,w8,s3": (4, 8, 3), "pps2,w4,s3": (2, 4, 3), "pps8,w8,s4": (8, 8, 4)}
+ATTN = {"pps2,w4,s2,u": (2, 4, 2, True), "pps2,w4,s2,cu": (2, 4, 2, False), "pps2,w4,s3,u": (2, 4, 3, True),
+        "pps2,w4,s1,u": (2, 4, 1, True), "pps2,w8,s2,u": (2, 8, 2, True), "pps1,w4,s2,u": (1, 4, 2, True)}
+INDEX = {"pps4,w4,s3,sel512": (4, 4, 3, 512), "pps4,w4,s3,sel256": (4, 4, 3, 256),
+         "pps4,w4,s3,sel128": (4, 4, 3, 128), "pps4,w4,s4,sel512": (4, 4, 4, 512), "pps8,w4,s3,sel512": (8, 4, 3, 512),
+         "pps4,w4,s2,sel512": (4, 4, 2, 512)}
 POINTS = tuple((b, ctx) for ctx in (8192, 65536) for b in (1, 32, 128))
 MX_SHAPES = ((16, 1536, 6144), (64, 1536, 6144), (16, 6144, 768), (64, 6144, 768))   # (M, N, K): MoE w13, w2
 
 
 def _set_attn(v):
-    al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES = v
+    al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES, al.UNIFORM_Q = v
 
 
 def _set_index(v):
-    il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES = v
+    il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_WIDE = v
 
 
 def sparse_rows(b, ctx, rnd, log) -> list[dict]:
     from . import sparse_attn as sa
     mods = sa._vllm()
     p = sa.make_point(b, ctx, 1, torch.device("cuda"))
-    saved = (al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES), (il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS,
-                                                                 il.SCORE_NUM_STAGES)
+    saved = ((al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES, al.UNIFORM_Q),
+             (il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_WIDE))
     plan = [("sparse_attn", "vllm", None, None, lambda: sa.attention_calls(p, "vllm", mods)),
             ("sparse_indexer", "vllm", None, None, lambda: sa.indexer_calls(p, "vllm", mods))]
     plan += [("sparse_attn", k, _set_attn, v, lambda: sa.attention_calls(p, "ours")) for k, v in ATTN.items()]
@@ -83,6 +83,24 @@ def sparse_rows(b, ctx, rnd, log) -> list[dict]:
 
 
 @triton.jit
+def _e2m1_arith(b_c):
+    """An arithmetic E2M1 decode: the alternative this probe times against kernels/mx's bit construction."""
+    b_c = b_c.to(tl.int32)
+    e = (b_c >> 1) & 3
+    m = (b_c & 1).to(tl.float32)
+    mag = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * ((1 << e) >> 1).to(tl.float32))
+    return tl.where((b_c & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _e8m0_arith(b_s):
+    b_s = b_s.to(tl.int32)
+    v = (b_s << 23).to(tl.float32, bitcast=True)
+    v = tl.where(b_s == 0, 5.877471754111438e-39, v)
+    return tl.where(b_s == 255, float("nan"), v)
+
+
+@triton.jit
 def mx_tile_dot_kernel(p_w, p_s, p_x, p_y, M, N, K, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y[M, N] = x[M, K] @ W^T, W MXFP4 (codes [N, K/2] low nibble first, E8M0 [N, K/32]); BITS picks the
@@ -99,8 +117,8 @@ def mx_tile_dot_kernel(p_w, p_s, p_x, p_y, M, N, K, BITS: tl.constexpr, BLOCK_M:
             b_v = tl.join(e2m1_value(b_q & 15, tl.float32), e2m1_value(b_q >> 4, tl.float32))
             sc = e8m0_pow2(b_s, tl.float32)
         else:
-            b_v = tl.join(e2m1_to_f32(b_q & 15), e2m1_to_f32(b_q >> 4))
-            sc = e8m0_to_f32(b_s)
+            b_v = tl.join(_e2m1_arith(b_q & 15), _e2m1_arith(b_q >> 4))
+            sc = _e8m0_arith(b_s)
         b_v = tl.reshape(tl.reshape(b_v, (BLOCK_N, BLOCK_K // 32, 32)) * sc[:, :, None], (BLOCK_N, BLOCK_K))
         o_k = k0 + tl.arange(0, BLOCK_K)
         b_x = tl.load(p_x + o_m[:, None] * K + o_k[None, :], mask=o_m[:, None] < M, other=0.0)
