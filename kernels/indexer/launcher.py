@@ -20,7 +20,8 @@ PAGE = 16            # AITER page (vLLM ASM_PAGE_SIZE)
 SCORE_PROGRAMS_PER_SM = 4
 SCORE_NUM_WARPS, SCORE_NUM_STAGES = 4, 3   # index_score_kernel's launch (H200: traces/bench/sparse_attn_tune_*.csv)
 SELECT_MAX_CHUNK = 1024  # blocks sorted at once by the selector (1024 blocks = 128K tokens at block 128)
-SELECT_WIDE = 512        # the selector runs 8 warps above this many blocks per chunk, 4 up to it
+SELECT_WIDE = 512        # the selector runs 8 warps above this many blocks per chunk, 4 up to it,
+SELECT_FEW = (4, 256, 8)  # and (at most 4 rows, at least 256 blocks) -> 8 warps: a lone row's sort is its latency
 
 
 def _num_sms(device: torch.device) -> int:
@@ -87,6 +88,13 @@ class Selection:
     ctx: torch.Tensor | None = None
 
 
+def _select_warps(block_n: int, rows: int) -> int:
+    few_rows, min_blocks, warps = SELECT_FEW
+    if rows <= few_rows and block_n >= min_blocks:
+        return warps
+    return 4 if block_n <= SELECT_WIDE else 8
+
+
 def select_topk(scores: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 cu_seqlens_q: torch.Tensor, *, block_size: int, topk: int, local_blocks: int = 1,
                 init_blocks: int = 0, max_q_len: int | None = None, max_seq_len: int | None = None,
@@ -121,7 +129,7 @@ def select_topk(scores: torch.Tensor, block_tables: torch.Tensor, seq_lens: torc
         table.stride(0), table.stride(1), ctx.stride(0),
         topk, init_blocks, local_blocks, block_page_stride,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_T=block_t, PAGES_PER_BLOCK=ppb,
-        EMIT_TABLE=emit_page_table, USE_PDL=pdl_enabled(scores.device), num_warps=4 if block_n <= SELECT_WIDE else 8,
+        EMIT_TABLE=emit_page_table, USE_PDL=pdl_enabled(scores.device), num_warps=_select_warps(block_n, hi * t),
         **pdl_launch(pdl_enabled(scores.device)))
     return out
 

@@ -17,6 +17,7 @@ from .triton_sparse import merge_kernel, page16_attn_kernel, sparse_attn_kernel
 PAGE = 16
 PROGRAMS_PER_SM = 2
 NUM_WARPS, NUM_STAGES = 4, 2      # sparse_attn_kernel's launch (H200 measured: traces/bench/sparse_attn_tune_*.csv)
+PREFETCH = True                   # a split's block ids and pages loaded before its loop
 UNIFORM_Q = True                  # T = R * max_q_len (every request max_q_len rows, cu_seqlens_q[0] = 0): no cu_q load
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -87,6 +88,7 @@ def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Te
         group, topk.shape[-1], t,
         HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
         HAS_SCALE=has_scale, USE_PDL=pdl, UNIFORM_Q=UNIFORM_Q and t == block_tables.shape[0] * max_q_len,
+        PREFETCH=PREFETCH, BLOCK_J=triton.next_power_of_2(triton.cdiv(topk.shape[-1], split)),
         num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl_launch(pdl))
     _merge(po, pl, out, split, pdl)
     return out

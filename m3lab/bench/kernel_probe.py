@@ -29,29 +29,28 @@ from ..kernels.mx.triton_mx import e2m1_value, e8m0_pow2
 from ..kernels.sparse_attn import launcher as al
 from .peers import timed
 
-ATTN = {"pps2,w4,s2,u": (2, 4, 2, True), "pps2,w4,s2,cu": (2, 4, 2, False), "pps2,w4,s3,u": (2, 4, 3, True),
-        "pps2,w4,s1,u": (2, 4, 1, True), "pps2,w8,s2,u": (2, 8, 2, True), "pps1,w4,s2,u": (1, 4, 2, True)}
-INDEX = {"pps4,w4,s3,sel512": (4, 4, 3, 512), "pps4,w4,s3,sel256": (4, 4, 3, 256),
-         "pps4,w4,s3,sel128": (4, 4, 3, 128), "pps4,w4,s4,sel512": (4, 4, 4, 512), "pps8,w4,s3,sel512": (8, 4, 3, 512),
-         "pps4,w4,s2,sel512": (4, 4, 2, 512)}
+ATTN = {"pps2,w4,s2,pf": (2, 4, 2, True), "pps2,w4,s2": (2, 4, 2, False), "pps2,w4,s3,pf": (2, 4, 3, True),
+        "pps2,w4,s3": (2, 4, 3, False), "pps2,w8,s2,pf": (2, 8, 2, True), "pps2,w8,s3,pf": (2, 8, 3, True)}
+INDEX = {"s3,few8": (4, 4, 3, (4, 256, 8)), "s3,few4": (4, 4, 3, (4, 256, 4)), "s3,few16": (4, 4, 3, (4, 256, 16)),
+         "s2,few8": (4, 4, 2, (4, 256, 8)), "s2,few16": (4, 4, 2, (4, 256, 16))}
 POINTS = tuple((b, ctx) for ctx in (8192, 65536) for b in (1, 32, 128))
 MX_SHAPES = ((16, 1536, 6144), (64, 1536, 6144), (16, 6144, 768), (64, 6144, 768))   # (M, N, K): MoE w13, w2
 
 
 def _set_attn(v):
-    al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES, al.UNIFORM_Q = v
+    al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES, al.PREFETCH = v
 
 
 def _set_index(v):
-    il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_WIDE = v
+    il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_FEW = v
 
 
 def sparse_rows(b, ctx, rnd, log) -> list[dict]:
     from . import sparse_attn as sa
     mods = sa._vllm()
     p = sa.make_point(b, ctx, 1, torch.device("cuda"))
-    saved = ((al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES, al.UNIFORM_Q),
-             (il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_WIDE))
+    saved = ((al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES, al.PREFETCH),
+             (il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_FEW))
     plan = [("sparse_attn", "vllm", None, None, lambda: sa.attention_calls(p, "vllm", mods)),
             ("sparse_indexer", "vllm", None, None, lambda: sa.indexer_calls(p, "vllm", mods))]
     plan += [("sparse_attn", k, _set_attn, v, lambda: sa.attention_calls(p, "ours")) for k, v in ATTN.items()]
