@@ -16,8 +16,11 @@ from .triton_sparse import merge_kernel, page16_attn_kernel, sparse_attn_kernel
 
 PAGE = 16
 PROGRAMS_PER_SM = 2
-NUM_WARPS, NUM_STAGES = 4, 2      # sparse_attn_kernel's launch (H200 measured: traces/bench/sparse_attn_tune_*.csv)
-PREFETCH = True                   # a split's block ids and pages loaded before its loop
+# sparse_attn_kernel's launch, measured against vLLM's decode kernel on the H200
+# (traces/bench/kernel_probe_NVIDIA_H200.csv): 4 warps, 2 stages (3 stages ran 6-13% slower with the block ids loaded
+# before the loop); 8 warps where a program reads 2 blocks (B = 32 at TP4: 8 splits of 16)
+NUM_WARPS, NUM_STAGES = 4, 2
+WARPS_BY_BLOCKS = {2: 8}          # blocks per program -> num_warps
 UNIFORM_Q = True                  # T = R * max_q_len (every request max_q_len rows, cu_seqlens_q[0] = 0): no cu_q load
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -81,6 +84,7 @@ def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Te
     po, pl = _partials(split, t, hq, d, q.dtype, q.device)
     ks, vs, has_scale = _scales(k_blocks.dtype, k_scale, v_scale, out)
     pdl = pdl_enabled(q.device)
+    per = triton.cdiv(topk.shape[-1], split)
     launch(sparse_attn_kernel, (max_q_len, block_tables.shape[0], hkv * split),
         q, k_blocks, v_blocks, topk, block_tables, cu_seqlens_q, seq_lens, out, po, pl, ks, vs, scale,
         q.stride(0), q.stride(1), *k_blocks.stride(), *v_blocks.stride(), *topk.stride(), block_tables.stride(0),
@@ -88,8 +92,8 @@ def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Te
         group, topk.shape[-1], t,
         HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
         HAS_SCALE=has_scale, USE_PDL=pdl, UNIFORM_Q=UNIFORM_Q and t == block_tables.shape[0] * max_q_len,
-        PREFETCH=PREFETCH, BLOCK_J=triton.next_power_of_2(triton.cdiv(topk.shape[-1], split)),
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES, **pdl_launch(pdl))
+        BLOCK_J=triton.next_power_of_2(per), num_warps=WARPS_BY_BLOCKS.get(per, NUM_WARPS), num_stages=NUM_STAGES,
+        **pdl_launch(pdl))
     _merge(po, pl, out, split, pdl)
     return out
 

@@ -84,11 +84,11 @@ def sparse_attn_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, bt_ptr, cu_q_ptr, seq_lens
                        group, topk, n_rows,
                        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
                        SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
-                       UNIFORM_Q: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_J: tl.constexpr):
+                       UNIFORM_Q: tl.constexpr, BLOCK_J: tl.constexpr):
     """o[t, h] = softmax(q[t, h] K_sel^T / sqrt(D)) V_sel over the row's selected blocks, keys <= pos(t).
     UNIFORM_Q: every request has the grid's max_q_len rows (T = R * max_q_len), so row t = r * max_q_len + i
-    needs no load of cu_q: the top-k load does not wait for one. PREFETCH: the split's (<= BLOCK_J) block ids
-    and their pages are loaded before the loop."""
+    needs no load of cu_q: the top-k load does not wait for one. The split's (<= BLOCK_J) block ids and their
+    pages are loaded before the loop."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
     i = tl.program_id(0)
@@ -111,23 +111,16 @@ def sparse_attn_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, bt_ptr, cu_q_ptr, seq_lens
     j_hi = tl.minimum(j_lo + per, topk)
     off_n = tl.arange(0, BLOCK_SIZE)
     sel = topk_ptr + kvh * stride_th + t * stride_tt
-    if PREFETCH:
-        # the split's block ids and pages in two vector loads before the loop: no load chain per block
-        jj = j_lo + tl.arange(0, BLOCK_J)
-        blks = tl.load(sel + jj * stride_tk, mask=jj < j_hi, other=-1)
-        oks = (blks >= 0) & (blks <= own)
-        pages = tl.load(bt_ptr + r * stride_bt + tl.where(oks, blks, 0), mask=oks, other=0)
-        lasts = tl.where(oks, pos - blks * BLOCK_SIZE, -1)  # last offset of each block visible to the row
+    # the split's block ids and pages in two vector loads before the loop: no load chain per block
+    jj = j_lo + tl.arange(0, BLOCK_J)
+    blks = tl.load(sel + jj * stride_tk, mask=jj < j_hi, other=-1)
+    oks = (blks >= 0) & (blks <= own)
+    pages = tl.load(bt_ptr + r * stride_bt + tl.where(oks, blks, 0), mask=oks, other=0)
+    lasts = tl.where(oks, pos - blks * BLOCK_SIZE, -1)  # last offset of each block visible to the row
     for j in tl.range(j_lo, j_hi):
-        if PREFETCH:
-            pick = tl.arange(0, BLOCK_J) == j - j_lo
-            page = tl.sum(tl.where(pick, pages, 0)).to(tl.int64)
-            last = tl.sum(tl.where(pick, lasts, 0))
-        else:
-            blk = tl.load(sel + j * stride_tk)
-            ok = (blk >= 0) & (blk <= own)
-            last = tl.where(ok, pos - blk * BLOCK_SIZE, -1)
-            page = tl.load(bt_ptr + r * stride_bt + tl.where(ok, blk, 0)).to(tl.int64)
+        pick = tl.arange(0, BLOCK_J) == j - j_lo
+        page = tl.sum(tl.where(pick, pages, 0)).to(tl.int64)
+        last = tl.sum(tl.where(pick, lasts, 0))
         kmask = off_n <= last
         k = tl.load(k_ptr + page * stride_kb + kvh * stride_kh + off_n[None, :] * stride_kp + d[:, None] * stride_kd,
                     mask=kmask[None, :], other=0.0)

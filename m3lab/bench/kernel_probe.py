@@ -6,8 +6,9 @@ op, variant and round: µs p20/p50/p80 of the graph24 harness, SM clock note) an
 of each variant with its ratio to vLLM (vLLM µs / ours) and the spread of that ratio over the rounds.
 
 - Sparse attention (``sparse_attn``) and indexer (``sparse_indexer``): M3 TP4 decode points of
-  :mod:`m3lab.bench.sparse_attn`; variants set the launchers' module constants (programs per SM, warps,
-  stages) before their graph is captured; every variant's output is checked against the current one's.
+  :mod:`m3lab.bench.sparse_attn`; variants set the launchers' module constants (attention: warps, stages,
+  warps by blocks per program; indexer: programs per SM, warps, stages, selector warps) before their graph
+  is captured; every variant's output is checked against the current one's.
 - MX decode (``mx_decode``): one weight-tile GEMM (the MoE kernel's ``weight_tile`` dataflow: MXFP4 codes
   and E8M0 scales dequantised to fp32, scaled, cast to bf16, ``tl.dot``) with kernels/mx's bit-construction
   decode (``e2m1_value``/``e8m0_pow2``, ``bits``) or an arithmetic decode (``arith``, defined here),
@@ -29,16 +30,14 @@ from ..kernels.mx.triton_mx import e2m1_value, e8m0_pow2
 from ..kernels.sparse_attn import launcher as al
 from .peers import timed
 
-ATTN = {"pps2,w4,s2,pf": (2, 4, 2, True), "pps2,w4,s2": (2, 4, 2, False), "pps2,w4,s3,pf": (2, 4, 3, True),
-        "pps2,w4,s3": (2, 4, 3, False), "pps2,w8,s2,pf": (2, 8, 2, True), "pps2,w8,s3,pf": (2, 8, 3, True)}
-INDEX = {"s3,few8": (4, 4, 3, (4, 256, 8)), "s3,few4": (4, 4, 3, (4, 256, 4)), "s3,few16": (4, 4, 3, (4, 256, 16)),
-         "s2,few8": (4, 4, 2, (4, 256, 8)), "s2,few16": (4, 4, 2, (4, 256, 16))}
+ATTN = {"w4,s2,w8@2": (4, 2, {2: 8}), "w4,s2": (4, 2, {}), "w8,s2": (8, 2, {}), "w4,s3": (4, 3, {})}
+INDEX = {"s2,few16": (4, 4, 2, (4, 256, 16)), "s3,few16": (4, 4, 3, (4, 256, 16)), "s2,few8": (4, 4, 2, (4, 256, 8))}
 POINTS = tuple((b, ctx) for ctx in (8192, 65536) for b in (1, 32, 128))
 MX_SHAPES = ((16, 1536, 6144), (64, 1536, 6144), (16, 6144, 768), (64, 6144, 768))   # (M, N, K): MoE w13, w2
 
 
 def _set_attn(v):
-    al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES, al.PREFETCH = v
+    al.NUM_WARPS, al.NUM_STAGES, al.WARPS_BY_BLOCKS = v
 
 
 def _set_index(v):
@@ -49,7 +48,7 @@ def sparse_rows(b, ctx, rnd, log) -> list[dict]:
     from . import sparse_attn as sa
     mods = sa._vllm()
     p = sa.make_point(b, ctx, 1, torch.device("cuda"))
-    saved = ((al.PROGRAMS_PER_SM, al.NUM_WARPS, al.NUM_STAGES, al.PREFETCH),
+    saved = ((al.NUM_WARPS, al.NUM_STAGES, al.WARPS_BY_BLOCKS),
              (il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_FEW))
     plan = [("sparse_attn", "vllm", None, None, lambda: sa.attention_calls(p, "vllm", mods)),
             ("sparse_indexer", "vllm", None, None, lambda: sa.indexer_calls(p, "vllm", mods))]
