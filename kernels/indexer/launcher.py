@@ -20,7 +20,6 @@ PAGE = 16            # AITER page (vLLM ASM_PAGE_SIZE)
 SCORE_PROGRAMS_PER_SM = 4
 SCORE_NUM_WARPS, SCORE_NUM_STAGES = 4, 2  # index_score_kernel (H200: traces/bench/kernel_probe_NVIDIA_H200.csv)
 SELECT_MAX_CHUNK = 1024  # blocks sorted at once by the selector (1024 blocks = 128K tokens at block 128)
-SCORE_EARLY_DEPENDENTS = True  # PDL: the selector may launch as the scoring starts (False: after its loop)
 SELECT_WIDE = 512        # the selector runs 8 warps above this many blocks per chunk, 4 up to it,
 SELECT_FEW = (4, 256, 16)  # and (<= 4 rows, >= 256 blocks) -> 16 warps: a lone row's sort is its latency
 
@@ -76,7 +75,7 @@ def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_tables: torc
         iq.stride(0), iq.stride(1), iq.stride(2), index_cache.stride(0), index_cache.stride(1),
         index_cache.stride(2), out.stride(0), out.stride(1), out.stride(2), block_tables.stride(0),
         hi, n_split, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_Q=block_q, BLOCK_H=block_h,
-        USE_PDL=pdl_enabled(iq.device), EARLY_DEPENDENTS=SCORE_EARLY_DEPENDENTS, num_warps=SCORE_NUM_WARPS, num_stages=SCORE_NUM_STAGES,
+        USE_PDL=pdl_enabled(iq.device), num_warps=SCORE_NUM_WARPS, num_stages=SCORE_NUM_STAGES,
         **pdl_launch(pdl_enabled(iq.device)))
     return out
 

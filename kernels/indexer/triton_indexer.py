@@ -25,14 +25,12 @@ def index_score_kernel(q_ptr, k_ptr, s_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr,
                        stride_sh, stride_st, stride_sb, stride_bt,
                        num_heads, n_split,
                        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
-                       BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr, EARLY_DEPENDENTS: tl.constexpr):
+                       BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
     """s[h, t, b] = max_{j in block b, j <= pos(t)} q[t, h] . k[j] over the request's visible blocks.
-    USE_PDL (kernels/pdl.py): wait for the previous kernel first; the selection may launch at once
-    (EARLY_DEPENDENTS) or once this program's loop is done."""
+    USE_PDL (kernels/pdl.py): wait for the previous kernel first; the selection may launch at once."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        if EARLY_DEPENDENTS:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_q = tl.program_id(0)
     r = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -62,8 +60,6 @@ def index_score_kernel(q_ptr, k_ptr, s_ptr, bt_ptr, cu_q_ptr, seq_lens_ptr,
         qk = tl.dot(q, k.to(q.dtype), out_dtype=tl.float32)
         qk = tl.where((b * BLOCK_SIZE + off_n)[None, :] <= pos[:, None], qk, float("-inf"))
         tl.store(s_row + b * stride_sb, tl.max(qk, axis=1), mask=row_ok)
-    if USE_PDL and not EARLY_DEPENDENTS:
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

@@ -30,10 +30,8 @@ from ..kernels.mx.triton_mx import e2m1_value, e8m0_pow2
 from ..kernels.sparse_attn import launcher as al
 from .peers import timed
 
-ATTN = {"w4,s2,w8@2": (4, 2, {2: 8}), "w4,s2": (4, 2, {})}
-INDEX = {"s2,few16,early": (4, 2, (4, 256, 16), True), "s2,few16,late": (4, 2, (4, 256, 16), False),
-         "s2,few8,late": (4, 2, (4, 256, 8), False), "s2,sel8wide,late": (4, 2, (256, 256, 8), False),
-         "s3,few16,late": (4, 3, (4, 256, 16), False)}
+ATTN = {"w4,s2,w8@2": (4, 2, {2: 8}), "w4,s2": (4, 2, {}), "w8,s2": (8, 2, {}), "w4,s3": (4, 3, {})}
+INDEX = {"s2,few16": (4, 4, 2, (4, 256, 16)), "s3,few16": (4, 4, 3, (4, 256, 16)), "s2,few8": (4, 4, 2, (4, 256, 8))}
 POINTS = tuple((b, ctx) for ctx in (8192, 65536) for b in (1, 32, 128))
 MX_SHAPES = ((16, 1536, 6144), (64, 1536, 6144), (16, 6144, 768), (64, 6144, 768))   # (M, N, K): MoE w13, w2
 
@@ -43,7 +41,7 @@ def _set_attn(v):
 
 
 def _set_index(v):
-    il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_STAGES, il.SELECT_FEW, il.SCORE_EARLY_DEPENDENTS = v
+    il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_FEW = v
 
 
 def sparse_rows(b, ctx, rnd, log) -> list[dict]:
@@ -51,7 +49,7 @@ def sparse_rows(b, ctx, rnd, log) -> list[dict]:
     mods = sa._vllm()
     p = sa.make_point(b, ctx, 1, torch.device("cuda"))
     saved = ((al.NUM_WARPS, al.NUM_STAGES, al.WARPS_BY_BLOCKS),
-             (il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_STAGES, il.SELECT_FEW, il.SCORE_EARLY_DEPENDENTS))
+             (il.SCORE_PROGRAMS_PER_SM, il.SCORE_NUM_WARPS, il.SCORE_NUM_STAGES, il.SELECT_FEW))
     plan = [("sparse_attn", "vllm", None, None, lambda: sa.attention_calls(p, "vllm", mods)),
             ("sparse_indexer", "vllm", None, None, lambda: sa.indexer_calls(p, "vllm", mods))]
     plan += [("sparse_attn", k, _set_attn, v, lambda: sa.attention_calls(p, "ours")) for k, v in ATTN.items()]
