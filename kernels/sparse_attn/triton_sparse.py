@@ -86,8 +86,8 @@ def sparse_attn_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, bt_ptr, cu_q_ptr, seq_lens
                        SPLIT: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
                        UNIFORM_Q: tl.constexpr, BLOCK_J: tl.constexpr):
     """o[t, h] = softmax(q[t, h] K_sel^T / sqrt(D)) V_sel over the row's selected blocks, keys <= pos(t).
-    UNIFORM_Q: every request has the grid's max_q_len rows (T = R * max_q_len), so row t = r * max_q_len + i
-    needs no load of cu_q: the top-k load does not wait for one. The split's (<= BLOCK_J) block ids and their
+    UNIFORM_Q (the caller's guarantee): every request has the grid's max_q_len rows (T = R * max_q_len), so
+    row t = r * max_q_len + i needs no load of cu_q: the top-k load does not wait for one. The split's (<= BLOCK_J) block ids and their
     pages are loaded before the loop."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
