@@ -75,7 +75,8 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
     if as_json:
         echo_json({**p.to_dict(), "check": problems})
     else:
-        typer.echo(p.text())
+        from m3lab.cli.columns import terminal_width
+        typer.echo(p.text(terminal_width()))   # the commands continued with "\\" in the terminal's width
         if problems is not None:
             typer.echo("# checked with vLLM's parser and vllm.envs: " + ("ok" if not problems else "PROBLEMS"))
     if problems:

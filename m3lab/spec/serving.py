@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -225,13 +224,6 @@ class Deployment:
             if getattr(lim, name) != getattr(default, name):
                 args.append(f"--{'' if getattr(lim, name) else 'no-'}{flag}")
         return args
-
-    def command(self, model_path: str = "") -> str:
-        """The launch line: ``ENV=.. vllm serve MODEL args``."""
-        env, args = self.to_vllm()
-        head = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
-        return " ".join(x for x in (head, "vllm serve", shlex.quote(model_path or self.model.name),
-                                     " ".join(shlex.quote(a) for a in args)) if x)
 
     def with_settings(self, settings: Mapping[str, Any]) -> Deployment:
         """This deployment with ``settings`` applied (any key of :mod:`m3lab.spec.settings`: m3lab field names,
