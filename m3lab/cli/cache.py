@@ -110,6 +110,10 @@ def print_estimate(summary: dict, as_json: bool) -> None:
             f"at {r['accept_len']:g}: TPOT p50 {r['tpot_p50_ms']:.1f} ms" for r in s.get("accept_len_sensitivity", ())))
     lines.extend(f"note: {n}" for n in s.get("notes", ()))
     lines.append(s["label"])
+    if "accuracy" in s:
+        from m3lab.cli.columns import terminal_width
+        from m3lab.cli.estimate import accuracy_lines
+        lines += accuracy_lines(s["accuracy"], terminal_width())
     typer.echo("\n".join(lines))
 
 
