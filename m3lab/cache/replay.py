@@ -131,8 +131,9 @@ class ReplayResult:
 def _progress(n: int, enabled: bool):
     if not enabled or n < PROGRESS_MIN_REQUESTS:
         return None
+    from rich.console import Console
     from rich.progress import Progress
-    prog = Progress(transient=True)
+    prog = Progress(transient=True, console=Console(stderr=True))   # stdout keeps only the results
     prog.start()
     return prog, prog.add_task("replaying", total=n)
 
