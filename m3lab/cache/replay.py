@@ -14,6 +14,7 @@ running request finishes early; a request that fits in no empty pool is counted 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -129,7 +130,7 @@ class ReplayResult:
 
 
 def _progress(n: int, enabled: bool):
-    if not enabled or n < PROGRESS_MIN_REQUESTS:
+    if not enabled or n < PROGRESS_MIN_REQUESTS or not sys.stderr.isatty():   # a bar only on a terminal
         return None
     from rich.console import Console
     from rich.progress import Progress
