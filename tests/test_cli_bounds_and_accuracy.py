@@ -105,7 +105,7 @@ def test_one_set_of_defaults_for_every_command_and_the_pipeline(monkeypatch):
 
 
 def test_every_estimate_prints_its_accuracy_band_in_one_line(monkeypatch):
-    monkeypatch.setattr(accuracy, "shipped_band", lambda progress=False: BAND)
+    monkeypatch.setattr(accuracy, "shipped_band", lambda progress=None: BAND)
     res, first = _run("estimate", "--num-requests", "64")
     assert res.exit_code == 0, res.output
     assert first.startswith("default: minimax-m3 mxfp8 (KV bf16) TP4 EP1 on mi355x: 8192 in / 1024 out")
@@ -144,7 +144,7 @@ def test_the_accuracy_table_is_every_shipped_run_beside_its_own_estimate():
 def test_the_band_is_computed_once_per_code_version(monkeypatch, tmp_path):
     monkeypatch.setenv("M3LAB_CACHE_DIR", str(tmp_path))
     calls = []
-    monkeypatch.setattr(accuracy, "accuracy_table", lambda: calls.append(1) or _table())
+    monkeypatch.setattr(accuracy, "accuracy_table", lambda progress=None: calls.append(1) or _table())
     first = accuracy.shipped_band()
     assert accuracy.shipped_band() == first and len(calls) == 1                  # the second read the disk
     monkeypatch.setattr(accuracy, "fingerprint", lambda: "another-version")
@@ -158,7 +158,7 @@ def _table():
 
 
 def test_estimate_at_80_columns_keeps_every_word_whole(monkeypatch):
-    monkeypatch.setattr(accuracy, "shipped_band", lambda progress=False: BAND)
+    monkeypatch.setattr(accuracy, "shipped_band", lambda progress=None: BAND)
     args = ["estimate", "--num-requests", "64"]
     s = json.loads(cli.invoke(app, args + ["--json"]).stdout)
     res, first = _run(*args, columns=80)

@@ -52,7 +52,7 @@ def test_bad_inputs_exit_2_with_one_line():
     cases = [
         ["estimate", "--hardware", "mi999", *SMALL],
         ["estimate", "--hardware", "mi355x", "--model", "minimax-m3", "--tp", "4", "--quant", "bf16", "--isl",
-         "5000000", "--osl", "1000", "--concurrency", "64"],
+         "1000000", "--osl", "1000", "--concurrency", "64"],
         ["kernel-time", "--hardware", "mi355x", "--op", "conv", "--m", "1"],
         ["kernel-time", "--hardware", "mi355x", "--op", "gemm", "--m", "1", "--n", "2560"],
     ]

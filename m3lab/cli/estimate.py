@@ -86,18 +86,18 @@ def estimate_cmd(  # long: typer declares every option in the signature
     if d.workload.kind != "fixed":
         from m3lab.cache.serving import estimate_workload
         from m3lab.cli.cache import print_estimate
-        print_estimate(add_accuracy(estimate_workload(d, calibration=cal, progress=True)), as_json)
+        print_estimate(add_accuracy(estimate_workload(d, calibration=cal, progress=True), as_json), as_json)
         return
     if d.pd.enabled:
         from m3lab.cli.pd import print_pd_estimate
         from m3lab.serving.disagg import pd_estimate
-        print_pd_estimate(add_accuracy(pd_estimate(d, calibration=cal, progress=True)), as_json)
+        print_pd_estimate(add_accuracy(pd_estimate(d, calibration=cal, progress=True), as_json), as_json)
         return
     est = estimate(d, calibration=cal, engine=engine, progress=True)
     s = est.summary()
     table = _breakdown(d, est, cal, s) if breakdown else None
     sens = _sensitivity(est, s)
-    add_accuracy(s)
+    add_accuracy(s, as_json)
     if as_json:
         echo_json(s)
         return
@@ -180,11 +180,14 @@ def accuracy_lines(band: dict, width: int) -> list[str]:
     return wrap(band_line(band), width, "", "  ")
 
 
-def add_accuracy(summary: dict) -> dict:
+def add_accuracy(summary: dict, as_json: bool = False) -> dict:
     """``summary`` with ``accuracy``: the band of m3lab's estimates against every run the repository ships."""
+    from m3lab.cli.output import progress, progress_wanted
     from m3lab.serving.accuracy import shipped_band
 
-    summary["accuracy"] = shipped_band(progress=True)
+    with progress("accuracy band (once per m3lab version): estimating", unit="shipped runs",
+                  enabled=progress_wanted(as_json)) as update:
+        summary["accuracy"] = shipped_band(update)
     return summary
 
 

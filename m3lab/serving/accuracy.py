@@ -19,12 +19,14 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
 from m3lab.published import HEADLINE_PRESETS, headline_deployment, measurement_for
 from m3lab.serving.estimate import METRICS, estimate
 from m3lab.serving.samples import samples_side_by_side
+from m3lab.serving.vllm_bench import SHIPPED_BENCH
 
 CACHE_ENV = "M3LAB_CACHE_DIR"
 #: the metrics of the band, as ``m3lab estimate`` names them in its one line
@@ -32,12 +34,16 @@ SHORT = {"output_tokens_per_s_per_gpu": "tok/s/GPU", "ttft_s": "TTFT", "tpot_ms"
 _KEY_OF = {metric: key for metric, _, key in METRICS}
 
 
-def accuracy_table(calibration="default") -> pd.DataFrame:
+def accuracy_table(calibration="default", progress: Callable | None = None) -> pd.DataFrame:
     """One row per (measured run, metric): ``run``, ``measured_by``, ``metric``, ``unit``, ``measured``,
     ``estimate`` (calibrated, projected for the run's hardware) and ``estimate_over_measured``; every run the
-    repository ships, each beside the estimate of its own deployment."""
+    repository ships, each beside the estimate of its own deployment. ``progress(done, total, what)``: called
+    before each run is estimated."""
+    update = progress or (lambda done, total, what="": None)
+    total = len(HEADLINE_PRESETS) + len(SHIPPED_BENCH)
     rows = []
-    for case in HEADLINE_PRESETS:
+    for i, case in enumerate(HEADLINE_PRESETS):
+        update(i, total, f"M3 {case}")
         d = headline_deployment(case)
         found = measurement_for(d)
         est = estimate(d, calibration=calibration)
@@ -45,6 +51,7 @@ def accuracy_table(calibration="default") -> pd.DataFrame:
             rows.append({"run": f"MiniMax M3 MXFP8 TP4 c=32, {case} ({found['preset']})",
                          "measured_by": "published: vLLM team, MI355X", "metric": metric, "unit": unit,
                          "measured": found["figures"][key], "estimate": est.results[est.kind][key]})
+    update(len(HEADLINE_PRESETS), total, "InferenceX runs")
     side = samples_side_by_side(calibration)
     for r in side.itertuples():
         rows.append({"run": f"{r.model_id} TP4 c={r.concurrency} + MTP", "measured_by": "InferenceX, MI355X",
@@ -93,20 +100,16 @@ def fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def shipped_band(progress: bool = False) -> dict:
+def shipped_band(progress: Callable | None = None) -> dict:
     """:func:`band` of :func:`accuracy_table` with the hardware's default calibration, from the disk cache when
-    this code has computed it before (``progress``: say so on stderr when it must be computed: about 10 s)."""
+    this code has computed it before (else computed, about 10 s, ``progress`` called as in :func:`accuracy_table`)."""
     path = _cache_file()
     if path is not None and path.is_file():
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):   # a damaged entry is computed again and rewritten
             pass
-    if progress:
-        import sys
-        print("estimating the repository's measured runs for the accuracy band (once per m3lab version)...",
-              file=sys.stderr, flush=True)
-    b = band(accuracy_table())
+    b = band(accuracy_table(progress=progress))
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
