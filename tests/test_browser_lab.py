@@ -223,7 +223,7 @@ def test_report_path_matrix_reads_as_a_teaching_figure(browser, tmp_path):
     page.close()
 
 
-def test_report_shows_notebook_10s_accuracy_table(browser, tmp_path):
+def test_report_shows_notebook_10s_accuracy_table(browser, tmp_path, monkeypatch):
     """Notebook 10's accuracy table in the report: every run the repository ships (M3 before and after, Qwen3.5,
     GLM-5.2) as a row per metric, each ratio the one m3lab computes (3 significant figures), read in the page."""
     from m3lab.analysis.display import format_number
@@ -231,6 +231,7 @@ def test_report_shows_notebook_10s_accuracy_table(browser, tmp_path):
     from m3lab.pipeline.runner import run_pipeline
     from m3lab.serving.accuracy import accuracy_table
 
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
     (tmp_path / "p10.yaml").write_text("name: p10\nsteps:\n  - notebook: 10_serving_estimates.ipynb\n"
                                        "    parameters: {concurrencies: [8], num_prompts: 64}\n")
     res = run_pipeline(tmp_path / "p10.yaml", [], tmp_path / "runs", progress=False, echo=lambda s: None)

@@ -33,7 +33,7 @@ def pd_plan_cmd(
     from m3lab.errors import M3LabError
     from m3lab.pd.geometry import pd_plan
     from m3lab.spec.model import load_model
-    from m3lab.spec.serving import check_context
+    from m3lab.spec.traffic import check_context
 
     if kv_link_gbps <= 0:
         raise M3LabError(f"--kv-link-gbps {kv_link_gbps} must be positive (GB/s per GPU)", field="kv_link_gbps")

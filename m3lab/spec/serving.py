@@ -41,7 +41,7 @@ from m3lab.spec.settings import NULL_WORDS, apply, changes, flat
 from m3lab.spec.speculation import SpecAcceptance
 from m3lab.spec.switches import (CUDAGRAPH_MODES, ENV_FLAGS, FSE_ENV, MOE_BACKENDS, SPEC_METHODS,  # noqa: F401
                                  V2_RUNNER_ENV, ServingConfig, env_bool)
-from m3lab.spec.traffic import WorkloadSpec
+from m3lab.spec.traffic import WorkloadSpec, check_context
 
 # SchedulerLimits switch -> vllm serve flag (--FLAG on, --no-FLAG off)
 LIMIT_SWITCHES = {"chunked_prefill": "enable-chunked-prefill", "prefix_caching": "enable-prefix-caching",
@@ -114,21 +114,13 @@ class Deployment:
         self.limits.validate()
         self.acceptance.validate(self.serving.spec_tokens, self.workload.kind)
         self.pd.validate()
-        self._validate_context()
+        if self.workload.kind == "fixed":   # a request longer than the context vLLM serves is refused
+            check_context(self.model, self.workload.isl, self.workload.osl, self.serving.max_model_len)
         if self.pd.enabled:
             for role in ROLE_NAMES:
                 self.role_plan(role).validate(self.model)
                 self.role_limits(role).validate(f"{role}_")
         return self
-
-    def max_context(self) -> int:
-        """Tokens one request may hold (prompt + output): ``--max-model-len``, else the model's
-        ``max_position_embeddings`` (vLLM's default for it); 0 when neither is known."""
-        return self.serving.max_model_len or self.model.max_position
-
-    def _validate_context(self) -> None:
-        if self.workload.kind == "fixed":
-            check_context(self.model, self.workload.isl, self.workload.osl, self.serving.max_model_len)
 
     def key(self) -> str:
         """Stable hash of every field of the record (not the name or description): the cache key."""
@@ -255,17 +247,6 @@ class Deployment:
             d = dataclasses.replace(d, name=base.name + tail, description=base.description + (
                 f" (changed: {', '.join(f'{k}={_shown(v)}' for k, v in changed.items())})" if changed else ""))
         return d.validate()
-
-
-def check_context(model: ModelSpec, isl: int, osl: int = 0, max_model_len: int | None = None) -> None:
-    """Raise M3LabError (field ``isl``) when a request of ``isl`` + ``osl`` tokens is longer than the context vLLM
-    serves: ``max_model_len``, else the model's ``max_position_embeddings`` (vLLM rejects such a request)."""
-    limit = max_model_len or model.max_position
-    if limit and isl + osl > limit:
-        source = "--max-model-len" if max_model_len else "max_position_embeddings"
-        tokens = f"isl + osl = {isl + osl:,} tokens" if osl else f"isl = {isl:,} tokens"
-        raise M3LabError(f"{tokens} is longer than {model.name}'s context of {limit:,} tokens ({source})",
-                         field="isl", hint=f"keep {'isl + osl' if osl else 'isl'} at most {limit:,}")
 
 
 def _json_arg(flag: str, text: str) -> dict:

@@ -62,3 +62,15 @@ class WorkloadSpec:
         if (self.kind == "trace") != (self.trace is not None):
             raise M3LabError("a trace workload needs trace=PATH, and trace=PATH needs workload=trace", field="trace")
         return self
+
+
+def check_context(model, isl: int, osl: int = 0, max_model_len: int | None = None) -> None:
+    """Raise M3LabError (field ``isl``) when a request of ``isl`` + ``osl`` tokens is longer than the context vLLM
+    serves ``model`` (a :class:`~m3lab.spec.model.ModelSpec`) with: ``max_model_len``, else the model's
+    ``max_position_embeddings`` (vLLM rejects a longer request); nothing when neither is known."""
+    limit = max_model_len or model.max_position
+    if limit and isl + osl > limit:
+        source = "--max-model-len" if max_model_len else "max_position_embeddings"
+        tokens = f"isl + osl = {isl + osl:,} tokens" if osl else f"isl = {isl:,} tokens"
+        raise M3LabError(f"{tokens} is longer than {model.name}'s context of {limit:,} tokens ({source})",
+                         field="isl", hint=f"keep {'isl + osl' if osl else 'isl'} at most {limit:,}")
