@@ -24,6 +24,7 @@ from typing import Callable
 import pandas as pd
 
 from m3lab.published import HEADLINE_PRESETS, headline_deployment, measurement_for
+from m3lab.serving.dispatch import resolver_fingerprint
 from m3lab.serving.estimate import METRICS, estimate
 from m3lab.serving.samples import samples_side_by_side
 from m3lab.serving.vllm_bench import SHIPPED_BENCH
@@ -84,19 +85,14 @@ def _cache_file() -> Path | None:
 
 @lru_cache(maxsize=1)
 def fingerprint() -> str:
-    """Hash of m3lab's code and data (every file under ``m3lab/`` but caches) and vLLM's version."""
-    import importlib.metadata as md
-
-    h = hashlib.sha256()
+    """Hash of m3lab's code and data (every file under ``m3lab/`` but caches) and of vLLM's version (through
+    :func:`m3lab.serving.dispatch.resolver_fingerprint`)."""
+    h = hashlib.sha256(resolver_fingerprint().encode())
     root = Path(__file__).resolve().parents[1]
     for p in sorted(root.rglob("*")):
         if p.is_file() and "__pycache__" not in p.parts:
             h.update(p.relative_to(root).as_posix().encode())
             h.update(p.read_bytes())
-    try:
-        h.update(md.version("vllm").encode())
-    except md.PackageNotFoundError:
-        h.update(b"no-vllm")
     return h.hexdigest()[:16]
 
 
