@@ -99,7 +99,7 @@ def print_pd_estimate(s: dict, as_json: bool) -> None:
                   f"{s['kv_handoff_descriptors_per_request']:,} descriptors: {s['kv_handoff_ms']:.2f} ms at "
                   f"{s['kv_link_gbps']:g} GB/s per GPU; decode instances hold at most "
                   f"{s['max_num_seqs_per_decode_instance']} requests each")
-    console.print(f"{s['kind']}: {s['label']}")
+    console.print(s["label"])   # cost_label names its kind: "estimate: calibrated on ..." or "ceiling: ..."
     if "accuracy" in s:
         from m3lab.cli.columns import terminal_width
         from m3lab.cli.estimate import accuracy_lines
