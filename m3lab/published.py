@@ -160,14 +160,15 @@ def deployment_differences(deployment, measured) -> list[str]:
     every vLLM switch and limit, speculation, lengths, concurrency, P/D roles) except :data:`NOT_STATED`; the
     model compared as the checkpoint vLLM serves (``minimax-m3`` with MXFP8 weights and ``minimax-m3-mxfp8`` are
     both MiniMaxAI/MiniMax-M3-MXFP8)."""
-    from m3lab.vllm.serve_command import Launch, checkpoint
+    from m3lab.spec.model import checkpoint_id
 
     mine, theirs = deployment.settings(), measured.settings()
     if mine.get("pd") == theirs.get("pd") == "0:0":
         mine, theirs = ({k: v for k, v in x.items() if not k.startswith(_PD_FIELDS)} for x in (mine, theirs))
     out = [k for k in sorted(set(mine) | set(theirs))
            if k not in NOT_STATED and k != "model" and mine.get(k) != theirs.get(k)]
-    if checkpoint(deployment, Launch()) != checkpoint(measured, Launch()):
+    if checkpoint_id(deployment.model.name, deployment.quant.name) != checkpoint_id(measured.model.name,
+                                                                                     measured.quant.name):
         out.insert(0, "model")
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import typer
 
-from m3lab.cli.output import echo_json, progress, progress_wanted
+from m3lab.cli.output import accuracy_lines, echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 
 
@@ -112,7 +112,6 @@ def print_estimate(summary: dict, as_json: bool) -> None:
     lines.append(s["label"])
     if "accuracy" in s:
         from m3lab.cli.columns import terminal_width
-        from m3lab.cli.estimate import accuracy_lines
         lines += accuracy_lines(s["accuracy"], terminal_width())
     typer.echo("\n".join(lines))
 

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from m3lab.cli import deploy_options as opt
-from m3lab.cli.output import echo_json
+from m3lab.cli.output import accuracy_lines, echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 from m3lab.pipeline.validate import is_null
 
@@ -172,17 +172,8 @@ def _print_summary(s: dict) -> None:
     typer.echo("\n".join(line.replace("\u00a0", " ") for line in lines))
 
 
-def accuracy_lines(band: dict, width: int) -> list[str]:
-    """The accuracy band's line (wrapped between words only on a terminal narrower than it)."""
-    from m3lab.cli.columns import wrap
-    from m3lab.serving.accuracy import band_line
-
-    return wrap(band_line(band), width, "", "  ")
-
-
 def add_accuracy(summary: dict, as_json: bool = False) -> dict:
     """``summary`` with ``accuracy``: the band of m3lab's estimates against every run the repository ships."""
-    from m3lab.cli.output import progress, progress_wanted
     from m3lab.serving.accuracy import shipped_band
 
     with progress("accuracy band (once per m3lab version): estimating", unit="shipped runs",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from m3lab.cli.output import echo_json
+from m3lab.cli.output import accuracy_lines, echo_json
 from m3lab.spec.roles import KV_LINK_GBPS
 
 
@@ -102,7 +102,6 @@ def print_pd_estimate(s: dict, as_json: bool) -> None:
     console.print(s["label"])   # cost_label names its kind: "estimate: calibrated on ..." or "ceiling: ..."
     if "accuracy" in s:
         from m3lab.cli.columns import terminal_width
-        from m3lab.cli.estimate import accuracy_lines
         typer.echo("\n".join(accuracy_lines(s["accuracy"], terminal_width())))
 
 

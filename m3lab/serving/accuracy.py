@@ -24,12 +24,11 @@ from typing import Callable
 import pandas as pd
 
 from m3lab.published import HEADLINE_PRESETS, headline_deployment, measurement_for
-from m3lab.serving.dispatch import resolver_fingerprint
+from m3lab.serving.dispatch import CACHE_ENV, resolver_fingerprint
 from m3lab.serving.estimate import METRICS, estimate
 from m3lab.serving.samples import samples_side_by_side
 from m3lab.serving.vllm_bench import SHIPPED_BENCH
 
-CACHE_ENV = "M3LAB_CACHE_DIR"
 #: the metrics of the band, as ``m3lab estimate`` names them in its one line
 SHORT = {"output_tokens_per_s_per_gpu": "tok/s/GPU", "ttft_s": "TTFT", "tpot_ms": "TPOT"}
 _KEY_OF = {metric: key for metric, _, key in METRICS}

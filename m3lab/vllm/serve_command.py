@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from m3lab.errors import M3LabError
+from m3lab.spec.model import checkpoint_id
 from m3lab.spec.serving import KV_CONNECTOR, Deployment, block_size_args, load_preset
 from m3lab.vllm.plan_checks import check_weights_fit
 
 # Quantised checkpoints whose config.json m3lab does not ship (same architecture): (model, quant) -> the checkpoint
 # vLLM loads. The MXFP4 deployment of the write-up serves amd/MiniMax-M3-MXFP4. A shipped config named
 # "<model>-<quant>" (minimax-m3-mxfp8: MiniMaxAI/MiniMax-M3-MXFP8) is that quantisation's checkpoint.
-CHECKPOINTS = {("minimax-m3", "mxfp4"): "amd/MiniMax-M3-MXFP4"}
 PROXY_SCRIPT = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"  # in vLLM's repository, not its wheel
 PROXY_PORT, PREFILL_PORT, DECODE_PORT, SERVE_PORT = 8000, 8100, 8200, 8000
 NIXL_SIDE_CHANNEL_PORT = 5600  # vLLM's default VLLM_NIXL_SIDE_CHANNEL_PORT (envs.py:1725); one per instance on a node
@@ -52,7 +52,7 @@ class Launch:
     ``num_prompts`` defaults to 8 x concurrency (at least 64) so the measured window is mostly steady state.
     """
 
-    model_path: str | None = None       # the checkpoint; None: the preset's (see CHECKPOINTS) or the model's HF id
+    model_path: str | None = None       # the checkpoint; None: m3lab.spec.model.checkpoint_id
     port: int = SERVE_PORT
     profile_dir: str | None = None      # torch profiler output folder on the GPU box; None: no profiling
     kv_connector: str = KV_CONNECTOR  # P/D only
@@ -199,13 +199,7 @@ def checkpoint(dep: Deployment, launch: Launch) -> str:
     """The checkpoint ``vllm serve`` loads for ``dep``."""
     if launch.model_path:
         return launch.model_path
-    key = (dep.model.name, dep.quant.name)
-    if key in CHECKPOINTS:
-        return CHECKPOINTS[key]
-    from m3lab.spec.model import _index
-    index = _index()   # a named config "<model>-<quant>" is that quantised checkpoint of the same architecture
-    entry = index.get(f"{dep.model.name}-{dep.quant.name}") or index.get(dep.model.name, {})
-    return str(entry.get("hf_id") or dep.model.name)
+    return checkpoint_id(dep.model.name, dep.quant.name)
 
 
 def _gpus(dep: Deployment) -> int:
