@@ -15,6 +15,7 @@ from m3lab.spec.serving import PRESETS, deployment, load_preset
 from m3lab.vllm import decide, install, workers
 from m3lab.vllm.fastpaths import effective_plan, resolve
 from m3lab.vllm.fastpath_types import Decision
+from m3lab.vllm.serve_command import launch_line
 
 pytestmark = pytest.mark.skipif(not install.available(), reason="vLLM 0.33.0 not installed")
 MI355X_PRESETS = [n for n, p in PRESETS.items() if p.hardware == "mi355x"]
@@ -160,7 +161,7 @@ def test_fp8_e5m2_kv_cache_is_not_e4m3():
     weights AITER's fused QK-norm + insert (e4m3 only) gives way to vLLM's kernel + AITER's cache insert."""
     bf16 = deployment("minimax-m3", "mi355x", "bf16", tp=4).with_settings({"aiter": "1", "shuffle_kv_cache": "1"})
     e5 = bf16.with_settings({"kv_dtype": "fp8_e5m2"})
-    assert e5.quant.kv_dtype == "fp8_e5m2" and "--kv-cache-dtype fp8_e5m2" in e5.command()
+    assert e5.quant.kv_dtype == "fp8_e5m2" and "--kv-cache-dtype fp8_e5m2" in launch_line(e5)
     assert resolve(e5, tokens=32).decision("qk_norm_rope_insert").path == "vllm_fused_qknorm_rope_aiter_cache"
     e4 = bf16.with_settings({"kv_dtype": "fp8"})
     assert resolve(e4, tokens=32).decision("qk_norm_rope_insert").path == "aiter_fused_qknorm_idxrqknorm"

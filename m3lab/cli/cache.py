@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import typer
 
-from m3lab.cli.output import echo_json, progress, progress_wanted
+from m3lab.cli.output import accuracy_lines, echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 
 
@@ -110,6 +110,9 @@ def print_estimate(summary: dict, as_json: bool) -> None:
             f"at {r['accept_len']:g}: TPOT p50 {r['tpot_p50_ms']:.1f} ms" for r in s.get("accept_len_sensitivity", ())))
     lines.extend(f"note: {n}" for n in s.get("notes", ()))
     lines.append(s["label"])
+    if "accuracy" in s:
+        from m3lab.cli.columns import terminal_width
+        lines += accuracy_lines(s["accuracy"], terminal_width())
     typer.echo("\n".join(lines))
 
 

@@ -177,6 +177,11 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
         headline.update(ttft_s=first["median_ttft_s"], tpot_ms=first["mean_tpot_ms"],
                         label="measured (vllm bench serve)")
         save("vllm_measured", {k: v for k, v in headline.items() if not (isinstance(v, float) and math.isnan(v))})
+        summary["headline"] = {"model_id": first["model_id"], "gpus": first["gpus"],
+                               "device": deployment.hardware.name if deployment is not None else None,
+                               "output_tokens_per_s_per_gpu": first["output_tokens_per_s_per_gpu"],
+                               "ttft_s": first["median_ttft_s"], "tpot_ms": first["mean_tpot_ms"],
+                               "label": "measured (vllm bench serve)"}
     if traces:
         save("vllm_kernels", kernels)
         summary["kernels"] = int(len(kernels))
