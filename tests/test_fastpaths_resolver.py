@@ -260,3 +260,27 @@ def test_the_emulation_restores_everything_on_exit():
     assert got["inside"] == {"platform": "RocmPlatform", "tp": 4, "aiter_found": True, "env": "x"}
     assert got == {**got, "platform_restored": True, "stale": [], "tp_group_restored": True, "cuda_restored": True,
                    "aiter_gone": True, "env_gone": True, "no_arch": True}
+
+
+def test_the_router_split_sees_a_finite_weight():
+    """vLLM's bf16x3 split refuses an inf/NaN router weight; the emulated model's is uninitialised memory, so the
+    resolver hands vLLM's post-load hook a finite weight whatever that memory holds (else the tier flips)."""
+    import types
+
+    import torch
+
+    from m3lab.vllm import decide_moe
+    seen = {}
+
+    class PostLoad:
+        def process_weights_after_loading(self, layer):
+            seen["finite"] = bool(torch.isfinite(layer.weight).all())
+            raise LookupError("stop before the tier is traced")
+
+    gate = torch.nn.Linear(8, 4, bias=False)
+    with torch.no_grad():
+        gate.weight.fill_(float("nan"))
+    gate._bf16x3_weight, gate.allow_rocm_bf16x3_router_gemm, gate.quant_method = None, True, PostLoad()
+    with pytest.raises(LookupError):
+        decide_moe.router("sparse", types.SimpleNamespace(gate=gate), 4)
+    assert seen == {"finite": True}
