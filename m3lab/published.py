@@ -4,7 +4,8 @@ Source: vLLM team, "Following the Bottleneck: Optimizing MiniMax M3 on AMD Insti
 (2026-09). Measured on MI355X by the authors, not by m3lab.
 
 A published number is shown beside an estimate only for exactly the deployment it was measured on
-(:func:`measurement_for`): model, weights, KV dtype, hardware, TP/EP, lengths, concurrency, speculation. The
+(:func:`measurement_for`: every field of the Deployment record, vLLM's switches included, as
+:data:`HEADLINE_PRESETS` names them). The
 write-up's per-fix gains (:data:`FIX_GAINS`) carry the configuration it states for each; :func:`fix_gain_for` gives
 one beside an estimate only where every stated field agrees, and says which fields the write-up leaves unstated.
 These figures are the test set of m3lab's estimates: nothing is fitted to them.
@@ -131,27 +132,61 @@ def fix_gain_for(fix: str, config: dict) -> dict | None:
             "scope": gains[0].scope, "matches": False, "value_pct": None, "not_stated": []}
 
 
-#: The fields that define a deployment: a measurement applies to an estimate only when all of them agree.
-DEPLOYMENT_FIELDS = ("model", "quant", "kv_dtype", "hardware", "tp", "ep", "isl", "osl", "concurrency", "spec_tokens")
+#: The deployments the headline was measured on, as m3lab's presets (``m3lab vllm plan --presets``): "before" is
+#: vLLM's defaults, "after" the write-up's optimisations; both at the headline's lengths and concurrency.
+HEADLINE_PRESETS = {"before": "mxfp8-tp4-baseline", "after": "mxfp8-tp4-optimised"}
+#: Fields of a deployment a measurement does not state: they are not compared (the run's request count is
+#: vllm bench's default, 1000, for the headline; a shipped benchmark file states its own).
+NOT_STATED = ("num_prompts", "seed", "accept_dataset", "draft_cost")
+#: P/D fields: compared only when either side is disaggregated.
+_PD_FIELDS = ("kv_link_gbps", "prefill_", "decode_")
 _KEYS = {"output tokens/s/GPU": "output_tokens_per_s_per_gpu", "median TTFT": "ttft_s", "mean TPOT": "tpot_ms"}
 
 
-def measurement_for(config: dict) -> dict | None:
-    """The published measurement of exactly the deployment ``config`` describes (the keys of
-    :data:`DEPLOYMENT_FIELDS`, as in ``ServingEstimate.config``), or None.
+def headline_deployment(case: str):
+    """The Deployment the headline's ``case`` ("before" or "after") was measured on."""
+    from m3lab.spec.serving import make_deployment
 
-    Returns ``{"hardware", "source", "before": {metric key: value}, "after": {...}}`` with the keys
-    ``output_tokens_per_s_per_gpu``, ``ttft_s``, ``tpot_ms``.
+    pub = HEADLINE_MXFP8_TP4_C32
+    d = make_deployment(HEADLINE_PRESETS[case], isl=pub["isl"], osl=pub["osl"], concurrency=pub["concurrency"])
+    assert (d.model.name.startswith(pub["model"]) and d.quant.name == pub["quant"] and d.plan.tp == pub["tp"]
+            and d.quant.kv_dtype == pub["kv_dtype"] and d.hardware.name == pub["hardware"]), case
+    return d
+
+
+def deployment_differences(deployment, measured) -> list[str]:
+    """The fields where ``deployment`` is not the deployment ``measured`` ran (both Deployments): every field of
+    the record (:meth:`~m3lab.spec.serving.Deployment.settings`: hardware, plan, weights, KV and index caches,
+    every vLLM switch and limit, speculation, lengths, concurrency, P/D roles) except :data:`NOT_STATED`; the
+    model compared as the checkpoint vLLM serves (``minimax-m3`` with MXFP8 weights and ``minimax-m3-mxfp8`` are
+    both MiniMaxAI/MiniMax-M3-MXFP8)."""
+    from m3lab.spec.model import checkpoint_id
+
+    mine, theirs = deployment.settings(), measured.settings()
+    if mine.get("pd") == theirs.get("pd") == "0:0":
+        mine, theirs = ({k: v for k, v in x.items() if not k.startswith(_PD_FIELDS)} for x in (mine, theirs))
+    out = [k for k in sorted(set(mine) | set(theirs))
+           if k not in NOT_STATED and k != "model" and mine.get(k) != theirs.get(k)]
+    if checkpoint_id(deployment.model.name, deployment.quant.name) != checkpoint_id(measured.model.name,
+                                                                                     measured.quant.name):
+        out.insert(0, "model")
+    return out
+
+
+def measurement_for(deployment) -> dict | None:
+    """The published measurement of exactly ``deployment`` (a :class:`~m3lab.spec.serving.Deployment`: no field of
+    :func:`deployment_differences` differs), or None.
+
+    Returns ``{"case", "preset", "hardware", "source", "figures", "not_stated"}``: ``case`` is "before" or
+    "after", ``figures`` has the keys ``output_tokens_per_s_per_gpu``, ``ttft_s``, ``tpot_ms``.
     """
     pub = HEADLINE_MXFP8_TP4_C32
-    defaults = {"ep": 1, "spec_tokens": 0, "kv_dtype": "bf16"}
-    for key in DEPLOYMENT_FIELDS:
-        have = config.get(key, defaults.get(key))
-        if str(have).strip().lower() != str(pub[key]).lower():
-            return None
-    return {"hardware": pub["hardware"], "source": pub["source"],
-            "before": {_KEYS[m]: before for m, _, before, _, _ in pub["metrics"]},
-            "after": {_KEYS[m]: after for m, _, _, after, _ in pub["metrics"]}}
+    for case, preset in HEADLINE_PRESETS.items():
+        if not deployment_differences(deployment, headline_deployment(case)):
+            column = 2 if case == "before" else 3
+            return {"case": case, "preset": preset, "hardware": pub["hardware"], "source": pub["source"],
+                    "figures": {_KEYS[m[0]]: m[column] for m in pub["metrics"]}, "not_stated": list(NOT_STATED)}
+    return None
 
 
 def headline_table():

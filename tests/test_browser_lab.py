@@ -221,3 +221,67 @@ def test_report_path_matrix_reads_as_a_teaching_figure(browser, tmp_path):
     body = page.locator("body").inner_text()
     assert "because VLLM_ROCM_USE_AITER is 0" in body and "Why did this path not run?" in body
     page.close()
+
+
+def test_report_shows_notebook_10s_accuracy_table(browser, tmp_path, monkeypatch):
+    """Notebook 10's accuracy table in the report: every run the repository ships (M3 before and after, Qwen3.5,
+    GLM-5.2) as a row per metric, each ratio the one m3lab computes (3 significant figures), read in the page."""
+    from m3lab.analysis.display import format_number
+    from m3lab.pipeline.report import build_report
+    from m3lab.pipeline.runner import run_pipeline
+    from m3lab.serving.accuracy import accuracy_table
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
+    (tmp_path / "p10.yaml").write_text("name: p10\nsteps:\n  - notebook: 10_serving_estimates.ipynb\n"
+                                       "    parameters: {concurrencies: [8], num_prompts: 64}\n")
+    res = run_pipeline(tmp_path / "p10.yaml", [], tmp_path / "runs", progress=False, echo=lambda s: None)
+    assert res.ok, res.failed_step
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(build_report(res.run_dir).as_uri())
+    heading = page.locator("h2", has_text="How far the estimate lands from every measurement m3lab ships")
+    heading.scroll_into_view_if_needed()
+    table = heading.locator("xpath=following::table[1]")
+    table.wait_for()
+    _shot(page, tmp_path / "report-10-accuracy.png")
+    header = table.locator("thead th").all_inner_texts()
+    assert {"run", "measured", "estimate", "estimate_over_measured"} <= set(h.strip() for h in header), header
+    col = [h.strip() for h in header].index("estimate_over_measured")
+    shown = [row.locator("td, th").nth(col).inner_text().strip() for row in table.locator("tbody tr").all()]
+    want = accuracy_table()
+    assert shown == [format_number(v) for v in want["estimate_over_measured"]]
+    runs = set(t.strip() for t in table.locator("tbody tr td:nth-of-type(1)").all_inner_texts())
+    assert runs == set(want["run"]) and len(runs) == 4
+    page.close()
+
+
+def test_sweep_html_reads_in_chromium(browser, tmp_path):
+    """sweep.html as a person opens it: the chart with one bar per finished point, the headline number's column
+    on screen at 1,400 px beside its label, the failed point's reason, and each point's report link resolving."""
+    from typer.testing import CliRunner
+
+    from m3lab.cli.main import app
+    from notebook_files import write_notebook
+
+    d = tmp_path / "p"
+    d.mkdir()
+    write_notebook(d / "01_point.ipynb", "n = 1  # the point",
+                   "from m3lab import artifacts\nif n == 2:\n    raise ValueError('n=2 is broken')\n"
+                   "artifacts.save('estimate', {'output_tokens_per_s_per_gpu': n * 100.0, "
+                   "'label': 'projected: a test estimate', 'kind': 'projected'})")
+    (d / "pipe.yaml").write_text("name: pipe\nsteps:\n  - notebook: 01_point.ipynb\n")
+    res = CliRunner().invoke(app, ["sweep", str(d / "pipe.yaml"), "-g", "n=1,2,3", "--out", str(tmp_path / "runs")])
+    assert res.exit_code == 1, res.output
+    folder = Path(res.output.split("sweep folder: ")[1].split(" (")[0])
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto((folder / "sweep.html").as_uri())
+    page.locator(".plotly-graph-div .bars path").first.wait_for()
+    assert page.locator(".plotly-graph-div .bars path").count() == 2             # n=1 and n=3; n=2 failed
+    _shot(page, tmp_path / "sweep-html.png")
+    head = page.locator("th", has_text="output_tokens_per_s_per_gpu").first
+    box = head.bounding_box()
+    assert box["x"] + box["width"] <= 1400, box                                   # the headline is on screen
+    body = page.locator("body").inner_text()
+    assert "n=2 is broken" in body and "projected: a test estimate" in body and "2 of 3 points ok" in body
+    for href in page.locator("a", has_text="report").evaluate_all("els => els.map(e => e.href)"):
+        assert Path(href.removeprefix("file://")).is_file(), href
+    page.close()

@@ -88,3 +88,38 @@ def test_moe_tables_at_80_columns_end_with_one_finding():
     lines = _narrow("vllm", "moe-tables")
     assert max(map(len, lines)) <= 80 and "E=129,N=768" in lines[3]
     assert " ".join(lines).endswith("vLLM would use its default config there.")
+
+
+PUNCT = " ,:;()'\"✓✗"
+
+
+def tokens_whole(lines: list[str], texts) -> list[str]:
+    """The words of ``texts`` (split at spaces, trimmed of punctuation) that no line holds as a word: a word
+    folded across two lines shows up here as the two halves' whole."""
+    seen = {w.strip(PUNCT) for ln in lines for w in ln.split()}
+    return sorted({w.strip(PUNCT) for t in texts for w in str(t).split()} - seen - {""})
+
+
+def test_the_word_check_fails_on_a_word_folded_across_lines():
+    assert tokens_whole(["decided by vllm/model_exec", "utor/layers.py:12 f"], ["vllm/model_executor/layers.py:12 f"]) \
+        == ["vllm/model_executor/layers.py:12"]
+    assert tokens_whole(["✓ a (b): c,", "  d"], ["a (b)", "c, d"]) == []
+
+
+@pytest.mark.parametrize("preset", ["mxfp8-tp4-optimised", "mxfp4-tp2"])
+def test_fastpaths_at_80_columns_is_one_block_per_op(preset):
+    """Every op, path, kernel and (where it fits in a line) the deciding vLLM line of the command's --json whole on
+    one line; every word of every condition, value, note and source whole; one block per op, headed by its op."""
+    doc = json.loads(cli.invoke(app, ["fastpaths", "--preset", preset, "--json"]).stdout)
+    rows = doc["decisions"]
+    lines = _narrow("fastpaths", "--preset", preset)
+    names = [r["op"] for r in rows] + [r["path"] for r in rows] + [k for r in rows for k in r["kernels"]]
+    names += [r["decided_by"] for r in rows if len(r["decided_by"]) <= 80 - 6]
+    assert names_whole(lines, names) == []
+    texts = [r[k] for r in rows for k in ("decided_by", "note", "vllm", "how", "shape")]
+    texts += [c[k] for r in rows for c in r["checks"] for k in ("name", "value")]
+    assert tokens_whole(lines, texts) == []
+    heads = [ln for ln in lines if ln and not ln.startswith((" ", "#")) and ", " in ln and " layers: " in ln]
+    assert [h.split(",")[0] for h in heads] == [r["op"] for r in rows]          # one block per op, in order
+    marks = [ln.split()[0] for ln in lines if ln.startswith("    ") and ln.split()[0] in ("✓", "✗")]
+    assert marks == ["✓" if c["holds"] else "✗" for r in rows for c in r["checks"]]  # each condition its own line

@@ -64,7 +64,7 @@ def test_planes_prefill_chunk_is_the_step_it_names():
     (["planes", "--tp", "3"], "tp"),
     (["planes", "--kv-dtype", "int4"], "kv_dtype"),
     (["repetition", "--top", "0"], "--top"),
-    (["repetition", "--isl", "1048576", "--osl", "1024"], "--isl"),
+    (["repetition", "--isl", "1048576", "--osl", "1024"], "isl + osl = 1,049,600 tokens is longer than"),
     (["repetition", "--concurrency", "0"], "concurrency"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, field):

@@ -16,6 +16,7 @@ from m3lab.vllm import decide, workers
 from m3lab.vllm_src import install
 from m3lab.vllm.fastpaths import effective_plan, resolve
 from m3lab.vllm.fastpath_types import Decision
+from m3lab.vllm.serve_command import launch_line
 
 pytestmark = pytest.mark.skipif(not install.available(), reason="vLLM 0.33.0 not installed")
 MI355X_PRESETS = [n for n, p in PRESETS.items() if p.hardware == "mi355x"]
@@ -161,7 +162,7 @@ def test_fp8_e5m2_kv_cache_is_not_e4m3():
     weights AITER's fused QK-norm + insert (e4m3 only) gives way to vLLM's kernel + AITER's cache insert."""
     bf16 = deployment("minimax-m3", "mi355x", "bf16", tp=4).with_settings({"aiter": "1", "shuffle_kv_cache": "1"})
     e5 = bf16.with_settings({"kv_dtype": "fp8_e5m2"})
-    assert e5.quant.kv_dtype == "fp8_e5m2" and "--kv-cache-dtype fp8_e5m2" in e5.command()
+    assert e5.quant.kv_dtype == "fp8_e5m2" and "--kv-cache-dtype fp8_e5m2" in launch_line(e5)
     assert resolve(e5, tokens=32).decision("qk_norm_rope_insert").path == "vllm_fused_qknorm_rope_aiter_cache"
     e4 = bf16.with_settings({"kv_dtype": "fp8"})
     assert resolve(e4, tokens=32).decision("qk_norm_rope_insert").path == "aiter_fused_qknorm_idxrqknorm"
@@ -260,3 +261,27 @@ def test_the_emulation_restores_everything_on_exit():
     assert got["inside"] == {"platform": "RocmPlatform", "tp": 4, "aiter_found": True, "env": "x"}
     assert got == {**got, "platform_restored": True, "stale": [], "tp_group_restored": True, "cuda_restored": True,
                    "aiter_gone": True, "env_gone": True, "no_arch": True}
+
+
+def test_the_router_split_sees_a_finite_weight():
+    """vLLM's bf16x3 split refuses an inf/NaN router weight; the emulated model's is uninitialised memory, so the
+    resolver hands vLLM's post-load hook a finite weight whatever that memory holds (else the tier flips)."""
+    import types
+
+    import torch
+
+    from m3lab.vllm import decide_moe
+    seen = {}
+
+    class PostLoad:
+        def process_weights_after_loading(self, layer):
+            seen["finite"] = bool(torch.isfinite(layer.weight).all())
+            raise LookupError("stop before the tier is traced")
+
+    gate = torch.nn.Linear(8, 4, bias=False)
+    with torch.no_grad():
+        gate.weight.fill_(float("nan"))
+    gate._bf16x3_weight, gate.allow_rocm_bf16x3_router_gemm, gate.quant_method = None, True, PostLoad()
+    with pytest.raises(LookupError):
+        decide_moe.router("sparse", types.SimpleNamespace(gate=gate), 4)
+    assert seen == {"finite": True}

@@ -16,7 +16,7 @@ from m3lab.gates.checks import TOLERANCES, rel_rms  # noqa: E402
 from m3lab.kernels.gemm import launcher, tables  # noqa: E402
 from m3lab.kernels.gemm.tables import GemmConfig  # noqa: E402
 from m3lab.kernels.gemm.reference import linear_ref, quantize_weight  # noqa: E402
-from m3lab.kernels.gemm.tiles import e2m1_value, e8m0_pow2  # noqa: E402
+from m3lab.kernels.mx.triton_mx import e2m1_value, e8m0_pow2  # noqa: E402
 
 KERNEL_CONFIGS = {"tiled": GemmConfig("tiled", 16, 32, 64, GROUP_M=3),
                   "splitk": GemmConfig("splitk", 16, 32, 32, SPLIT_K=3)}

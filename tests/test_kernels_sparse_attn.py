@@ -66,6 +66,27 @@ def test_every_split_gives_the_same_answer(split):
     assert rel_rms(_page16(p, blocks, split=split), attention_ref(p, blocks)) < 1e-5
 
 
+def test_ragged_padded_and_uniform_rows():
+    """Requests of different row counts, a padded batch (an upper-bound max_q_len, rows past cu[-1]) and the
+    uniform contract (T = R * max_q_len, no cu_seqlens_q read) all match the reference; the contract is checked."""
+    p = paged_problem([150, 70, 33], [3, 1, 2], dtype=torch.float32, **SMALL)
+    blocks = selection_ref(p, topk=4)
+    assert rel_rms(_triton(p, blocks), attention_ref(p, blocks)) < 1e-5
+    p = paged_problem([90, 200], [2, 2], dtype=torch.float32, **SMALL)
+    blocks = selection_ref(p, topk=4)
+    assert rel_rms(_triton(p, blocks, uniform_rows=True, max_q_len=2), attention_ref(p, blocks)) < 1e-5
+    p = paged_problem([90, 200, 40], [1, 1, 1], dtype=torch.float32, **SMALL)       # 3 real rows, padded to 6
+    blocks = selection_ref(p, topk=4)
+    pad = lambda x: torch.cat([x, torch.randn_like(x)])  # noqa: E731
+    kp, vp = reference.triton_planes(reference.triton_kv_cache(p.k_blocks, p.v_blocks))
+    got = launcher.sparse_attention(pad(p.q), kp, vp, torch.cat([blocks, blocks], 1), p.block_tables, p.seq_lens,
+                                    p.cu_seqlens_q, scale=p.scale, max_q_len=2)
+    assert rel_rms(got[:3], attention_ref(p, blocks)) < 1e-5
+    with pytest.raises(ValueError, match="uniform_rows"):
+        launcher.sparse_attention(pad(p.q), kp, vp, torch.cat([blocks, blocks], 1), p.block_tables, p.seq_lens,
+                                  p.cu_seqlens_q, scale=p.scale, max_q_len=1, uniform_rows=True)
+
+
 def test_fp16_queries():
     p = _problem([130, 64], 2, dtype=torch.float16)
     blocks = selection_ref(p, topk=4)

@@ -15,7 +15,7 @@ runner = CliRunner()
 
 def test_pd_plan_json():
     res = runner.invoke(app, ["pd-plan", "--model", "minimax-m3", "--prefill-tp", "4", "--decode-tp", "8",
-                              "--isl", "8192", "--kv-dtype", "fp8", "--bandwidth", "50", "--json"])
+                              "--isl", "8192", "--kv-dtype", "fp8", "--kv-link-gbps", "50", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     per_rank = kv_bytes_per_token(load_model("minimax-m3"), "fp8", "bf16", ParallelPlan(tp=8))

@@ -32,7 +32,7 @@ def _labels(fig) -> list[str]:
 
 @pytest.mark.parametrize("change", [dict(tp=8), dict(model="llama-3.1-8b", tp=1), dict(concurrency=8),
                                     dict(quant="mxfp4", aiter=1), dict(isl=1024), dict(kv_dtype="fp8"),
-                                    dict(spec_tokens=3, accept_len=2.7)])
+                                    dict(spec_tokens=3, accept_len=2.7), dict(aiter=1)])
 def test_notebook10_functions_show_no_measurement_for_another_deployment(change):
     change = {"num_prompts": 64, **change}                 # short runs: what is checked here is the labels
     est = se.estimate(_dep(**{**PUBLISHED_CASE, **change}))
@@ -42,20 +42,24 @@ def test_notebook10_functions_show_no_measurement_for_another_deployment(change)
     fig = ps.measured_vs_estimate(table, se.comparison_title(est))
     claims = [t for t in _labels(fig) if CLAIM.search(t)]
     assert not claims, claims
-    sweep = se.add_published(se.sweep(_dep(**{**PUBLISHED_CASE, **change}), [1, 16]), est.config)
+    sweep = se.add_published(se.sweep(_dep(**{**PUBLISHED_CASE, **change}), [1, 16]), est.deployment)
     assert set(sweep["source"]) == {"ceiling", "calibrated"}
     for fig in (ps.throughput_vs_concurrency(sweep, "t"), ps.latency_vs_concurrency(sweep, "t")):
         assert not [t for t in _labels(fig) if CLAIM.search(t)]
 
 
 def test_the_published_deployment_shows_its_measurement():
-    est = se.estimate(_dep(**PUBLISHED_CASE))
+    """The write-up's "after" figures beside the optimised deployment's estimate, its "before" figures beside vLLM's
+    defaults (the checklist's deployment): never one beside the other's configuration."""
+    est = se.estimate(make_deployment("mxfp8-tp4-optimised"))
     table = se.compare_with_published(est)
     assert table["measured"].tolist() == [342.4, 0.67, 22.1]
     assert table["measured_over_ceiling"].notna().tolist() == [True, False, False]  # throughput only
     assert "measured on MI355X (published)" in se.comparison_title(est)
-    points = se.add_published(se.sweep(_dep(**PUBLISHED_CASE), [8, 32]), est.config)
+    points = se.add_published(se.sweep(est.deployment, [8, 32]), est.deployment)
     assert points[points.source.str.startswith("measured")]["concurrency"].tolist() == [32]
+    default = se.estimate(_dep(**PUBLISHED_CASE))
+    assert se.compare_with_published(default)["measured"].tolist() == [109.1, 1.46, 69.1]
 
 
 def test_num_requests_is_vllm_bench_default_and_raising_concurrency_changes_the_result():
@@ -83,12 +87,35 @@ def test_no_requests_per_slot_run_length_remains(repo_dir):
     assert "num_requests = 64" not in "".join(p.read_text() for p in Path(repo_dir, "notebooks").glob("*.ipynb"))
 
 
-def test_published_measurement_matches_every_deployment_field():
-    cfg = {"model": "minimax-m3", "quant": "mxfp8", "kv_dtype": "bf16", "hardware": "mi355x", "tp": 4, "ep": 1,
-           "isl": 8192, "osl": 1024, "concurrency": 32, "spec_tokens": 0}
-    assert published.measurement_for(cfg)["after"]["ttft_s"] == 0.67
-    for key, other in (("hardware", "h200"), ("ep", 4), ("osl", 2048), ("spec_tokens", 3), ("kv_dtype", "fp8")):
-        assert published.measurement_for({**cfg, key: other}) is None, key
+AFTER = make_deployment("mxfp8-tp4-optimised")
+
+
+@pytest.mark.parametrize("change", [
+    dict(hardware="h200"), dict(tp=8), dict(ep=4), dict(quant="mxfp4"), dict(kv_dtype="fp8"),
+    dict(index_dtype="fp8"), dict(isl=4096), dict(osl=2048), dict(concurrency=64), dict(spec_tokens=3),
+    dict(aiter=0), dict(shuffle_kv_cache=0), dict(fused_shared_expert=False), dict(index_topk_freq=1),
+    dict(max_num_seqs=128), dict(max_num_batched_tokens=8192), dict(gpu_memory_utilization=0.8),
+    dict(prefix_caching=False), dict(async_scheduling=False), dict(cudagraph_mode="PIECEWISE"), dict(pd="1:1"),
+    dict(model="minimax-m3", quant="bf16")])
+def test_no_published_measurement_for_a_deployment_that_differs_in_any_field(change):
+    """A measurement is found only for the whole deployment it ran: a change of any kind of field (hardware, plan,
+    weights, caches, lengths, concurrency, speculation, a vLLM switch, a scheduler limit, P/D) loses it."""
+    assert published.measurement_for(AFTER)["case"] == "after"
+    changed = AFTER.with_settings(change)
+    assert published.measurement_for(changed) is None, change
+    assert published.deployment_differences(changed, published.headline_deployment("after"))
+
+
+def test_the_published_measurement_follows_the_served_checkpoint_not_the_config_name():
+    """The write-up's M3 is MiniMaxAI/MiniMax-M3-MXFP8, named minimax-m3-mxfp8 in the presets or minimax-m3 with
+    MXFP8 weights in the checklist's default: both are it. Fields a measurement does not state are not compared."""
+    named = AFTER.with_settings({"model": "minimax-m3"})
+    assert named.model.name == "minimax-m3" and published.measurement_for(named)["case"] == "after"
+    assert published.measurement_for(make_deployment())["case"] == "before"   # vLLM's defaults
+    assert published.measurement_for(make_deployment("mxfp8-tp4-baseline", num_prompts=64))["case"] == "before"
+    assert published.measurement_for(make_deployment("mxfp8-tp4-baseline", kv_link_gbps=100))["case"] == "before"
+    assert published.measurement_for(make_deployment())["figures"] == {
+        "output_tokens_per_s_per_gpu": 109.1, "ttft_s": 1.46, "tpot_ms": 69.1}
 
 
 @pytest.mark.slow

@@ -158,3 +158,50 @@ def test_plan_refuses_a_deployment_whose_weights_fit_no_gpu():
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
     assert res.output.startswith("Error: ") and "852 GB per GPU at TP1" in res.output and "raise --tp" in res.output
     assert CliRunner().invoke(app, ["vllm", "plan", "--tp", "8", "--quant", "mxfp8"]).exit_code == 0
+
+
+def test_one_renderer_wraps_a_command_without_splitting_a_word_or_a_flag_from_its_value():
+    import shlex
+
+    from m3lab.vllm.serve_command import command_lines
+
+    env = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS": "1"}
+    argv = ["vllm", "serve", "MiniMaxAI/MiniMax-M3-MXFP8", "--block-size", "128", "--tensor-parallel-size", "4",
+            "--hf-overrides", '{"text_config":{"use_index_cache":true,"index_topk_freq":4}}', "--metadata", "a=1",
+            "gpus=4"]
+    one = command_lines(env, argv)
+    assert len(one) == 1 and shlex.split(one[0]) == [f"{k}={v}" for k, v in sorted(env.items())] + argv
+    for width in (70, 80, 120):    # the widest word (the JSON) fits each
+        lines = command_lines(env, argv, width)
+        assert max(map(len, lines)) <= width and all(x.endswith(" \\") for x in lines[:-1])
+        assert " ".join(x.removesuffix(" \\").strip() for x in lines) == one[0]   # the same shell command
+        assert any("--tensor-parallel-size 4" in x for x in lines)                  # a flag beside its value
+        assert any("vllm serve MiniMaxAI/MiniMax-M3-MXFP8" in x for x in lines)
+    assert len(command_lines(env, argv, 300)) == 1
+
+
+def test_fastpaths_prints_the_serve_line_vllm_plan_prints():
+    """The ``vllm serve`` block of ``fastpaths`` is the server block of ``vllm plan`` for the same deployment, line
+    for line (the Hugging Face checkpoint, ``--block-size 128``), and its JSON carries the same command."""
+    from m3lab.cli.main import app
+
+    runner = CliRunner()
+    env = {"COLUMNS": "80"}
+    plan = runner.invoke(app, ["vllm", "plan", "--preset", "mxfp8-tp4-optimised"], env=env).stdout.splitlines()
+    fast = runner.invoke(app, ["fastpaths", "--preset", "mxfp8-tp4-optimised"], env=env)
+    assert fast.exit_code == 0, fast.output
+    lines = fast.stdout.splitlines()
+
+    def server_block(out: list[str], start: str) -> list[str]:
+        i = next(k for k, x in enumerate(out) if x.startswith(start)) + 1
+        j = next(k for k in range(i, len(out)) if not out[k] or out[k].startswith("#"))
+        return out[i:j]
+
+    block = server_block(lines, "# server")
+    assert block == server_block(plan, "# server") and len(block) > 1
+    assert block[0].startswith("HIP_VISIBLE_DEVICES=0,1,2,3 ") and "vllm serve MiniMaxAI/MiniMax-M3-MXFP8 " \
+        "--block-size 128" in " ".join(block)
+    doc = json.loads(runner.invoke(app, ["fastpaths", "--preset", "mxfp8-tp4-optimised", "--json"]).stdout)
+    plan_doc = json.loads(runner.invoke(app, ["vllm", "plan", "--preset", "mxfp8-tp4-optimised", "--json"]).stdout)
+    assert doc["vllm_command"] == plan_doc["instances"][0]["command"]
+    assert " ".join(x.removesuffix(" \\").strip() for x in block) == doc["vllm_command"]

@@ -20,7 +20,8 @@ def test_histograms_match_step_by_step():
     wl = _random_workload(rng)
     cfg = SchedulerConfig(max_num_batched_tokens=int(rng.integers(64, 512)))
     steps = list(Scheduler(cfg).steps(wl))
-    rep = shape_histograms(make_deployment(None, model="minimax-m3-mini", tp=2, quant="bf16"), runs=schedule(wl, cfg))
+    mini = make_deployment(None, model="minimax-m3-mini", tp=2, quant="bf16", isl=1024, osl=64)  # its context: 4K
+    rep = shape_histograms(mini, runs=schedule(wl, cfg))
     assert rep.num_steps == len(steps)
     qkv = rep.gemm_m[(rep.gemm_m.op == "o_proj")]
     expected = np.bincount([s.num_tokens for s in steps])

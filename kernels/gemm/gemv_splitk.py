@@ -9,7 +9,8 @@ one of the tensor-core decode kernel (tiles.splitk_store). Weight formats: bf16,
 import triton
 import triton.language as tl
 
-from .tiles import e2m1_value, e8m0_pow2, load_mx, splitk_store
+from ..mx.triton_mx import e2m1_value, e8m0_pow2
+from .tiles import load_mx, splitk_store
 
 
 @triton.jit

@@ -8,7 +8,7 @@ registers in fp32 (``mac_step``), or passed to ``tl.dot_scaled`` where the GPU h
 (NATIVE_MX). MXFP4 never interleaves nibbles: the low nibbles (even k) and high nibbles (odd k) each
 meet the matching even/odd columns of x in their own dot.
 
-The gemv kernel decodes MX with the bit constructions below (``e2m1_value``, ``e8m0_pow2``: no
+The gemv kernel decodes MX with kernels/mx's bit constructions (``e2m1_value``, ``e8m0_pow2``: no
 int->float conversion) on 3-D tiles ``[BLOCK_N, BLOCK_K/32, 32]`` (``load_mx``), so a scale byte
 broadcasts over its 32 elements without a reshape. (H200, 2026-11-29: the same bit decoding with the
 scale multiply in bf16 inside ``mac_step`` ran 1.1-1.7x slower at M 8-128 than the fp32 arithmetic
@@ -30,40 +30,6 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
     first_m = (pid // width) * GROUP_M
     size_m = tl.minimum(n_m - first_m, GROUP_M)
     return first_m + (pid % width) % size_m, (pid % width) // size_m
-
-
-@triton.jit
-def e8m0_pow2(b_s, CT: tl.constexpr):
-    """E8M0 bytes -> 2**(s-127) in CT (bf16 or fp32), built from bits (0 -> 2**-127, 0xFF -> NaN)."""
-    if CT == tl.bfloat16:
-        s = b_s.to(tl.int16)
-        v = tl.where(s == 0, 64, s << 7)                       # 2**-127 is the bf16 subnormal 0x0040
-        out = tl.where(s == 255, 0x7FC0, v).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        s = b_s.to(tl.int32)
-        v = tl.where(s == 0, 0x00400000, s << 23)
-        out = tl.where(s == 255, 0x7FC00000, v).to(tl.float32, bitcast=True)
-    return out
-
-
-@triton.jit
-def e2m1_value(c, CT: tl.constexpr):
-    """E2M1 codes (low 4 bits of an int) -> values in CT (bf16 or fp32), by bit construction.
-
-    Magnitude t = c & 7 = (e, m): t >= 2 is (1 + m/2) 2**(e-1), i.e. t's bits shifted under the exponent
-    field plus the exponent of 0.5; t in {0, 1} is t * 0.5. No int->float conversion, no arithmetic.
-    """
-    if CT == tl.bfloat16:
-        c = c.to(tl.int16)
-        t = c & 7
-        bits = tl.where(t < 2, t * 0x3F00, (t << 6) + 0x3F00) | ((c & 8) << 12)
-        out = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        c = c.to(tl.int32)
-        t = c & 7
-        bits = tl.where(t < 2, t * 0x3F000000, (t << 22) + 0x3F000000) | ((c & 8) << 28)
-        out = bits.to(tl.float32, bitcast=True)
-    return out
 
 
 @triton.jit

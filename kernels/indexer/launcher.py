@@ -18,7 +18,10 @@ from .triton_indexer import index_score_kernel, select_kernel
 
 PAGE = 16            # AITER page (vLLM ASM_PAGE_SIZE)
 SCORE_PROGRAMS_PER_SM = 4
+SCORE_NUM_WARPS, SCORE_NUM_STAGES = 4, 2  # index_score_kernel (H200: traces/bench/kernel_probe_NVIDIA_H200.csv)
 SELECT_MAX_CHUNK = 1024  # blocks sorted at once by the selector (1024 blocks = 128K tokens at block 128)
+SELECT_WIDE = 512        # the selector runs 8 warps above this many blocks per chunk, 4 up to it,
+SELECT_FEW = (4, 256, 16)  # and (<= 4 rows, >= 256 blocks) -> 16 warps: a lone row's sort is its latency
 
 
 def _num_sms(device: torch.device) -> int:
@@ -72,7 +75,8 @@ def index_scores(iq: torch.Tensor, index_cache: torch.Tensor, block_tables: torc
         iq.stride(0), iq.stride(1), iq.stride(2), index_cache.stride(0), index_cache.stride(1),
         index_cache.stride(2), out.stride(0), out.stride(1), out.stride(2), block_tables.stride(0),
         hi, n_split, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_Q=block_q, BLOCK_H=block_h,
-        USE_PDL=pdl_enabled(iq.device), num_warps=4, **pdl_launch(pdl_enabled(iq.device)))
+        USE_PDL=pdl_enabled(iq.device), num_warps=SCORE_NUM_WARPS, num_stages=SCORE_NUM_STAGES,
+        **pdl_launch(pdl_enabled(iq.device)))
     return out
 
 
@@ -83,6 +87,13 @@ class Selection:
     topk: torch.Tensor
     table: torch.Tensor | None = None
     ctx: torch.Tensor | None = None
+
+
+def _select_warps(block_n: int, rows: int) -> int:
+    few_rows, min_blocks, warps = SELECT_FEW
+    if rows <= few_rows and block_n >= min_blocks:
+        return warps
+    return 4 if block_n <= SELECT_WIDE else 8
 
 
 def select_topk(scores: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
@@ -119,7 +130,7 @@ def select_topk(scores: torch.Tensor, block_tables: torch.Tensor, seq_lens: torc
         table.stride(0), table.stride(1), ctx.stride(0),
         topk, init_blocks, local_blocks, block_page_stride,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, BLOCK_T=block_t, PAGES_PER_BLOCK=ppb,
-        EMIT_TABLE=emit_page_table, USE_PDL=pdl_enabled(scores.device), num_warps=4 if block_n <= 512 else 8,
+        EMIT_TABLE=emit_page_table, USE_PDL=pdl_enabled(scores.device), num_warps=_select_warps(block_n, hi * t),
         **pdl_launch(pdl_enabled(scores.device)))
     return out
 

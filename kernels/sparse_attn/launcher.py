@@ -16,6 +16,11 @@ from .triton_sparse import merge_kernel, page16_attn_kernel, sparse_attn_kernel
 
 PAGE = 16
 PROGRAMS_PER_SM = 2
+# sparse_attn_kernel's launch, measured against vLLM's decode kernel on the H200
+# (traces/bench/kernel_probe_NVIDIA_H200.csv): 4 warps, 2 stages (3 stages ran 6-13% slower with the block ids loaded
+# before the loop); 8 warps where a program reads 2 blocks (B = 32 at TP4: 8 splits of 16)
+NUM_WARPS, NUM_STAGES = 4, 2
+WARPS_BY_BLOCKS = {2: 8}          # blocks per program -> num_warps
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -60,10 +65,13 @@ def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Te
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor, *,
                      scale: float, max_q_len: int | None = None, k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None, split: int | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, uniform_rows: bool = False) -> torch.Tensor:
     """Block-sparse GQA: q [T, Hq, D]; k_blocks, v_blocks [NB, block, Hkv, D] strided views (e.g.
     ``reference.triton_planes`` of vLLM's ``[NB, Hkv, block, 2 D]``); topk [Hkv, T, K] int32 (-1 unused)
-    -> o [T, Hq, D] in q's dtype. fp8 K/V need scalar ``k_scale``/``v_scale`` tensors."""
+    -> o [T, Hq, D] in q's dtype. fp8 K/V need scalar ``k_scale``/``v_scale`` tensors.
+    ``uniform_rows=True``: the caller guarantees every request has exactly ``max_q_len`` rows (T = R ·
+    max_q_len, vLLM's decode contract), so the kernel maps rows without reading ``cu_seqlens_q``; the default
+    reads it (padded batches, an upper-bound ``max_q_len``)."""
     t, hq, d = q.shape
     nb, bs, hkv, dk = k_blocks.shape
     if dk != d or v_blocks.shape != k_blocks.shape or topk.shape[:2] != (hkv, t) or hq % hkv:
@@ -72,19 +80,25 @@ def sparse_attention(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Te
         raise ValueError("q needs a contiguous last dim; block and head dim must be powers of two (block >= 16)")
     if max_q_len is None:
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    if uniform_rows and t != block_tables.shape[0] * max_q_len:
+        raise ValueError(f"uniform_rows needs T = R * max_q_len: T {t}, R {block_tables.shape[0]}, "
+                         f"max_q_len {max_q_len}")
     out = torch.empty_like(q) if out is None else out
     group = hq // hkv
     split = _split(t, hkv, topk.shape[-1], q.device, split)
     po, pl = _partials(split, t, hq, d, q.dtype, q.device)
     ks, vs, has_scale = _scales(k_blocks.dtype, k_scale, v_scale, out)
     pdl = pdl_enabled(q.device)
+    per = triton.cdiv(topk.shape[-1], split)
     launch(sparse_attn_kernel, (max_q_len, block_tables.shape[0], hkv * split),
         q, k_blocks, v_blocks, topk, block_tables, cu_seqlens_q, seq_lens, out, po, pl, ks, vs, scale,
         q.stride(0), q.stride(1), *k_blocks.stride(), *v_blocks.stride(), *topk.stride(), block_tables.stride(0),
         out.stride(0), out.stride(1), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         group, topk.shape[-1], t,
         HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_H=max(16, triton.next_power_of_2(group)), SPLIT=split,
-        HAS_SCALE=has_scale, USE_PDL=pdl, num_warps=4, num_stages=2, **pdl_launch(pdl))
+        HAS_SCALE=has_scale, USE_PDL=pdl, UNIFORM_Q=uniform_rows,
+        BLOCK_J=triton.next_power_of_2(per), num_warps=WARPS_BY_BLOCKS.get(per, NUM_WARPS), num_stages=NUM_STAGES,
+        **pdl_launch(pdl))
     _merge(po, pl, out, split, pdl)
     return out
 
@@ -140,4 +154,5 @@ def attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError("the sparse-attention fast path needs the selected blocks (dense layers use another path)")
     return sparse_attention(q, k_cache, v_cache, blocks.to(torch.int32), block_tables.to(torch.int32),
                             seq_lens.to(torch.int32), cu_seqlens_q.to(torch.int32), scale=scale,
-                            max_q_len=max(counts) if counts else None)
+                            max_q_len=max(counts) if counts else None,
+                            uniform_rows=bool(counts) and len(set(counts)) == 1 and sum(counts) == q.shape[0])

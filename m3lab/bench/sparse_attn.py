@@ -140,7 +140,8 @@ def attention_calls(p: Point, provider: str, vllm_mods=None):
     planes = attn_ref.triton_planes(p.kv_pool)
     if provider == "ours":
         return _cycle(p, lambda c: lambda: attn_launcher.sparse_attention(
-            p.qs[c], *planes, p.topks[c], p.tables[c], p.seq_lens, p.cu, scale=scale, max_q_len=p.q))
+            p.qs[c], *planes, p.topks[c], p.tables[c], p.seq_lens, p.cu, scale=scale, max_q_len=p.q,
+            uniform_rows=True))
     if provider == "ours-page16":
         k16, v16 = _page16_views(p)
         return _cycle(p, lambda c: lambda: attn_launcher.page16_attention(
@@ -212,7 +213,7 @@ def pair_calls(p: Point, provider: str, vllm_mods=None):
                 sel = index_launcher.indexer_topk(p.iqs[c], pool, p.tables[c], p.seq_lens, p.cu, topk=TOPK,
                                                   max_q_len=p.q, max_seq_len=p.ctx)
                 return attn_launcher.sparse_attention(p.qs[c], *planes, sel.topk, p.tables[c], p.seq_lens, p.cu,
-                                                      scale=scale, max_q_len=p.q)
+                                                      scale=scale, max_q_len=p.q, uniform_rows=True)
             return run
         return _cycle(p, call)
     if provider == "ours-page16":

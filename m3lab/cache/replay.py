@@ -14,6 +14,7 @@ running request finishes early; a request that fits in no empty pool is counted 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -130,10 +131,11 @@ class ReplayResult:
 
 
 def _progress(n: int, enabled: bool):
-    if not enabled or n < PROGRESS_MIN_REQUESTS:
+    if not enabled or n < PROGRESS_MIN_REQUESTS or not sys.stderr.isatty():   # a bar only on a terminal
         return None
+    from rich.console import Console
     from rich.progress import Progress
-    prog = Progress(transient=True)
+    prog = Progress(transient=True, console=Console(stderr=True))   # stdout keeps only the results
     prog.start()
     return prog, prog.add_task("replaying", total=n)
 

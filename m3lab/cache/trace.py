@@ -25,6 +25,7 @@ Readers (plain or ``.gz`` files; errors name the file and line; ``skip_invalid=T
 from __future__ import annotations
 
 import gzip
+import zlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,10 +149,15 @@ def _lines(path):
     p = Path(path)
     if not p.is_file():
         raise M3LabError(f"trace file {path} not found", field="trace")
-    with (gzip.open(p, "rt") if p.suffix == ".gz" else p.open()) as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                yield lineno, line
+    try:
+        with (gzip.open(p, "rt") if p.suffix == ".gz" else p.open()) as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield lineno, line
+    except (gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError) as err:
+        what = "a complete gzip file" if p.suffix == ".gz" else "UTF-8 text"
+        raise M3LabError(f"trace file {path} is not {what} ({type(err).__name__}: {err})", field="trace",
+                         hint="pass a JSONL trace, plain or gzip-compressed whole") from None
 
 
 def _parse(path, lineno: int, line: str) -> dict:
@@ -286,7 +292,13 @@ def read_trace(path, fmt: str = "mooncake", block_size: int = 128, *, skip_inval
                limit: int | None = None) -> Trace:
     """Read a trace file by format name (``mooncake``, ``agentx``; ``agentic`` is the same as ``agentx``)."""
     if fmt == "mooncake":
-        return read_mooncake(path, block_size, skip_invalid=skip_invalid, limit=limit)
-    if fmt in ("agentx", "agentic"):
-        return read_agentx(path, block_size, skip_invalid=skip_invalid, limit=limit)
-    raise M3LabError(f"unknown trace format {fmt!r}", field="format", hint=f"choose one of {', '.join(FORMATS)}")
+        trace = read_mooncake(path, block_size, skip_invalid=skip_invalid, limit=limit)
+    elif fmt in ("agentx", "agentic"):
+        trace = read_agentx(path, block_size, skip_invalid=skip_invalid, limit=limit)
+    else:
+        raise M3LabError(f"unknown trace format {fmt!r}", field="format", hint=f"choose one of {', '.join(FORMATS)}")
+    if len(trace) == 0:
+        skipped = f" ({trace.skipped} malformed line(s) skipped)" if trace.skipped else ""
+        raise M3LabError(f"trace file {path} holds no requests{skipped}", field="trace",
+                         hint=f"pass a {fmt} trace with at least one request")
+    return trace

@@ -16,7 +16,7 @@ import typer
 from m3lab.cache.agentic import AgenticConfig, generate
 from m3lab.cache.policies import POLICIES
 from m3lab.cache.trace import FORMATS, read_trace
-from m3lab.cli.output import echo_json, progress, progress_wanted
+from m3lab.cli.output import accuracy_lines, echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 from m3lab.serving.cache_capacity import check_sim_capacity
 
@@ -107,6 +107,9 @@ def print_estimate(summary: dict, as_json: bool) -> None:
             f"at {r['accept_len']:g}: TPOT p50 {r['tpot_p50_ms']:.1f} ms" for r in s.get("accept_len_sensitivity", ())))
     lines.extend(f"note: {n}" for n in s.get("notes", ()))
     lines.append(s["label"])
+    if "accuracy" in s:
+        from m3lab.cli.columns import terminal_width
+        lines += accuracy_lines(s["accuracy"], terminal_width())
     typer.echo("\n".join(lines))
 
 

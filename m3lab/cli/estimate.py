@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from m3lab.cli import deploy_options as opt
-from m3lab.cli.output import echo_json
+from m3lab.cli.output import accuracy_lines, echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 from m3lab.pipeline.validate import is_null
 
@@ -86,17 +86,18 @@ def estimate_cmd(  # long: typer declares every option in the signature
     if d.workload.kind != "fixed":
         from m3lab.serving.cached import estimate_workload
         from m3lab.cli.cache import print_estimate
-        print_estimate(estimate_workload(d, calibration=cal, progress=True), as_json)
+        print_estimate(add_accuracy(estimate_workload(d, calibration=cal, progress=True), as_json), as_json)
         return
     if d.pd.enabled:
         from m3lab.cli.pd import print_pd_estimate
         from m3lab.serving.disagg import pd_estimate
-        print_pd_estimate(pd_estimate(d, calibration=cal, progress=True), as_json)
+        print_pd_estimate(add_accuracy(pd_estimate(d, calibration=cal, progress=True), as_json), as_json)
         return
     est = estimate(d, calibration=cal, engine=engine, progress=True)
     s = est.summary()
     table = _breakdown(d, est, cal, s) if breakdown else None
     sens = _sensitivity(est, s)
+    add_accuracy(s, as_json)
     if as_json:
         echo_json(s)
         return
@@ -134,37 +135,51 @@ def _breakdown(d, est, cal, summary: dict):
 
 
 def _print_summary(s: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The estimate in the terminal's width: a left-aligned title, the figures, notes and labels wrapped between
+    words, and the accuracy band of m3lab's estimates (:mod:`m3lab.serving.accuracy`) in one line."""
+    from m3lab.cli.columns import terminal_width, text_table, wrap
 
-    table = Table(title=f"{s['deployment']}: {s['model']} {s['quant']} (KV {s['kv_dtype']}) TP{s['tp']} EP{s['ep']} "
-                        f"on {s['hardware']}: {s['isl']} in / {s['osl']} out, concurrency {s['concurrency']}, "
-                        f"{s['num_requests']} requests")
+    width = terminal_width()
+    n = s["num_requests"]
+    title = (f"{s['deployment']}: {s['model']} {s['quant']} (KV {s['kv_dtype']}) TP{s['tp']} EP{s['ep']} on "
+             f"{s['hardware']}: {s['isl']} in / {s['osl']} out, concurrency {s['concurrency']}, {n} "
+             f"request{'' if n == 1 else 's'}")
     calibrated = s["kind"] != "ceiling"
-    table.add_column("figure", justify="left")
-    for col in ([s["kind"], "ceiling"] if calibrated else ["ceiling"]):
-        table.add_column(col, justify="right")
-    for key, fmt in (("output_tokens_per_s_per_gpu", ".1f"), ("total_tokens_per_s_per_gpu", ".1f"),
-                     ("ttft_s", ".3f"), ("ttft_p90_s", ".3f"), ("ttft_p99_s", ".3f"), ("queueing_s", ".3f"),
-                     ("prefill_s", ".3f"), ("tpot_ms", ".2f"), ("itl_ms", ".2f")):
-        table.add_row(key, format(s[key], fmt), *([format(s["ceiling"][key], fmt)] if calibrated else []))
-    console = Console()
-    console.print(table)
+    headers = ["figure", s["kind"], "ceiling"] if calibrated else ["figure", "ceiling"]
+    rows = [[key, format(s[key], fmt), *([format(s["ceiling"][key], fmt)] if calibrated else [])]
+            for key, fmt in (("output_tokens_per_s_per_gpu", ".1f"), ("total_tokens_per_s_per_gpu", ".1f"),
+                             ("ttft_s", ".3f"), ("ttft_p90_s", ".3f"), ("ttft_p99_s", ".3f"),
+                             ("queueing_s", ".3f"), ("prefill_s", ".3f"), ("tpot_ms", ".2f"), ("itl_ms", ".2f"))]
+    lines = text_table(headers, rows, [False] + [True] * (len(headers) - 1), width, title=title)
     for note in s.get("notes", ()):
-        console.print(f"note: {note}", style="yellow")
+        lines += wrap(f"note: {note}", width, "", "  ")
     if s.get("host_time_sensitivity"):
-        console.print("host time (upper bounds, m3lab.cost.host_time) scaled: " + "; ".join(
-            f"x{r['host_scale']:g}: TTFT {r['ttft_s']:.3f} s, TPOT {r['tpot_ms']:.2f} ms"
-            for r in s["host_time_sensitivity"]))
+        lines += wrap("host time (upper bounds, m3lab.cost.host_time) scaled: " + "; ".join(
+            f"x{r['host_scale']:g}: TTFT {r['ttft_s']:.3f}\u00a0s, TPOT {r['tpot_ms']:.2f}\u00a0ms"
+            for r in s["host_time_sensitivity"]), width, "", "  ")
     chk = s.get("engine_check")
     if chk:
-        console.print(f"vLLM's own Scheduler ran the schedule in {chk['vllm_s']:.1f} s against m3lab's "
+        lines += wrap(f"vLLM's own Scheduler ran the schedule in {chk['vllm_s']:.1f} s against m3lab's "
                       f"{chk['m3lab_s']:.2f} s ({chk['vllm_over_m3lab']:.0f}x slower, after {chk['vllm_import_s']:.1f} s "
-                      f"to import and build vLLM; wall time on this machine); same schedule: {chk['same_schedule']}")
-    console.print(f"weights {s['weight_gb_per_gpu']:.1f} GB/GPU; KV capacity {s['kv_capacity_tokens']:,} tokens/GPU "
+                      f"to import and build vLLM; wall time on this machine); same schedule: {chk['same_schedule']}",
+                      width, "", "  ")
+    lines += wrap(f"weights {s['weight_gb_per_gpu']:.1f} GB/GPU; KV capacity {s['kv_capacity_tokens']:,} tokens/GPU "
                   f"at gpu_memory_utilization {s['gpu_memory_utilization']}; largest concurrency that fits "
-                  f"{s['max_concurrency']}")
-    console.print(s["label"] if s["label"].startswith(f"{s['kind']}:") else f"{s['kind']}: {s['label']}")
+                  f"{s['max_concurrency']}", width, "", "  ")
+    lines += wrap(s["label"], width, "", "  ")
+    if "accuracy" in s:
+        lines += accuracy_lines(s["accuracy"], width)
+    typer.echo("\n".join(line.replace("\u00a0", " ") for line in lines))
+
+
+def add_accuracy(summary: dict, as_json: bool = False) -> dict:
+    """``summary`` with ``accuracy``: the band of m3lab's estimates against every run the repository ships."""
+    from m3lab.serving.accuracy import shipped_band
+
+    with progress("accuracy band (once per m3lab version): estimating", unit="shipped runs",
+                  enabled=progress_wanted(as_json)) as update:
+        summary["accuracy"] = shipped_band(update)
+    return summary
 
 
 def kernel_time_cmd(

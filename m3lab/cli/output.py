@@ -76,3 +76,12 @@ def progress(label: str, *, unit: str = "", scale: float = 1.0, enabled: bool = 
             where = f"{done / scale:,.0f}/{total / scale:,.0f}{' ' + unit if unit else ''}, {now - start:.0f} s"
             typer.echo(f"{label}: {what + ' ' if what else ''}({where})", err=True)
     yield update
+
+
+def accuracy_lines(band: dict, width: int) -> list[str]:
+    """The accuracy band of every ``m3lab estimate`` (:mod:`m3lab.serving.accuracy`) as its one line, wrapped
+    between words only on a terminal narrower than it."""
+    from m3lab.cli.columns import wrap
+    from m3lab.serving.accuracy import band_line
+
+    return wrap(band_line(band), width, "", "  ")

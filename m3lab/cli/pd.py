@@ -2,7 +2,7 @@
 
     m3lab pd-plan --model minimax-m3 --prefill-tp 4 --decode-tp 8 --isl 8192 [--kv-dtype fp8]
         [--index-dtype bf16] [--prefill-layout triton --decode-layout aiter] [--scales per_token_head]
-        [--tables scattered|contiguous] [--bandwidth 50] [--json]
+        [--tables scattered|contiguous] [--kv-link-gbps 50] [--json]
     m3lab estimate --model minimax-m3 --hardware mi355x --tp 4 --quant mxfp8 --isl 8192 --osl 1024 \\
         --concurrency 512 --pd 2:1 [--kv-link-gbps 50] [--json]
 """
@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import typer
 
-from m3lab.cli.output import echo_json
+from m3lab.cli.output import accuracy_lines, echo_json
 from m3lab.errors import M3LabError
+from m3lab.spec.model import load_model
+from m3lab.spec.roles import KV_LINK_GBPS
+from m3lab.spec.traffic import check_context
 
 
 def pd_plan_cmd(
@@ -26,16 +29,20 @@ def pd_plan_cmd(
         scales: str = typer.Option("none", "--scales", help="fp8 KV scales: scalar or per_token_head"),
         tables: str = typer.Option("scattered", "--tables",
                                    help="block tables: scattered (steady state) or contiguous (fresh)"),
-        bandwidth: float = typer.Option(50.0, "--bandwidth", help="link GB/s per GPU (each rank its own link)"),
+        kv_link_gbps: float = typer.Option(KV_LINK_GBPS, "--kv-link-gbps", metavar="GB/S",
+                                           help="KV link GB/s per GPU (each rank its own link)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Transfer descriptors per layer, bytes per request and transfer time of a prefill -> decode KV hand-off."""
     from m3lab.pd.geometry import pd_plan  # local: pulls in pandas, torch
 
-    if bandwidth <= 0:
-        raise M3LabError(f"--bandwidth {bandwidth} must be positive (GB/s per GPU)", field="bandwidth")
+    if kv_link_gbps <= 0:
+        raise M3LabError(f"--kv-link-gbps {kv_link_gbps} must be positive (GB/s per GPU)", field="kv_link_gbps")
+    check_context(load_model(model), isl)
     summary, table = pd_plan(model, prefill_tp, decode_tp, isl, kv_dtype=kv_dtype, index_dtype=index_dtype,
                              prefill_layout=prefill_layout, decode_layout=decode_layout, scales=scales,
-                             tables=tables, bandwidth=bandwidth * 1e9)
+                             tables=tables, bandwidth=kv_link_gbps * 1e9)
+    summary = {**summary, "kv_link_gbps": kv_link_gbps}
+    summary.pop("bandwidth_bytes_per_s", None)
     if as_json:
         echo_json({**summary, "layers": table.to_dict(orient="records")})
         return
@@ -58,7 +65,7 @@ def pd_plan_cmd(
                   f"(mean {summary['mean_descriptor_bytes']:,.0f} B)")
     console.print(f"busiest prefill rank sends {summary['max_bytes_sent_per_prefill_rank']:,} B, busiest decode rank "
                   f"receives {summary['max_bytes_received_per_decode_rank']:,} B: transfer "
-                  f"{summary['transfer_s'] * 1e3:.2f} ms at {bandwidth:g} GB/s per GPU ({summary['label']})")
+                  f"{summary['transfer_s'] * 1e3:.2f} ms at {kv_link_gbps:g} GB/s per GPU ({summary['label']})")
     if summary["warning"]:
         typer.secho(f"warning: {summary['warning']}", err=True, fg="yellow")
 
@@ -74,7 +81,7 @@ def print_pd_estimate(s: dict, as_json: bool) -> None:
     t = Table(title=f"{s['model']} {s['quant']} P:D = {s['pd']} (prefill TP{s['prefill_tp']}, decode "
                     f"TP{s['decode_tp']}, {s['gpus']} GPUs) on {s['hardware']}: {s['isl']} in / {s['osl']} out, "
                     f"concurrency {s['concurrency']}")
-    t.add_column("figure", justify="right")
+    t.add_column("figure", justify="left")
     t.add_column(s["kind"], justify="right")
     if s["kind"] != "ceiling":
         t.add_column("ceiling", justify="right")
@@ -92,7 +99,10 @@ def print_pd_estimate(s: dict, as_json: bool) -> None:
                   f"{s['kv_handoff_descriptors_per_request']:,} descriptors: {s['kv_handoff_ms']:.2f} ms at "
                   f"{s['kv_link_gbps']:g} GB/s per GPU; decode instances hold at most "
                   f"{s['max_num_seqs_per_decode_instance']} requests each")
-    console.print(f"{s['kind']}: {s['label']}")
+    console.print(s["label"])   # cost_label names its kind: "estimate: calibrated on ..." or "ceiling: ..."
+    if "accuracy" in s:
+        from m3lab.cli.columns import terminal_width
+        typer.echo("\n".join(accuracy_lines(s["accuracy"], terminal_width())))
 
 
 def register(app: typer.Typer) -> None:

@@ -41,10 +41,7 @@ def repetition(
         raise M3LabError(f"--top {top} must be a positive number of ops", field="top")
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                   index_dtype=index_dtype, isl=isl, osl=osl, concurrency=concurrency, num_prompts=num_prompts)
-    wl, limit = d.workload, d.model.max_position
-    if limit and wl.isl + wl.osl > limit:
-        raise M3LabError(f"--isl {wl.isl:,} + --osl {wl.osl:,} is over {d.model.name}'s context length "
-                         f"({limit:,} tokens)", field="isl")
+    wl = d.workload   # lengths within the model's context: the record checks them (m3lab.spec.traffic)
     est = estimate(d, calibration=calibration_option(calibration))
     for note in est.notes:       # the run's caveats (too short for steady state, C requests not all at once)
         typer.secho(f"note: {note}", err=True, fg="yellow")

@@ -75,7 +75,8 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
     if as_json:
         echo_json({**p.to_dict(), "check": problems})
     else:
-        typer.echo(p.text())
+        from m3lab.cli.columns import terminal_width
+        typer.echo(p.text(terminal_width()))   # the commands continued with "\\" in the terminal's width
         if problems is not None:
             typer.echo("# checked with vLLM's parser and vllm.envs: " + ("ok" if not problems else "PROBLEMS"))
     if problems:
@@ -107,6 +108,8 @@ def collect(run_dir: Path = typer.Argument(..., help="run folder to add the meas
     if as_json:
         echo_json(summary)
         return
+    if "headline" in summary:
+        typer.echo(headline_line(summary["headline"]))
     typer.echo(f"run folder: {summary['run_dir']}")
     for path in summary["artifacts"]:
         typer.echo(f"  artifact {path}")
@@ -114,6 +117,14 @@ def collect(run_dir: Path = typer.Argument(..., help="run folder to add the meas
         v = summary["fastpaths"]
         counts = ", ".join(f"{k[2:]} {n}" for k, n in v.items() if k.startswith("n_"))
         typer.echo(f"fast paths of {v['expectations']}: {'ok' if v['ok'] else 'NOT ok'} ({counts})")
+
+
+def headline_line(h: dict) -> str:
+    """What ``vllm collect`` stored, in one line: the figures of the first benchmark, labelled measured, with the
+    model, GPU count and device (the preset's hardware; a bench file does not name its device)."""
+    device = h["device"].upper() if h["device"] else "device not stated (--preset names it)"
+    return (f"measured (vllm bench serve): {h['output_tokens_per_s_per_gpu']:.1f} output tok/s/GPU, median TTFT "
+            f"{h['ttft_s']:.3f} s, mean TPOT {h['tpot_ms']:.2f} ms; {h['model_id']} on {h['gpus']} GPU(s), {device}")
 
 
 @vllm_app.command("moe-tables")

@@ -174,7 +174,8 @@ def _attn_case(device, lens, ql, topk, layout: str, kv_dtype=None) -> Case:
         if layout == "triton":
             kp, vp = attn_ref.triton_planes(attn_ref.triton_kv_cache(p.k_blocks, p.v_blocks))
             attn_launcher.sparse_attention(p.q, kp, vp, blocks, p.block_tables, p.seq_lens, p.cu_seqlens_q,
-                                           scale=p.scale, k_scale=ks, v_scale=vs, out=out)
+                                           scale=p.scale, k_scale=ks, v_scale=vs, out=out, max_q_len=ql,
+                                           uniform_rows=True)
         else:
             kv16, vv16, stride = attn_ref.aiter_page16_cache(p.k_blocks, p.v_blocks)
             table, ctx = [], []

@@ -167,7 +167,13 @@ def collect(run_dir: str | Path, bench: Sequence[str | Path] = (), profile: Sequ
         import pandas as pd
         rows = _bench_rows(results, copied_bench, run, summary["deployment"])
         save("vllm_bench", pd.DataFrame(rows))
-        save("vllm_measured", _headline(rows[0]))
+        first = rows[0]
+        save("vllm_measured", _headline(first))
+        summary["headline"] = {"model_id": first["model_id"], "gpus": first["gpus"],
+                               "device": deployment.hardware.name if deployment is not None else None,
+                               "output_tokens_per_s_per_gpu": first["output_tokens_per_s_per_gpu"],
+                               "ttft_s": first["median_ttft_s"], "tpot_ms": first["mean_tpot_ms"],
+                               "label": "measured (vllm bench serve)"}
     if traces:
         save("vllm_kernels", kernels)
         summary["kernels"] = int(len(kernels))

@@ -68,6 +68,7 @@ class ServingEstimate:
     host_sensitivity: list = field(default_factory=list)
     engine_check: dict | None = None
     step_keys: list = field(default_factory=list, repr=False)   # the coster's key of each step (None: none ran)
+    deployment: object = field(default=None, repr=False)       # the Deployment estimated
 
     def retimed(self, key_us, mode: str = "calibrated") -> BenchRun:
         """The same schedule under ``mode`` with each step's device µs from ``key_us(key)`` (a key of
@@ -290,7 +291,8 @@ def estimate(deployment, *, calibration="default", routing=None, engine: str = "
               "routing": "balanced" if routing is None else str(routing)}
     return ServingEstimate(config=config, capacity=cap, results=results, runs=runs, coster=coster,
                            notes=list(top.notes) + _kv_dtype_hint(d, plan, cap, limits), host_sensitivity=_host_sensitivity(runs["calibrated"])
-                           if "calibrated" in runs else [], engine_check=check, step_keys=keys)
+                           if "calibrated" in runs else [], engine_check=check, step_keys=keys,
+                           deployment=d)
 
 
 def _kv_dtype_hint(d, plan, cap, limits) -> list[str]:
@@ -329,12 +331,13 @@ def compare_with_measured(est: ServingEstimate, measured: dict | None) -> pd.Dat
 
 
 def compare_with_published(est: ServingEstimate) -> pd.DataFrame:
-    """:func:`compare_with_measured` against the published measurement of exactly this deployment (model, quant,
-    KV dtype, hardware, TP/EP, ISL/OSL, concurrency, speculative config), or the estimate alone when none exists."""
+    """:func:`compare_with_measured` against the published measurement of exactly this deployment (every field of
+    the record, vLLM's switches included: :func:`m3lab.published.measurement_for`), or the estimate alone when
+    none exists."""
     from m3lab.published import measurement_for
 
-    found = measurement_for(est.config)
-    return compare_with_measured(est, found["after"] if found else None)
+    found = measurement_for(est.deployment)
+    return compare_with_measured(est, found["figures"] if found else None)
 
 
 def comparison_title(est: ServingEstimate) -> str:
@@ -342,8 +345,9 @@ def comparison_title(est: ServingEstimate) -> str:
     from m3lab.published import measurement_for
 
     c = est.config
-    case = f"{c['model']} {c['quant']} TP{c['tp']} c={c['concurrency']}, {c['isl']} in / {c['osl']} out"
-    found = measurement_for(c)
+    case = (f"{c['deployment']}: {c['model']} {c['quant']} TP{c['tp']} c={c['concurrency']}, {c['isl']} in / "
+            f"{c['osl']} out")
+    found = measurement_for(est.deployment)
     if found:
         return f"{case}: measured on {found['hardware'].upper()} (published) vs projected for {c['hardware']}"
     return (f"{case}: projected for {c['hardware']} ({', '.join(est.results)}); no measurement of this "
@@ -361,15 +365,15 @@ def sweep(deployment, concurrencies, *, calibration="default", routing=None) -> 
     return pd.DataFrame(rows)
 
 
-def add_published(table: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """``table`` (from :func:`sweep` of the deployment ``config``) plus a row for every concurrency of it that has
-    a published measurement of exactly that deployment (source names who measured it, on what)."""
+def add_published(table: pd.DataFrame, deployment) -> pd.DataFrame:
+    """``table`` (from :func:`sweep` of ``deployment``) plus a row for every concurrency of it that has a published
+    measurement of exactly that deployment (source names who measured it, on what)."""
     from m3lab.published import measurement_for
 
     rows = []
     for c in sorted(set(table["concurrency"])):
-        found = measurement_for({**config, "concurrency": int(c)})
+        found = measurement_for(deployment.with_settings({"concurrency": int(c)}))
         if found:
             rows.append({"source": f"measured ({found['hardware'].upper()}, published)", "concurrency": int(c),
-                         **found["after"]})
+                         **found["figures"]})
     return pd.concat([table, pd.DataFrame(rows)], ignore_index=True) if rows else table

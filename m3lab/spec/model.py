@@ -646,6 +646,21 @@ def _index() -> dict:
     return yaml.safe_load((CONFIG_DIR / "index.yaml").read_text())
 
 
+#: Quantised checkpoints of a model whose config is not a named one of their own: (model, quant) -> Hugging Face id.
+CHECKPOINTS = {("minimax-m3", "mxfp4"): "amd/MiniMax-M3-MXFP4"}
+
+
+def checkpoint_id(model: str, quant: str) -> str:
+    """The Hugging Face checkpoint ``vllm serve`` loads for ``model`` with ``quant`` weights: a named config
+    "<model>-<quant>" is that quantised checkpoint of the same architecture (``minimax-m3`` with MXFP8 weights
+    is ``minimax-m3-mxfp8``'s MiniMaxAI/MiniMax-M3-MXFP8), else the model's own id, else its name."""
+    if (model, quant) in CHECKPOINTS:
+        return CHECKPOINTS[(model, quant)]
+    index = _index()
+    entry = index.get(f"{model}-{quant}") or index.get(model, {})
+    return str(entry.get("hf_id") or model)
+
+
 def list_models() -> list[str]:
     """Names accepted by :func:`load_model` (plus any path to a config.json)."""
     return sorted([*_index(), "minimax-m3-mini"])

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -43,7 +42,7 @@ from m3lab.spec.settings import NULL_WORDS, apply, changes, flat
 from m3lab.spec.speculation import SpecAcceptance
 from m3lab.spec.switches import (CUDAGRAPH_MODES, ENV_FLAGS, FSE_ENV, MOE_BACKENDS, SPEC_METHODS,  # noqa: F401
                                  V2_RUNNER_ENV, ServingConfig, env_bool)
-from m3lab.spec.traffic import WorkloadSpec
+from m3lab.spec.traffic import WorkloadSpec, check_context
 
 # SchedulerLimits switch -> vllm serve flag (--FLAG on, --no-FLAG off)
 LIMIT_SWITCHES = {"chunked_prefill": "enable-chunked-prefill", "prefix_caching": "enable-prefix-caching",
@@ -116,6 +115,8 @@ class Deployment:
         self.limits.validate()
         self.acceptance.validate(self.serving.spec_tokens, self.workload.kind)
         self.pd.validate()
+        if self.workload.kind == "fixed":   # a request longer than the context vLLM serves is refused
+            check_context(self.model, self.workload.isl, self.workload.osl, self.serving.max_model_len)
         if self.pd.enabled:
             for role in ROLE_NAMES:
                 self.role_plan(role).validate(self.model)
@@ -226,13 +227,6 @@ class Deployment:
             if getattr(lim, name) != getattr(default, name):
                 args.append(f"--{'' if getattr(lim, name) else 'no-'}{flag}")
         return args
-
-    def command(self, model_path: str = "") -> str:
-        """The launch line: ``ENV=.. vllm serve MODEL args``."""
-        env, args = self.to_vllm()
-        head = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
-        return " ".join(x for x in (head, "vllm serve", shlex.quote(model_path or self.model.name),
-                                     " ".join(shlex.quote(a) for a in args)) if x)
 
     def with_settings(self, settings: Mapping[str, Any]) -> Deployment:
         """This deployment with ``settings`` applied (any key of :mod:`m3lab.spec.settings`: m3lab field names,

@@ -14,11 +14,19 @@ from m3lab.errors import M3LabError
 
 WORKLOAD_KINDS = ("fixed", "agentx", "trace")
 VLLM_BENCH_NUM_PROMPTS = 1000   # vllm/benchmarks/datasets/datasets.py DEFAULT_NUM_PROMPTS
+#: The largest value each count takes (m3lab's bounds, not vLLM's): beyond them a simulation would run for hours
+#: or exhaust memory before saying anything. Tokens per request are bounded first by the model's context
+#: (:meth:`m3lab.spec.serving.Deployment.validate`); these hold for models whose context is unknown.
+UPPER_BOUNDS = {"isl": 10_000_000, "osl": 10_000_000, "concurrency": 100_000, "num_prompts": 1_000_000,
+                "sessions": 100_000}
 
 
 def _positive_int(name: str, v) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         raise M3LabError(f"{name} must be a positive integer, got {v!r}", field=name)
+    if v > UPPER_BOUNDS.get(name, v):
+        raise M3LabError(f"{name}={v:,} is beyond m3lab's limit of {UPPER_BOUNDS[name]:,}", field=name,
+                         hint=f"use at most {UPPER_BOUNDS[name]:,}")
 
 
 @dataclass(frozen=True)
@@ -54,3 +62,15 @@ class WorkloadSpec:
         if (self.kind == "trace") != (self.trace is not None):
             raise M3LabError("a trace workload needs trace=PATH, and trace=PATH needs workload=trace", field="trace")
         return self
+
+
+def check_context(model, isl: int, osl: int = 0, max_model_len: int | None = None) -> None:
+    """Raise M3LabError (field ``isl``) when a request of ``isl`` + ``osl`` tokens is longer than the context vLLM
+    serves ``model`` (a :class:`~m3lab.spec.model.ModelSpec`) with: ``max_model_len``, else the model's
+    ``max_position_embeddings`` (vLLM rejects a longer request); nothing when neither is known."""
+    limit = max_model_len or model.max_position
+    if limit and isl + osl > limit:
+        source = "--max-model-len" if max_model_len else "max_position_embeddings"
+        tokens = f"isl + osl = {isl + osl:,} tokens" if osl else f"isl = {isl:,} tokens"
+        raise M3LabError(f"{tokens} is longer than {model.name}'s context of {limit:,} tokens ({source})",
+                         field="isl", hint=f"keep {'isl + osl' if osl else 'isl'} at most {limit:,}")

@@ -90,7 +90,11 @@ def router(kind: str, moe, tokens: int) -> Decision:
     import torch
     gate = moe.gate
     if getattr(gate, "_bf16x3_weight", None) is None and getattr(gate, "allow_rocm_bf16x3_router_gemm", False):
-        gate.quant_method.process_weights_after_loading(gate)  # vLLM's post-load hook: the bf16x3 split
+        # vLLM's post-load hook builds the bf16x3 split and refuses a weight holding inf/NaN; a checkpoint's router
+        # weight is finite, the emulated model's is uninitialised memory, so it is zeroed first (values unused)
+        with torch.no_grad():
+            gate.weight.zero_()
+        gate.quant_method.process_weights_after_loading(gate)
     (x,) = recorder.meta(((tokens, gate.weight.shape[1]), torch.bfloat16))
     with _on_meta(gate):
         tier = recorder.record(gate.forward, x)

@@ -26,18 +26,19 @@ import contextlib
 import io
 import json
 import shlex
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from m3lab.errors import M3LabError
-from m3lab.spec.model import _index
+from m3lab.spec.model import checkpoint_id
 from m3lab.spec.serving import KV_CONNECTOR, Deployment, block_size_args, load_preset
 from m3lab.vllm.plan_checks import check_weights_fit
 from m3lab.vllm_src.imports import vllm_module
 
-# Quantised checkpoints whose config.json m3lab reads under another name (same architecture): (model, quant) ->
-# the checkpoint vLLM loads. The MXFP4 deployment of the write-up serves amd/MiniMax-M3-MXFP4.
-CHECKPOINTS = {("minimax-m3", "mxfp4"): "amd/MiniMax-M3-MXFP4"}
+# Quantised checkpoints whose config.json m3lab does not ship (same architecture): (model, quant) -> the checkpoint
+# vLLM loads. The MXFP4 deployment of the write-up serves amd/MiniMax-M3-MXFP4. A shipped config named
+# "<model>-<quant>" (minimax-m3-mxfp8: MiniMaxAI/MiniMax-M3-MXFP8) is that quantisation's checkpoint.
 PROXY_SCRIPT = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"  # in vLLM's repository, not its wheel
 PROXY_PORT, PREFILL_PORT, DECODE_PORT, SERVE_PORT = 8000, 8100, 8200, 8000
 NIXL_SIDE_CHANNEL_PORT = 5600  # vLLM's default VLLM_NIXL_SIDE_CHANNEL_PORT (envs.py:1725); one per instance on a node
@@ -53,7 +54,7 @@ class Launch:
     ``num_prompts`` defaults to 8 x concurrency (at least 64) so the measured window is mostly steady state.
     """
 
-    model_path: str | None = None       # the checkpoint; None: the preset's (see CHECKPOINTS) or the model's HF id
+    model_path: str | None = None       # the checkpoint; None: m3lab.spec.model.checkpoint_id
     port: int = SERVE_PORT
     profile_dir: str | None = None      # torch profiler output folder on the GPU box; None: no profiling
     kv_connector: str = KV_CONNECTOR  # P/D only
@@ -77,6 +78,54 @@ class Launch:
         return self.num_prompts or max(64, 8 * self.concurrency)
 
 
+CONTINUATION = "    "   # indent of a command's continued lines
+
+
+def _units(env: dict[str, str], argv: Sequence[str]) -> list[list[str]]:
+    """A command's shell words in groups that stay on one line where they fit: each ``K=V``, the program with its
+    sub-command and first positional (``vllm serve MODEL``), then each flag with its values."""
+    words = [shlex.quote(a) for a in argv]
+    units = [[f"{k}={shlex.quote(v)}"] for k, v in sorted(env.items())]
+    head = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    units.append(words[:head])
+    for word, arg in zip(words[head:], argv[head:]):
+        if arg.startswith("-") or not units[-1]:
+            units.append([word])
+        else:
+            units[-1].append(word)
+    return [u for u in units if u]
+
+
+def command_lines(env: dict[str, str], argv: Sequence[str], width: int | None = None) -> list[str]:
+    """The one renderer of a command line (``m3lab vllm plan``, ``m3lab fastpaths``, notebook 04): the environment
+    and the quoted argv, on one line when ``width`` is None, else continued with ``\\`` so that no line is wider
+    than ``width`` and no shell word is split (a flag stays with its value where they fit together). Joined, the
+    lines are the same command for a shell."""
+    units = _units(env, argv)
+    if width is None:
+        return [" ".join(w for u in units for w in u)]
+    budget = width - 2                    # room for the " \\" that continues a line
+    out: list[str] = []
+    line = ""
+    for unit in units:
+        together = " ".join(unit)
+        for piece in ([together] if len(CONTINUATION + together) <= budget else unit):
+            if line and len(f"{line} {piece}") > budget:
+                out.append(line + " \\")
+                line = CONTINUATION + piece
+            else:
+                line = f"{line} {piece}" if line else piece
+    return out + [line]
+
+
+def _comment(text: str, width: int | None) -> list[str]:
+    """``# text``, wrapped between words in ``width`` characters when given."""
+    if width is None:
+        return [f"# {text}"]
+    return textwrap.wrap(text, width=max(width, 20), initial_indent="# ", subsequent_indent="#   ",
+                         break_long_words=False, break_on_hyphens=False) or ["#"]
+
+
 @dataclass(frozen=True)
 class Instance:
     """One ``vllm serve`` process: its role, where it runs, its environment and its arguments."""
@@ -91,8 +140,12 @@ class Instance:
     argv: list[str]           # ["vllm", "serve", CHECKPOINT, ...]
 
     def text(self) -> str:
-        head = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return f"{head} {shlex.join(self.argv)}".strip()
+        """The command on one line (``--json``, scripts)."""
+        return command_lines(self.env, self.argv)[0]
+
+    def lines(self, width: int | None = None) -> list[str]:
+        """The command as :func:`command_lines` renders it in ``width`` characters (None: one line)."""
+        return command_lines(self.env, self.argv, width)
 
     def to_dict(self) -> dict[str, Any]:
         return {"deployment": self.deployment, "role": self.role, "replica": self.replica, "node": self.node,
@@ -116,23 +169,25 @@ class ServePlan:
     def commands(self) -> list[str]:
         out = [i.text() for i in self.instances]
         if self.proxy_argv:
-            out.append(shlex.join(self.proxy_argv))
-        out.append(shlex.join(self.bench_argv))
-        return out
+            out += command_lines({}, self.proxy_argv)
+        return out + command_lines({}, self.bench_argv)
 
-    def text(self) -> str:
-        """A shell-ready block: one comment line, then each command (servers first, then the benchmark)."""
-        lines = [f"# {self.name}: {self.description}"] + [f"# note: {n}" for n in self.notes]
+    def text(self, width: int | None = None) -> str:
+        """A shell-ready block: one comment line, then each command (servers first, then the benchmark); in
+        ``width`` characters when given (:func:`command_lines`: the same commands, continued with ``\\``)."""
+        def comment(text: str) -> list[str]:
+            return _comment(text, width)
+
+        lines = comment(f"{self.name}: {self.description}") + [x for n in self.notes for x in comment(f"note: {n}")]
         for inst in self.instances:
             where = f"node {inst.node}, GPUs {','.join(map(str, inst.devices))}"
             what = "server" if inst.role == "both" else f"{inst.role} instance {inst.replica}"
-            lines += [f"# {what} ({where}, port {inst.port})", inst.text()]
+            lines += comment(f"{what} ({where}, port {inst.port})") + inst.lines(width)
         if self.proxy_argv:
-            lines += ["# proxy (from a vLLM source checkout): prefill then decode for each request",
-                      shlex.join(self.proxy_argv)]
-        lines += ["# benchmark (once the server answers on /health); writes " + self.result_file,
-                  shlex.join(self.bench_argv)]
-        return "\n".join(lines)
+            lines += comment("proxy (from a vLLM source checkout): prefill then decode for each request")
+            lines += command_lines({}, self.proxy_argv, width)
+        lines += comment("benchmark (once the server answers on /health); writes " + self.result_file)
+        return "\n".join(lines + command_lines({}, self.bench_argv, width))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description,
@@ -146,10 +201,7 @@ def checkpoint(dep: Deployment, launch: Launch) -> str:
     """The checkpoint ``vllm serve`` loads for ``dep``."""
     if launch.model_path:
         return launch.model_path
-    key = (dep.model.name, dep.quant.name)
-    if key in CHECKPOINTS:
-        return CHECKPOINTS[key]
-    return str(_index().get(dep.model.name, {}).get("hf_id") or dep.model.name)
+    return checkpoint_id(dep.model.name, dep.quant.name)
 
 
 def _gpus(dep: Deployment) -> int:
@@ -197,8 +249,42 @@ def _bench_args(name: str, model: str, port: int, launch: Launch, gpus: int,
     return argv, result_file
 
 
-def _is_disaggregated(parts: Sequence[tuple[Deployment, int]]) -> bool:
-    """True for a prefill + decode plan, False for one aggregated deployment; anything else is refused."""
+def _instance(dep: Deployment, launch: Launch, model: str, *, replica: int, node: int, devices: tuple[int, ...],
+              port: int, side_channel: int, disagg: bool) -> Instance:
+    """One ``vllm serve`` process of ``dep``: its environment (the devices it sees when it does not take the whole
+    node or runs beside other P/D instances; its NIXL side-channel port) and its argv."""
+    env = dict(dep.to_vllm()[0])
+    if disagg or len(devices) < launch.gpus_per_node:
+        env[DEVICE_VARS.get(dep.hardware.vendor or "amd", "CUDA_VISIBLE_DEVICES")] = ",".join(map(str, devices))
+    if disagg and launch.kv_connector.startswith("Nixl"):
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_SIDE_CHANNEL_PORT + side_channel)
+    profile = launch.profile_dir
+    if profile and disagg:  # one folder per instance: their traces would mix
+        profile = f"{profile}/{dep.plan.role}-{replica}"
+    return Instance(deployment=dep.name, role=dep.plan.role, replica=replica, node=node, devices=devices, port=port,
+                    env=env, argv=_serve_args(dep, launch, model, port, profile))
+
+
+def serve_instance(dep: Deployment, launch: Launch | None = None) -> Instance:
+    """The ``vllm serve`` process of ``dep`` exactly as ``m3lab vllm plan`` renders it: the whole plan's server
+    for an aggregated deployment; for a P/D role, its first instance of that role on GPUs from 0. What
+    ``m3lab fastpaths`` and notebook 04 print (no weights check: they show any deployment's paths)."""
+    launch = (launch or Launch()).validate()
+    port = {"prefill": PREFILL_PORT, "decode": DECODE_PORT}.get(dep.plan.role, launch.port)
+    return _instance(dep, launch, checkpoint(dep, launch), replica=0, node=0, devices=tuple(range(_gpus(dep))),
+                     port=port, side_channel=0, disagg=dep.plan.role != "both")
+
+
+def launch_line(dep: Deployment, launch: Launch | None = None) -> str:
+    """:func:`serve_instance`'s command on one line (``ENV=.. vllm serve CHECKPOINT --block-size 128 ...``)."""
+    return serve_instance(dep, launch).text()
+
+
+def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None = None,
+                  name: str | None = None) -> ServePlan:
+    """The commands for ``parts``: ``[(deployment, replicas), ...]`` (one entry for a plain deployment; a
+    prefill and a decode entry for P/D). GPUs are packed onto nodes of ``launch.gpus_per_node``."""
+    launch = (launch or Launch()).validate()
     if not parts:
         raise M3LabError("a plan needs at least one deployment", field="--preset")
     roles = {d.plan.role for d, _ in parts}
@@ -209,37 +295,6 @@ def _is_disaggregated(parts: Sequence[tuple[Deployment, int]]) -> bool:
     if not disagg and (len(parts) > 1 or parts[0][1] != 1):
         raise M3LabError("several aggregated deployments are separate plans", field="--preset",
                          hint="plan them one at a time (replicas are for prefill/decode instances)")
-    return disagg
-
-
-def _instance_env(dep: Deployment, launch: Launch, devices: tuple[int, ...], disagg: bool, index: int) -> dict:
-    """The environment of instance number ``index``: the deployment's vLLM variables, its GPUs when it does not
-    own the whole node (or shares it with other P/D instances), and its NIXL side-channel port."""
-    env = dict(dep.to_vllm()[0])
-    vendor = dep.hardware.vendor or "amd"
-    if disagg or len(devices) < launch.gpus_per_node:
-        env[DEVICE_VARS.get(vendor, "CUDA_VISIBLE_DEVICES")] = ",".join(map(str, devices))
-    if disagg and launch.kv_connector.startswith("Nixl"):
-        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_SIDE_CHANNEL_PORT + index)
-    return env
-
-
-def _proxy_argv(instances: list[Instance]) -> list[str]:
-    """vLLM's P/D proxy in front of the prefill and decode instances (hosts NODE<n> beyond node 0)."""
-    pre = [i for i in instances if i.role == "prefill"]
-    dec = [i for i in instances if i.role == "decode"]
-    host = lambda i: "localhost" if i.node == 0 else f"NODE{i.node}"  # noqa: E731
-    return ["python", PROXY_SCRIPT, "--port", str(PROXY_PORT), "--prefiller-hosts", *map(host, pre),
-            "--prefiller-ports", *(str(i.port) for i in pre), "--decoder-hosts", *map(host, dec),
-            "--decoder-ports", *(str(i.port) for i in dec)]
-
-
-def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None = None,
-                  name: str | None = None) -> ServePlan:
-    """The commands for ``parts``: ``[(deployment, replicas), ...]`` (one entry for a plain deployment; a
-    prefill and a decode entry for P/D). GPUs are packed onto nodes of ``launch.gpus_per_node``."""
-    launch = (launch or Launch()).validate()
-    disagg = _is_disaggregated(parts)
     models = {checkpoint(d, launch) for d, _ in parts}
     if len(models) > 1:
         raise M3LabError(f"P/D instances must serve one checkpoint, got {sorted(models)}", field="--preset")
@@ -262,19 +317,13 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
         for r in range(replicas):
             if used + n > launch.gpus_per_node:
                 node, used = node + 1, 0
-            devices = tuple(range(used, used + n))
-            env = _instance_env(dep, launch, devices, disagg, len(instances))
             port = next_port[dep.plan.role]
             next_port[dep.plan.role] += 1
-            profile = launch.profile_dir
-            if profile and disagg:  # one folder per instance: their traces would mix
-                profile = f"{profile}/{dep.plan.role}-{r}"
-            instances.append(Instance(deployment=dep.name, role=dep.plan.role, replica=r, node=node, devices=devices,
-                                      port=port, env=env, argv=_serve_args(dep, launch, model, port, profile)))
+            instances.append(_instance(dep, launch, model, replica=r, node=node, devices=tuple(range(used, used + n)),
+                                       port=port, side_channel=len(instances), disagg=disagg))
             used += n
-    proxy = None
+    proxy = _proxy_argv(instances) if disagg else None
     if disagg:
-        proxy = _proxy_argv(instances)
         if any(i.node for i in instances):
             notes.append("instances span nodes: replace NODE<n> with that node's address, and set "
                          "VLLM_NIXL_SIDE_CHANNEL_HOST on each instance to its node's address")
@@ -291,6 +340,16 @@ def plan_commands(parts: Sequence[tuple[Deployment, int]], launch: Launch | None
     desc = "; ".join(f"{r} x {d.description or d.name}" if disagg else (d.description or d.name) for d, r in parts)
     return ServePlan(name=name, description=desc, instances=instances, bench_argv=bench, proxy_argv=proxy,
                      profile_dir=launch.profile_dir, result_file=f"{launch.result_dir}/{result_file}", notes=notes)
+
+
+def _proxy_argv(instances: Sequence[Instance]) -> list[str]:
+    """vLLM's disaggregated proxy in front of the prefill and decode instances (hosts: NODE<n> off node 0)."""
+    pre = [i for i in instances if i.role == "prefill"]
+    dec = [i for i in instances if i.role == "decode"]
+    host = lambda i: "localhost" if i.node == 0 else f"NODE{i.node}"  # noqa: E731
+    return ["python", PROXY_SCRIPT, "--port", str(PROXY_PORT), "--prefiller-hosts", *map(host, pre),
+            "--prefiller-ports", *(str(i.port) for i in pre), "--decoder-hosts", *map(host, dec),
+            "--decoder-ports", *(str(i.port) for i in dec)]
 
 
 def _pd_name(parts: Sequence[tuple[Deployment, int]]) -> str:
@@ -385,7 +444,6 @@ def parse_with_vllm(argv: Sequence[str]) -> Any:
             with contextlib.redirect_stderr(err):
                 ns = parser.parse_args(rest)
             if command == "serve":
-                from m3lab.vllm_src.imports import vllm_module
                 vllm_module("vllm.entrypoints.common.cli_args").validate_parsed_serve_args(ns)
         except SystemExit:
             msg = err.getvalue().strip().splitlines()
