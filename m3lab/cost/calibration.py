@@ -28,6 +28,7 @@ from m3lab.cost.roofline import bound_times_us, compute_dtype, peak_flops
 from m3lab.errors import M3LabError
 from m3lab.optable.routing import balanced
 from m3lab.spec.gemm_cost import dense_equivalent, gemm_cost
+from m3lab.spec.hardware import load_hardware
 
 DATA_DIR = Path(__file__).with_name("data")
 BANDWIDTH = 1.0          # kernel width in log2 units of M, N and K (chosen by the out-of-sample check)
@@ -293,7 +294,6 @@ DEFAULT_FOR_HARDWARE = {"mi355x": "aiter-mi355x"}
 
 def _resolve_hardware(hw):
     if isinstance(hw, str):
-        from m3lab.spec.hardware import load_hardware
         return load_hardware(hw)
     return hw
 

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from m3lab.errors import M3LabError
+from m3lab.traces.files import read_json   # the traces package's one-line errors for bad files
 
 DATA = Path(__file__).with_name("data")
 SCHEDULER_CSV = DATA / "host_time_vllm_scheduler.csv"
@@ -63,8 +64,6 @@ def kineto_host_phases(path: str | Path) -> pd.DataFrame:
 
     Outermost events only (a phase nested in itself, e.g. the logits gather inside the forward, counts once,
     and only at the step's top level for ``logits_gather``)."""
-    from m3lab.traces.files import read_json      # the traces package's one-line errors for bad files
-
     doc = read_json(path)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):

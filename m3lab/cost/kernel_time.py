@@ -13,7 +13,11 @@ from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
 
+from m3lab.cost.model import cost_label, cost_optable, resolve_calibration
 from m3lab.errors import M3LabError
+from m3lab.optable import ops
+from m3lab.optable.routing import make_routing
+from m3lab.spec.hardware import load_hardware
 
 OPS = ("gemm", "grouped_gemm")
 WEIGHT_DTYPES = ("bf16", "fp8", "mxfp8", "mxfp4")
@@ -82,9 +86,6 @@ def _positive(**values) -> None:
 def kernel_rows(op: str, *, quant: str, m=None, n=None, k=None, tokens=None, hidden=None, inter=None,
                 experts=None, topk=None, routing=None) -> pd.DataFrame:
     """OpTable-style rows of the kernel(s): one GEMM, or a grouped GEMM's gate_up and down."""
-    from m3lab.optable import ops
-    from m3lab.optable.routing import make_routing
-
     if quant not in WEIGHT_DTYPES:
         raise M3LabError(f"--quant {quant!r} is not a weight dtype", field="quant", hint=f"use one of {', '.join(WEIGHT_DTYPES)}")
     if op == "gemm":
@@ -105,9 +106,6 @@ def kernel_rows(op: str, *, quant: str, m=None, n=None, k=None, tokens=None, hid
 def kernel_time(hardware, op: str, *, quant: str, calibration="default", **shape) -> KernelTime:
     """Predicted µs (calibrated where a calibration exists, else the ceiling), the limiting bound, and the
     ceiling's µs; ``parts`` lists gate_up/down for a grouped GEMM."""
-    from m3lab.cost.model import cost_label, cost_optable, resolve_calibration
-    from m3lab.spec.hardware import load_hardware
-
     hw = load_hardware(hardware)
     cal = resolve_calibration(hw, calibration)
     rows = kernel_rows(op, quant=quant, **shape)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from m3lab.cost.calibration import UNCALIBRATED, Calibration, default_calibration
+from m3lab.cost.calibration import UNCALIBRATED, Calibration, default_calibration, load_calibration
 from m3lab.cost.overrides import apply, replaced_paths, select
 from m3lab.cost.roofline import bound_times_us, compute_dtype, peak_flops
 from m3lab.cost.sources import cost_terms
@@ -38,7 +38,6 @@ def resolve_calibration(hw, calibration) -> Calibration | None:
     if isinstance(calibration, str):
         if calibration == "default":
             return default_calibration(hw)
-        from m3lab.cost.calibration import load_calibration
         return load_calibration(calibration, hw)
     return calibration
 

@@ -31,8 +31,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from m3lab.cost.roofline import bound_times_us
 from m3lab.errors import M3LabError
+from m3lab.optable import build_optable
 from m3lab.provenance import TRACES_BENCH
+from m3lab.spec.hardware import load_hardware
+from m3lab.spec.model import load_model
+from m3lab.spec.plan import ParallelPlan
+from m3lab.workload.step import EngineStep
 
 BENCH = TRACES_BENCH
 DATA_DIR = Path(__file__).with_name("data")
@@ -59,11 +65,6 @@ def _fields(shape: str) -> dict:
 
 def _reference_rows(family: str, f: dict) -> pd.DataFrame:
     """The OpTable rows (on one TP4 layer of MiniMax M3, bf16) that the measured kernel of ``family`` runs."""
-    from m3lab.optable import build_optable
-    from m3lab.spec.model import load_model
-    from m3lab.spec.plan import ParallelPlan
-    from m3lab.workload.step import EngineStep
-
     m = load_model("minimax-m3")
     if family == "fused_moe":
         t = int(f["T"])
@@ -81,9 +82,6 @@ def _reference_rows(family: str, f: dict) -> pd.DataFrame:
 @lru_cache(maxsize=8)
 def _peer_table(family: str, mtime: float) -> pd.DataFrame:
     """Measured points of ``family``: regime columns, ``us`` and ``eff`` = H200 bound / µs."""
-    from m3lab.cost.roofline import bound_times_us
-    from m3lab.spec.hardware import load_hardware
-
     name, op, provider, keep = FAMILIES[family]
     df = pd.read_csv(BENCH / name)
     df = df[(df["op"] == op) & (df["provider"] == provider) & (df["device"] == PEER_DEVICE)
@@ -183,8 +181,6 @@ def amd_check() -> pd.DataFrame:
     """Per kernel family with a measured traffic on MI300X: the fraction of MI300X's HBM roofline reached
     (profile GB / ms), the H200 fraction of vLLM's same kernel at the profile's regime (this module), and their
     ratio: ``[family, point, mi300x_fraction, h200_fraction, ratio]``."""
-    from m3lab.spec.hardware import load_hardware
-
     hbm = load_hardware("mi300x").hbm_bw
     prof = mi300x_profile()
     rows = []

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from m3lab.errors import M3LabError
+from m3lab.spec.hardware import FP32_NOTE
+
 # Weight dtypes that are matrix-core native only where the hardware says so (Hardware.native_mx).
 MX_DTYPES = ("mxfp8", "mxfp4")
 BOUNDS = ("compute", "memory", "comm")
@@ -34,9 +37,6 @@ def peak_flops(hw, dtype: str) -> float:
     fp32 must be in the profile: a missing ``peak_flops.fp32`` raises M3LabError instead of borrowing bf16's)."""
     peaks = hw.peak_flops
     if dtype == "fp32" and not peaks.get("fp32"):
-        from m3lab.errors import M3LabError
-        from m3lab.spec.hardware import FP32_NOTE
-
         raise M3LabError(f"hardware {getattr(hw, 'name', '?')!r} has no peak_flops.fp32", field="peak_flops.fp32",
                          hint=FP32_NOTE)
     return float(peaks.get(dtype) or peaks["bf16"])

@@ -35,7 +35,10 @@ import numpy as np
 
 from m3lab.cost import peers
 from m3lab.cost.assumptions import value
+from m3lab.cost.collective_time import allreduce_us, load_table
 from m3lab.cost.paths import NO_ROWS, source_of
+from m3lab.cost.roofline import bound_times_us
+from m3lab.errors import M3LabError
 from m3lab.spec.gemm_cost import dense_equivalent, gemm_cost
 
 
@@ -157,7 +160,6 @@ def _bf16_untuned(r: Rows) -> Result:
 @_source("bf16x3")
 def _bf16x3(r: Rows) -> Result:
     """The fp32 router weight as three bf16 GEMMs (+ a reduction): 3 x the bf16 GEMM time of the shape."""
-    from m3lab.cost.roofline import bound_times_us
     m, n, k = r.f("m"), r.f("n"), r.f("k")
     eff = _gemm_eff(r, "bf16")
     if eff is None:
@@ -309,7 +311,6 @@ def _inside(r: Rows) -> Result:
 @lru_cache(maxsize=32)
 def _measured_groups(hw_name: str) -> frozenset:
     """Group sizes with measured all-reduces on ``hw_name`` (``traces/bench/collectives.csv``)."""
-    from m3lab.cost.collective_time import load_table
     t = load_table()
     if t is None:
         return frozenset()
@@ -320,7 +321,6 @@ def _measured_groups(hw_name: str) -> frozenset:
 def _allreduce(r: Rows, floor_name: str) -> Result:
     """Wire time over the link at ``link_eff``, at least the named latency; a measured all-reduce of the device
     and group size replaces both (``m3lab.cost.collective_time``)."""
-    from m3lab.cost.collective_time import allreduce_us
     eff = np.full(_n(r), r.a("link_eff"))
     floor = np.full(_n(r), r.a(floor_name))
     payload, group = r.f("comm_payload"), r.f("comm_group")
@@ -359,7 +359,6 @@ def cost_terms(cols, hw, cal, overrides: Mapping[str, float] | None = None) -> d
     for name in np.unique(src):
         idx = np.flatnonzero(src == name)
         if name == NO_ROWS:
-            from m3lab.errors import M3LabError
             raise M3LabError(f"OpTable row {op[idx[0]]!r} has path {path[idx[0]]!r}, a decision with no rows",
                              field="path", hint="the OpTable builder and m3lab.cost.sources disagree")
         e, f, ins, et, ft, *labels = SOURCES[name](Rows(cols, idx, hw, cal, overrides))

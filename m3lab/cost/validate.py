@@ -16,6 +16,7 @@ import pandas as pd
 
 from m3lab.cost.calibration import (BANDWIDTH, CALIBRATIONS, DATA_DIR, fit_gemm, gemm_regime,
                                     grouped_regime, read_measured_table)
+from m3lab.spec.hardware import load_hardware
 
 LIMITS = {"every_other_m": 0.15, "leave_shape_out": 0.25, "moe_every_other_tokens": 0.15,
           "moe_leave_shape_out": 0.25}  # the MoE limits are the GEMM ones, for comparison (not an acceptance)
@@ -85,8 +86,6 @@ def shipped_table(name: str = "aiter-mi355x") -> pd.DataFrame:
 
 
 def main() -> None:
-    from m3lab.spec.hardware import load_hardware
-
     entry = CALIBRATIONS["aiter-mi355x"]
     hw = load_hardware(entry.hardware)
     points = out_of_sample(shipped_table(), hw)
