@@ -32,9 +32,12 @@ import numpy as np
 import pandas as pd
 
 from m3lab.cost.model import cost_optable, resolve_calibration
+from m3lab.errors import M3LabError
 from m3lab.optable import build_optable
-from m3lab.optable.dispatch import OP_DECISION
+from m3lab.optable.builder import topk_sources
+from m3lab.optable.dispatch import OP_DECISION, layer_kind
 from m3lab.serving.dispatch import dispatch_for
+from m3lab.spec.model import ATTN_SPARSE
 from m3lab.workload.step import EngineStep
 
 COLUMNS = ("op", "layer_kinds", "decision", "path", "kernel", "optable_ops", "calls", "bytes", "comm_bytes", "flops",
@@ -72,8 +75,6 @@ def decode_step_breakdown(deployment, *, batch: int | None = None, context: int 
     """Per (vLLM op, path) of one decode step of ``deployment``: kernel, calls, bytes, FLOPs, µs and share (see
     the module docstring). ``calibration``, ``op_overrides``: as for :func:`m3lab.serving.estimate.estimate`
     (calibration None: the ceiling)."""
-    from m3lab.errors import M3LabError
-
     d = deployment.validate()
     b0, c0 = default_point(d)
     batch, context = int(batch or b0), int(context or c0)
@@ -101,10 +102,6 @@ def decode_step_breakdown(deployment, *, batch: int | None = None, context: int 
 
 
 def _layer_kind(costed: pd.DataFrame, d) -> np.ndarray:
-    from m3lab.optable.builder import topk_sources
-    from m3lab.optable.dispatch import layer_kind
-    from m3lab.spec.model import ATTN_SPARSE
-
     src = topk_sources(d.model, dispatch_for(d))
     kinds = {layer: layer_kind(a, ATTN_SPARSE, src.get(layer) == layer) for layer, a in enumerate(d.model.attn_types)}
     return np.array([kinds.get(int(x), "model") for x in costed["layer"]], dtype=object)

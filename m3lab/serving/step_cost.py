@@ -39,6 +39,8 @@ import pandas as pd
 
 from m3lab.cost.model import cost_columns, cost_optable
 from m3lab.cost.overrides import OVERRIDE_COLUMNS, overrides_key
+from m3lab.errors import M3LabError
+from m3lab.optable import build_optable
 from m3lab.optable.builder import topk_sources
 from m3lab.serving.dispatch import dispatch_for
 from m3lab.spec.quant import load_quant
@@ -144,8 +146,6 @@ class StepCoster:
 
     def _compact_columns(self, step: EngineStep) -> dict:
         """:meth:`compact_optable` as a dict of numpy columns (what the cost model consumes), memoised."""
-        from m3lab.optable import build_optable
-
         shared = isinstance(self.routing, (str, type(None)))
         key = (self._spec_key, self.routing, step.signature(), step.num_decodes) if shared else None
         if key is not None and key in _OPTABLE_CACHE:
@@ -219,7 +219,6 @@ class StepCoster:
             return 0.0
         us = float(self.host_time(step))
         if not math.isfinite(us) or us < 0:
-            from m3lab.errors import M3LabError
             raise M3LabError(f"host_time returned {us!r} µs for a step", field="host_time",
                              hint="return a finite, non-negative number of microseconds")
         self._host[mode] = self._host.get(mode, 0.0) + weight * us
@@ -270,8 +269,6 @@ class StepCoster:
 def cost_step(deployment, step, *, calibration="default", routing=None) -> pd.DataFrame:
     """Build the OpTable of one engine ``step`` of ``deployment`` with the kernels vLLM runs for it (its
     Dispatch, where the resolver knows the model) and cost it on its hardware: one row per op per layer."""
-    from m3lab.optable import build_optable
-
     d = deployment
     return cost_optable(build_optable(d.model, d.plan, d.quant, step, routing, dispatch_for(d)), d.hardware,
                         calibration)
