@@ -17,6 +17,7 @@ from typing import Optional
 import typer
 
 from m3lab.errors import M3LabError
+from m3lab.spec.hardware import load_hardware
 
 bench_app = typer.Typer(help="Benchmark one op's kernels against their peers (rows appended to a long table).",
                         no_args_is_help=True)
@@ -58,10 +59,10 @@ def gemm_cmd(ms: str = typer.Option("1,8,16,32,64,128,256,512,1024,2048,4096,819
              out: str = typer.Option("out", help="folder: rows appended to OUT/gemm.csv"),
              measure: bool = typer.Option(True, help="measure the copy and matmul ceilings first")) -> None:
     """Our GEMM launcher vs cuBLAS (and vLLM's MXFP8 linear) at the model's dense GEMM shapes."""
-    from m3lab.bench.gemm import W_FORMATS
+    from m3lab.bench.gemm import W_FORMATS  # local: pulls in pandas, torch, triton
     ms_, fmts = int_list(ms, "ms"), one_of(formats, W_FORMATS, "formats")
     need_gpus(1, "bench gemm")
-    from m3lab.bench import gemm
+    from m3lab.bench import gemm  # local: pulls in pandas, torch, triton
     gemm.run(out, ms_, fmts, measure=measure)
 
 
@@ -72,7 +73,7 @@ def moe_cmd(ts: str = typer.Option("1,8,32,128,512,2048,8192", help="token count
             deadline_s: float = typer.Option(520.0, help="skip the points not started by then (seconds)"),
             out: str = typer.Option("out", help="folder: rows appended to OUT/moe.csv")) -> None:
     """Our grouped MoE vs vLLM's MoE kernels, torch._grouped_mm and a per-expert loop (one TP4 rank of M3)."""
-    from m3lab.bench import moe
+    from m3lab.bench import moe  # local: pulls in pandas, torch, triton
     ts_, routes = int_list(ts, "ts"), one_of(routings, moe.ROUTINGS, "routings")
     provs = one_of(providers, tuple(moe.PROVIDERS), "providers") if providers else tuple(moe.PROVIDERS)
     need_gpus(1, "bench moe")
@@ -87,7 +88,7 @@ def sparse_cmd(batches: str = typer.Option("1,32,128", help="requests B"),
                deadline_s: float = typer.Option(400.0, help="skip the points not started by then (seconds)"),
                out: str = typer.Option("out", help="folder: rows appended to OUT/sparse_attn.csv")) -> None:
     """Sparse attention and the indexer: ours vs vLLM's Triton kernels, dense SDPA and gather-then-attend."""
-    from m3lab.bench import sparse_attn as sa
+    from m3lab.bench import sparse_attn as sa  # local: pulls in pandas, torch, triton
     b, c, q = int_list(batches, "batches"), int_list(contexts, "contexts"), int_list(q_rows, "q-rows")
     if any(v % sa.BLOCK for v in c):
         raise M3LabError(f"contexts: {contexts!r} holds a length that is not a multiple of {sa.BLOCK}",
@@ -103,13 +104,12 @@ def collectives_cmd(world: int = typer.Option(2, help="ranks, one per GPU"),
                     hardware: str = typer.Option("h200", help="profile whose link bandwidth is the ceiling"),
                     out: str = typer.Option("traces/bench/collectives.csv", help="CSV the rows are appended to")) -> None:
     """NCCL all-reduce of [T, hidden] bf16 and point-to-point KV block transfers between the host's GPUs."""
-    from m3lab.spec.hardware import load_hardware
     t, bl = int_list(tokens, "tokens"), int_list(blocks, "blocks")
     if world < 2:
         raise M3LabError(f"world: {world} ranks; a collective needs at least 2", field="world")
     load_hardware(hardware)
     need_gpus(world, "bench collectives")
-    from m3lab.bench import collectives
+    from m3lab.bench import collectives  # local: pulls in pandas, torch
     typer.echo(f"appended to {collectives.run(out, world, t, bl, hardware=hardware)}")
 
 
@@ -122,7 +122,7 @@ def cache_cmd(requests: int = typer.Option(1000, help="trace prefix used (Moonca
     for field, value in (("requests", requests), ("repeats", repeats)):
         if value <= 0:
             raise M3LabError(f"{field}: {value} must be positive", field=field)
-    from m3lab.cache import bench as cb
+    from m3lab.cache import bench as cb  # local: pulls in pandas
     rows = cb.run(requests, repeats, vllm)
     typer.echo(f"{'measurement':58s} {'engine':6s} {'blocks':>9s} {'seconds':>8s} {'rate':>12s}  unit  (x vLLM)")
     for r in rows:
@@ -140,7 +140,7 @@ def targets_cmd(path: Optional[str] = typer.Option(None, help="peers table (defa
     from pathlib import Path
     if path and not Path(path).is_file():
         raise M3LabError(f"path: {path} is not a file", field="path", hint="give a peers CSV")
-    from m3lab.bench_analysis.peers import print_targets
+    from m3lab.bench_analysis.peers import print_targets  # local: pulls in pandas, torch
     print_targets(path or "")
 
 

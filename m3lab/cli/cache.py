@@ -16,6 +16,7 @@ import typer
 from m3lab.cache.agentic import AgenticConfig, generate
 from m3lab.cache.policies import POLICIES
 from m3lab.cache.trace import FORMATS, read_trace
+from m3lab.cli.columns import terminal_width
 from m3lab.cli.output import accuracy_lines, echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 from m3lab.serving.cache_capacity import check_sim_capacity
@@ -108,7 +109,6 @@ def print_estimate(summary: dict, as_json: bool) -> None:
     lines.extend(f"note: {n}" for n in s.get("notes", ()))
     lines.append(s["label"])
     if "accuracy" in s:
-        from m3lab.cli.columns import terminal_width
         lines += accuracy_lines(s["accuracy"], terminal_width())
     typer.echo("\n".join(lines))
 

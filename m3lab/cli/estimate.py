@@ -16,7 +16,10 @@ from typing import Optional
 import typer
 
 from m3lab.cli import deploy_options as opt
+from m3lab.cli.cache import print_estimate
+from m3lab.cli.columns import terminal_width, text_table, wrap
 from m3lab.cli.output import accuracy_lines, echo_json, progress, progress_wanted
+from m3lab.cli.pd import print_pd_estimate
 from m3lab.errors import M3LabError
 from m3lab.pipeline.validate import is_null
 
@@ -68,7 +71,7 @@ def estimate_cmd(  # long: typer declares every option in the signature
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Serving estimate as vllm bench measures it: TTFT (with queueing), TPOT, ITL, tokens/s/GPU (calibrated where
     a calibration exists, else the ceiling)."""
-    from m3lab.serving.estimate import estimate
+    from m3lab.serving.estimate import estimate  # local: pulls in pandas
 
     if engine not in ("m3lab", "vllm"):
         raise M3LabError(f"--engine {engine!r} is unknown", field="engine", hint="use m3lab or vllm")
@@ -84,13 +87,11 @@ def estimate_cmd(  # long: typer declares every option in the signature
         raise M3LabError("--breakdown applies to the colocated fixed-length estimate", field="breakdown",
                          hint="drop --pd / --workload, or --breakdown")
     if d.workload.kind != "fixed":
-        from m3lab.serving.cached import estimate_workload
-        from m3lab.cli.cache import print_estimate
+        from m3lab.serving.cached import estimate_workload  # local: pulls in pandas
         print_estimate(add_accuracy(estimate_workload(d, calibration=cal, progress=True), as_json), as_json)
         return
     if d.pd.enabled:
-        from m3lab.cli.pd import print_pd_estimate
-        from m3lab.serving.disagg import pd_estimate
+        from m3lab.serving.disagg import pd_estimate  # local: pulls in pandas, torch
         print_pd_estimate(add_accuracy(pd_estimate(d, calibration=cal, progress=True), as_json), as_json)
         return
     est = estimate(d, calibration=cal, engine=engine, progress=True)
@@ -103,10 +104,10 @@ def estimate_cmd(  # long: typer declares every option in the signature
         return
     _print_summary(s)
     if sens is not None:
-        from m3lab.cost.sensitivity import format_sensitivity
+        from m3lab.cost.sensitivity import format_sensitivity  # local: pulls in pandas
         typer.echo(format_sensitivity(sens))
     if table is not None:
-        from m3lab.serving.breakdown import format_breakdown
+        from m3lab.serving.breakdown import format_breakdown  # local: pulls in pandas
         p = s["decode_step_point"]
         typer.echo(format_breakdown(table, f"decode step at batch {p['batch']}, context {p['context']} "
                                            f"({s['kind']}): where the time goes"))
@@ -114,7 +115,7 @@ def estimate_cmd(  # long: typer declares every option in the signature
 
 def _sensitivity(est, summary: dict):
     """The calibrated estimate's sensitivity table, added to ``summary`` (none for a ceiling-only estimate)."""
-    from m3lab.cost.sensitivity import sensitivity
+    from m3lab.cost.sensitivity import sensitivity  # local: pulls in pandas
 
     if est.kind != "calibrated":
         return None
@@ -125,7 +126,7 @@ def _sensitivity(est, summary: dict):
 
 def _breakdown(d, est, cal, summary: dict):
     """The decode-step breakdown at the run's mean batch and context, added to ``summary`` (JSON-ready)."""
-    from m3lab.serving.breakdown import decode_step_breakdown, run_decode_point
+    from m3lab.serving.breakdown import decode_step_breakdown, run_decode_point  # local: pulls in pandas
 
     batch, context = run_decode_point(est)
     table = decode_step_breakdown(d, batch=batch, context=context, calibration=cal)
@@ -137,8 +138,6 @@ def _breakdown(d, est, cal, summary: dict):
 def _print_summary(s: dict) -> None:
     """The estimate in the terminal's width: a left-aligned title, the figures, notes and labels wrapped between
     words, and the accuracy band of m3lab's estimates (:mod:`m3lab.serving.accuracy`) in one line."""
-    from m3lab.cli.columns import terminal_width, text_table, wrap
-
     width = terminal_width()
     n = s["num_requests"]
     title = (f"{s['deployment']}: {s['model']} {s['quant']} (KV {s['kv_dtype']}) TP{s['tp']} EP{s['ep']} on "
@@ -174,7 +173,7 @@ def _print_summary(s: dict) -> None:
 
 def add_accuracy(summary: dict, as_json: bool = False) -> dict:
     """``summary`` with ``accuracy``: the band of m3lab's estimates against every run the repository ships."""
-    from m3lab.serving.accuracy import shipped_band
+    from m3lab.serving.accuracy import shipped_band  # local: pulls in pandas
 
     with progress("accuracy band (once per m3lab version): estimating", unit="shipped runs",
                   enabled=progress_wanted(as_json)) as update:
@@ -198,7 +197,7 @@ def kernel_time_cmd(
         calibration: Optional[str] = typer.Option(None, "--calibration", help="as for estimate; 'none' = ceiling"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Predicted microseconds of one GEMM or MoE grouped GEMM, and the bound that limits it."""
-    from m3lab.cost.kernel_time import kernel_time
+    from m3lab.cost.kernel_time import kernel_time  # local: pulls in pandas
 
     cal = "default" if calibration is None else (None if is_null(calibration) else calibration)
     gemm_opts = dict(m=m, n=n, k=k)

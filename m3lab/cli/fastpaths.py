@@ -25,6 +25,9 @@ import typer
 from m3lab.cli import deploy_options as opt
 from m3lab.cli.columns import terminal_width
 from m3lab.cli.output import echo_json
+from m3lab.serving.dispatch import resolved_tokens
+from m3lab.vllm.fastpaths import resolve
+from m3lab.vllm.serve_command import serve_instance
 
 REFUSED_EXIT = 2
 INDENT, HANG = "    ", "      "
@@ -44,10 +47,6 @@ def fastpaths_cmd(preset: opt.Preset = None, model: opt.Model = None, hardware: 
                   as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """For each op of a dense and a sparse layer: the path vLLM takes, its kernels, conditions and source."""
     from rich.console import Console
-
-    from m3lab.serving.dispatch import resolved_tokens
-    from m3lab.vllm.fastpaths import resolve
-    from m3lab.vllm.serve_command import serve_instance
 
     d = opt.build(preset, set_, model=model, hardware=hardware, tp=tp, ep=ep, quant=quant, kv_dtype=kv_dtype,
                   index_dtype=index_dtype)

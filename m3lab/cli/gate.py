@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 
+from m3lab.cli.columns import Column, render
 from m3lab.cli.output import echo_json, progress, progress_wanted
 from m3lab.errors import M3LabError
 
@@ -27,15 +28,15 @@ def gate(device: str = typer.Option("cpu", help="cpu (Triton interpreter, small 
     """Check every kernel against its reference (and its speed against the baseline); one exit code."""
     from pathlib import Path
 
-    from m3lab.gates.runner import check_device
+    from m3lab.gates.runner import check_device  # local: pulls in pandas, torch
     if save and not Path(save).resolve().parent.is_dir():
         raise M3LabError(f"--save {save}: folder {Path(save).parent} does not exist", field="save",
                          hint="create it first, or save elsewhere")
     check_device(device)
     if device == "cpu":   # the interpreter must be on before the gate registry imports the kernels (as run_gates)
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from m3lab.bench.perf_gate import run_gates
-    from m3lab.gates.runner import summary
+    from m3lab.bench.perf_gate import run_gates  # local: pulls in pandas, torch
+    from m3lab.gates.runner import summary  # local: pulls in pandas, torch
     if only:
         _check_patterns(only)
     with warnings.catch_warnings(), progress("gates", enabled=progress_wanted(as_json)) as update:
@@ -63,7 +64,7 @@ INTERPRETER_WARNINGS = (r"divide by zero encountered", r"invalid value encounter
 def _check_patterns(only: list[str]) -> None:
     import fnmatch
 
-    from m3lab.gates.registry import all_gates
+    from m3lab.gates.registry import all_gates  # local: pulls in pandas, torch
     names = list(all_gates())
     if not any(fnmatch.fnmatch(n, pat) for pat in only for n in names):
         raise M3LabError(f"no gate matches --only {' '.join(only)}", field="only",
@@ -74,7 +75,6 @@ def _print_gates(df, device: str) -> None:
     """One block per gate: its cases with metric, value, limit and pass/FAIL (the failure's detail below)."""
     import shutil
 
-    from m3lab.cli.columns import Column, render
     rows = [{**r, "value": f"{r['value']:.3g}", "limit": f"{r['limit']:.3g}",
              "result": "pass" if r["passed"] else "FAIL", "why": "" if r["passed"] else r["detail"]}
             for r in df.to_dict("records")]

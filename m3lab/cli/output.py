@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterator
 
 import typer
 
+from m3lab.cli.columns import wrap
+
 
 def jsonable(value: Any) -> Any:
     """NaN/inf -> None, numpy scalars and arrays -> Python, tuples -> lists, keys -> str (recursively)."""
@@ -81,7 +83,6 @@ def progress(label: str, *, unit: str = "", scale: float = 1.0, enabled: bool = 
 def accuracy_lines(band: dict, width: int) -> list[str]:
     """The accuracy band of every ``m3lab estimate`` (:mod:`m3lab.serving.accuracy`) as its one line, wrapped
     between words only on a terminal narrower than it."""
-    from m3lab.cli.columns import wrap
-    from m3lab.serving.accuracy import band_line
+    from m3lab.serving.accuracy import band_line  # local: pulls in pandas
 
     return wrap(band_line(band), width, "", "  ")

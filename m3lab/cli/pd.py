@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typer
 
+from m3lab.cli.columns import terminal_width
 from m3lab.cli.output import accuracy_lines, echo_json
 from m3lab.errors import M3LabError
 from m3lab.spec.model import load_model
@@ -101,7 +102,6 @@ def print_pd_estimate(s: dict, as_json: bool) -> None:
                   f"{s['max_num_seqs_per_decode_instance']} requests each")
     console.print(s["label"])   # cost_label names its kind: "estimate: calibrated on ..." or "ceiling: ..."
     if "accuracy" in s:
-        from m3lab.cli.columns import terminal_width
         typer.echo("\n".join(accuracy_lines(s["accuracy"], terminal_width())))
 
 

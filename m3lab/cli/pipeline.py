@@ -15,6 +15,7 @@ import typer
 
 from m3lab.cli.output import echo_json
 from m3lab.errors import M3LabError
+from m3lab.pipeline.grid_file import is_grid_file, load_grid
 from m3lab.pipeline.params import notebook_parameters
 from m3lab.pipeline.report import build_report
 from m3lab.pipeline.runner import RunInterrupted, resume_run, run_pipeline
@@ -83,7 +84,6 @@ def sweep(
 ) -> None:
     """Run a pipeline once per point of a parameter grid; end with one comparison table across the points."""
     try:
-        from m3lab.pipeline.grid_file import is_grid_file, load_grid
         if resume is not None:
             if pipeline or grid or param:
                 raise M3LabError("--resume takes the sweep folder alone", field="resume",

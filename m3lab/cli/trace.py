@@ -104,7 +104,7 @@ def verify_cmd(traces: List[Path] = typer.Argument(..., help="one or more traces
     from rich.console import Console
 
     from m3lab.traces import verify  # local: pulls in pandas
-    from m3lab.vllm.fastpath_expectations import load_expectations  # shipped, a YAML path, or preset:<name>
+    from m3lab.vllm.fastpath_expectations import load_expectations  # local: pulls in pandas; shipped, a YAML path, or preset:<name>
 
     result = verify(load_expectations(expect), *traces)
     if as_json:

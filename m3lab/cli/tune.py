@@ -17,6 +17,7 @@ import typer
 from m3lab.cli.bench import int_list, need_gpus, one_of
 from m3lab.cli.output import echo_json
 from m3lab.errors import M3LabError
+from m3lab.optable.kernel_shapes import model_gemm_shapes
 
 tune_app = typer.Typer(help="Tune kernel launch tables on the GPU (writes kernels/<op>/configs/). Ops: gemm, moe "
                             "(sparse attention and the indexer have no table).", no_args_is_help=True)
@@ -24,7 +25,6 @@ tune_app = typer.Typer(help="Tune kernel launch tables on the GPU (writes kernel
 
 def parse_shapes(text: str | None, model: str, tp: int) -> tuple[tuple[int, int], ...]:
     """``"2560x6144,6144x2048"`` -> ((2560, 6144), (6144, 2048)); None -> the model's GEMMs from the OpTable."""
-    from m3lab.optable.kernel_shapes import model_gemm_shapes
     if not text:
         return model_gemm_shapes(model, tp)
     try:
@@ -47,8 +47,8 @@ def tune_gemm_cmd(shapes: Optional[str] = typer.Option(None, help="N x K list (d
                   config_dir: Optional[str] = typer.Option(None, help="where to write tables (default kernels/gemm/configs)"),
                   as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Benchmark candidate GEMM configs at the model's shapes on the GPU and write the tables."""
-    from m3lab.kernels.gemm.tables import CONFIG_DIR
-    from m3lab.tune import gemm as tuner
+    from m3lab.kernels.gemm.tables import CONFIG_DIR  # local: pulls in torch
+    from m3lab.tune import gemm as tuner  # local: pulls in pandas, torch, triton
     fmts = one_of(formats, tuner.TUNABLE_FORMATS, "formats")
     m_list = int_list(ms, "ms") if ms else tuner.DECODE_MS + tuner.PREFILL_MS
     nk = parse_shapes(shapes, model, tp)
@@ -74,7 +74,7 @@ def tune_moe_cmd(ts: str = typer.Option("1,8,32,128,512,2048,8192", help="token 
 
     import pandas as pd
 
-    from m3lab.tune import moe as tuner
+    from m3lab.tune import moe as tuner  # local: pulls in pandas, torch, triton
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
     trials = tuner.tune_table(ts_, budget_s=budget_s, outdir=out, log=lambda s: typer.echo(s, err=as_json))

@@ -14,9 +14,12 @@ from typing import List, Optional
 import typer
 
 from m3lab.cli import deploy_options as opt
+from m3lab.cli.columns import Column, render, terminal_width, wrap
 from m3lab.cli.output import echo_json
 from m3lab.errors import M3LabError
-from m3lab.spec.serving import KV_CONNECTOR
+from m3lab.serving.collect import collect as do_collect
+from m3lab.spec.serving import KV_CONNECTOR, PRESETS
+from m3lab.vllm.serve_command import Launch, check_with_vllm, parse_preset_spec, plan_commands
 
 vllm_app = typer.Typer(help="Plan a vLLM deployment's commands, collect its measurements, compare MoE tables.",
                        no_args_is_help=True)
@@ -25,8 +28,6 @@ vllm_app = typer.Typer(help="Plan a vLLM deployment's commands, collect its meas
 def _deployments(presets: list[str], set_: list[str], **flags) -> list:
     """(Deployment, replicas) for each ``--preset NAME[:REPLICAS]`` (the default deployment when none), with the
     shared deployment flags and ``--set`` applied to each."""
-    from m3lab.vllm.serve_command import parse_preset_spec
-
     specs = [parse_preset_spec(text) for text in presets] or [(None, 1)]
     return [(opt.build(name, set_, **flags), n) for name, n in specs]
 
@@ -53,10 +54,7 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
          list_presets: bool = typer.Option(False, "--presets", help="list the named deployments and exit"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """The exact vllm serve and vllm bench serve commands (and environment) of a deployment."""
-    from m3lab.vllm.serve_command import Launch, check_with_vllm, plan_commands
-
     if list_presets:
-        from m3lab.spec.serving import PRESETS
         if as_json:
             echo_json({"presets": {n: p.description for n, p in sorted(PRESETS.items())}})
         else:
@@ -75,7 +73,6 @@ def plan(preset: List[str] = typer.Option([], "--preset", metavar="NAME[:REPLICA
     if as_json:
         echo_json({**p.to_dict(), "check": problems})
     else:
-        from m3lab.cli.columns import terminal_width
         typer.echo(p.text(terminal_width()))   # the commands continued with "\\" in the terminal's width
         if problems is not None:
             typer.echo("# checked with vLLM's parser and vllm.envs: " + ("ok" if not problems else "PROBLEMS"))
@@ -97,8 +94,6 @@ def collect(run_dir: Path = typer.Argument(..., help="run folder to add the meas
                                                                      "gpus metadata, else the preset's)"),
             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Copy bench results and profiler traces into a run folder as artifacts; verify the expected fast paths."""
-    from m3lab.serving.collect import collect as do_collect
-
     dep = None
     if preset:
         dep = opt.build(preset, set_)
@@ -135,7 +130,7 @@ def moe_tables(ours: Optional[Path] = typer.Argument(None, help="a folder of vLL
                every_table: bool = typer.Option(False, "--all", help="also list tables only the other side has"),
                as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Compare fused-MoE tuning tables with vLLM's shipped ones, by shape (E, N, dtype) and device."""
-    from m3lab.vllm.moe_tables import compare_tables, our_tables_dir, shipped_dir
+    from m3lab.vllm.moe_tables import compare_tables, our_tables_dir, shipped_dir  # local: pulls in torch
 
     ours = ours or our_tables_dir()
     against = against or shipped_dir()
@@ -151,8 +146,7 @@ def _print_moe_tables(table) -> None:
     under its row, then the finding in one sentence."""
     import shutil
 
-    from m3lab.cli.columns import Column, render, wrap
-    from m3lab.vllm.moe_tables import finding
+    from m3lab.vllm.moe_tables import finding  # local: pulls in torch
 
     def span(ms):
         return f"{len(ms)} M, {ms[0]}-{ms[-1]}" if ms else "none"
