@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..analysis.targets import add_verdicts, missing
 from ..bench.table import TRACES_BENCH, read_table
+from ..bench.timing import HARNESS
 from ..kernels.gemm.tables import (CONFIG_DIR, DECODE_MAX_M, heuristic_config, load_table, nearest,
                                    table_path)
 from ..optable.kernel_shapes import model_gemm_shapes
@@ -90,7 +91,6 @@ def geomean(x: pd.Series) -> float:
 
 def newest_harness(df: pd.DataFrame) -> pd.DataFrame:
     """The rows timed by the current harness (m3lab.bench.timing.HARNESS) when the table has any, else all."""
-    from ..bench.timing import HARNESS   # heavy: m3lab.bench.timing imports torch
     if "harness" in df.columns and (df["harness"] == HARNESS).any():
         return df[df["harness"] == HARNESS]
     return df

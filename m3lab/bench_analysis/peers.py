@@ -6,6 +6,7 @@ import pandas as pd
 
 from ..analysis.targets import add_verdicts, missing
 from ..bench.clocks import power_limited
+from ..bench.peers import GEMM_MS, MOE_TS, OGS_MS, SPARSE_POINTS
 from ..bench.table import TRACES_BENCH, read_table
 from .gemm import DECODE_MS, MX_DECODE_PROVIDERS, MX_TARGET_MAX_M, PREFILL_MIN_M, geomean
 
@@ -100,7 +101,6 @@ def peer_targets(df: pd.DataFrame) -> pd.DataFrame:
     rounds, threshold, the points of the peers run (m3lab.bench.peers) the rows lack (``missing``),
     ``status``/``passed`` (m3lab.analysis.targets: a missing point makes a target ``incomplete``, never
     passed), and how many of the target's points ran power-limited."""
-    from ..bench.peers import GEMM_MS, MOE_TS, OGS_MS, SPARSE_POINTS   # heavy: m3lab.bench.peers imports torch
     r = peer_ratios(df)
     if not len(r):
         return pd.DataFrame(columns=["target", "measured", "where", "spread", "threshold", "missing", "status",

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from m3lab.bench.table import append_rows, rows_frame
 from m3lab.errors import M3LabError
 from m3lab.optable.kernel_shapes import moe_problem
 from m3lab.provenance import commit
+from m3lab.vllm_src.imports import m3_module
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -88,14 +90,13 @@ def gemm(device: str = "auto", ms=(1, 8, 32, 64, 128, 2048), formats=("bf16", "m
     None: the M3 TP4 set) on a GPU, else the committed table's last run
     (:func:`m3lab.bench_analysis.gemm.gemm_table`)."""
     if resolve_device(device) == "cpu":
-        from m3lab.bench_analysis.gemm import gemm_table
+        from m3lab.bench_analysis.gemm import gemm_table  # local: pulls in torch
         table = gemm_table(path)
         return table, Source.of(table, live=False)
     import torch
 
-    from m3lab.bench.ceilings import measure_ceilings
-    from m3lab.bench.gemm import bench_gemm
-    from m3lab.bench.table import rows_frame
+    from m3lab.bench.ceilings import measure_ceilings  # local: pulls in torch
+    from m3lab.bench.gemm import bench_gemm  # local: pulls in torch, triton
     rows = bench_gemm(shapes=None if shapes is None else tuple(tuple(s) for s in shapes), ms=tuple(ms),
                       w_formats=tuple(formats), ceilings=measure_ceilings(torch.device("cuda")), log=_progress)
     table = rows_frame(rows)
@@ -106,15 +107,14 @@ def moe(device: str = "auto", ts=(1, 8, 32, 128, 512, 2048, 8192), routings=("ba
         path=None) -> tuple[pd.DataFrame, Source]:
     """The grouped-MoE benchmark (:func:`m3lab.bench.moe.bench`, every provider unless ``providers``) at ``ts``
     x ``routings`` on a GPU, else the recorded table (:func:`m3lab.bench_analysis.moe.moe_table`)."""
-    from m3lab.bench_analysis.moe import moe_table
+    from m3lab.bench_analysis.moe import moe_table  # local: pulls in torch, triton
     if resolve_device(device) == "cpu":
         table = moe_table(path)
         return table, Source.of(table, live=False)
     import torch
 
-    from m3lab.bench import moe as bench_moe
-    from m3lab.bench.ceilings import measure_ceilings
-    from m3lab.bench.table import append_rows
+    from m3lab.bench import moe as bench_moe  # local: pulls in torch, triton
+    from m3lab.bench.ceilings import measure_ceilings  # local: pulls in torch
     rows = bench_moe.bench(list(providers or bench_moe.PROVIDERS), tuple(ts), tuple(routings),
                            ceilings=measure_ceilings(torch.device("cuda")), log=_progress)
     with tempfile.TemporaryDirectory() as tmp:   # read back as the recorded table is: T and routing parsed
@@ -127,12 +127,11 @@ def sparse(device: str = "auto", batches=(1, 32, 128), contexts=(8192, 65536), q
     """The sparse-attention and indexer benchmark (:func:`m3lab.bench.sparse_attn.run`) at ``batches`` x
     ``contexts`` x ``q_rows`` (+ the prefill chunks) on a GPU, else the recorded table
     (:func:`m3lab.bench_analysis.sparse.recorded_table`). Live runs need vLLM's kernels (its peer)."""
-    from m3lab.bench_analysis.sparse import recorded_table
+    from m3lab.bench_analysis.sparse import recorded_table  # local: pulls in torch, triton
     if resolve_device(device) == "cpu":
         table = recorded_table(path)
         return table, Source.of(table, live=False)
-    from m3lab.bench import sparse_attn as sa
-    from m3lab.vllm_src.imports import m3_module
+    from m3lab.bench import sparse_attn as sa  # local: pulls in torch, triton
     m3_module("common.ops.sparse_attn", "live sparse-attention measurements (vLLM's kernels are the peer)")
     with tempfile.TemporaryDirectory() as tmp:   # the runner prints its progress and writes its table here
         csv = sa.run(out=tmp, batches=tuple(batches), contexts=tuple(contexts), q_rows=tuple(q_rows),
@@ -146,7 +145,7 @@ def sparse(device: str = "auto", batches=(1, 32, 128), contexts=(8192, 65536), q
 def tuned_moe_table(device_name: str = "NVIDIA_H200", experts: int | None = None, n: int | None = None) -> pd.DataFrame:
     """The tuned grouped-MoE launch table in vLLM's format (``kernels/moe/configs``) as rows: T and its config.
     ``experts`` (incl. the fused shared one), ``n`` (intermediate width per rank): default one TP4 rank of M3."""
-    from m3lab.kernels.moe import tables
+    from m3lab.kernels.moe import tables  # local: pulls in torch
     m3 = moe_problem("minimax-m3", tp=4)
     experts, n = experts or m3.routed + m3.shared, n or m3.inter
     table = tables.load_table(tables.CONFIG_DIR / tables.file_name(experts, n, device_name))
