@@ -28,7 +28,9 @@ import triton.language as tl
 from ..kernels.indexer import launcher as il
 from ..kernels.mx.triton_mx import e2m1_value, e8m0_pow2
 from ..kernels.sparse_attn import launcher as al
+from . import sparse_attn as sa
 from .peers import timed
+from .timing import copies_needed
 
 ATTN = {"w4,s2,w8@2": (4, 2, {2: 8}), "w4,s2": (4, 2, {}), "w8,s2": (8, 2, {}), "w4,s3": (4, 3, {})}
 INDEX = {"s2,few16": (4, 4, 2, (4, 256, 16)), "s3,few16": (4, 4, 3, (4, 256, 16)), "s2,few8": (4, 4, 2, (4, 256, 8)),
@@ -46,7 +48,6 @@ def _set_index(v):
 
 
 def sparse_rows(b, ctx, rnd, log) -> list[dict]:
-    from . import sparse_attn as sa
     mods = sa._vllm()
     p = sa.make_point(b, ctx, 1, torch.device("cuda"))
     saved = ((al.NUM_WARPS, al.NUM_STAGES, al.WARPS_BY_BLOCKS),
@@ -129,7 +130,6 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 
 
 def mx_rows(rnd, log) -> list[dict]:
-    from .timing import copies_needed
     dev = torch.device("cuda")
     lut = torch.tensor(E2M1, device=dev)
     rows = []

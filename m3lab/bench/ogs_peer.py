@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..vllm_src.imports import vllm_module
+
 WARPS = (4, 8)
 SPLITS = {4: (None, 1, 2, 4, 8), 8: (None, 1, 4)}      # None: triton_kernels' heuristic
 
@@ -35,7 +37,6 @@ VARIANTS = tuple(OgsVariant(w, s) for w in WARPS for s in SPLITS[w])
 
 def _tk():
     """The triton_kernels package as vLLM imports it (its vendored copy registered as ``triton_kernels``)."""
-    from ..vllm_src.imports import vllm_module
     vllm_module("vllm.utils.import_utils").import_triton_kernels()
     import triton_kernels  # noqa: F401 - registered by vLLM's import above
     from triton_kernels import matmul_ogs

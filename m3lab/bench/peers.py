@@ -31,6 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.moe import tables
+from ..kernels.pdl import pdl_enabled
+from ..vllm_src.imports import vllm_module
 from .ceilings import Ceilings
 from .clocks import ClockWatch
 from .table import BenchRow, commit_id, today
@@ -89,8 +92,6 @@ def vllm_moe_configs(t: int, experts: int, n: int, hidden: int, topk: int, ours_
     keys); identical configs merged, labels joined by ``|``."""
     from pathlib import Path
 
-    from ..kernels.moe import tables
-    from ..vllm_src.imports import vllm_module
     fm = vllm_module("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused_moe configs")
     found = {"default": dict(fm.get_default_config(t, experts, n, hidden, topk, None, None))}
     shipped = Path(shipped_dir or Path(fm.__file__).parent / "configs")
@@ -107,8 +108,8 @@ def vllm_moe_configs(t: int, experts: int, n: int, hidden: int, topk: int, ours_
 
 
 def moe_point(t: int, rnd: int, keep, ceilings: Ceilings, device: str, log) -> tuple[list[BenchRow], list[Timed]]:
-    from ..gates.moe import vllm_fused_moe
-    from . import moe as bm
+    from ..gates.moe import vllm_fused_moe  # local: pulls in triton
+    from . import moe as bm  # local: pulls in triton
     ops = bm.operands(t, "balanced", ["bf16"], torch.device("cuda"))
     cases = [("m3lab", "table=m3lab", bm.provider_calls("m3lab", ops))]
     for label, cfg in vllm_moe_configs(t, bm.EXPERTS, bm.I, bm.H, bm.TOPK + 1, shipped_experts=bm.ROUTED).items():
@@ -133,9 +134,7 @@ def moe_point(t: int, rnd: int, keep, ceilings: Ceilings, device: str, log) -> t
 
 # --- sparse attention and indexer ------------------------------------------------------------------------------
 def sparse_point(b: int, ctx: int, rnd: int, ceilings: Ceilings, device: str, log) -> list[BenchRow]:
-    from ..kernels.pdl import pdl_enabled
-    from ..vllm_src.imports import vllm_module
-    from . import sparse_attn as sa
+    from . import sparse_attn as sa  # local: pulls in triton
     mods = sa.vllm_modules()
     try:
         vcfg = "pdl" if vllm_module("vllm.platforms").current_platform.is_arch_support_pdl() else "no-pdl"

@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 from ..arith import ceil_div
+from ..kernels.gemm import launcher
 from ..kernels.gemm.reference import FP8_BLOCK, linear_ref
+from . import ogs_peer
 from .ceilings import Ceilings
 from .gemm import gemm_flops_bytes, make_operands, provider_calls
 from .peers import OGS_MS, Timed, make_row, timed
@@ -42,7 +44,6 @@ def scaled_mm_calls(m: int, n: int, k: int, device) -> list:
 
 def block_fp8_calls(m: int, n: int, k: int, device) -> list:
     """Our launcher on e4m3 weights with one fp32 scale per 128 x 128 block (the table's kernel)."""
-    from ..kernels.gemm import launcher
     ops = make_operands(m, n, k, "fp8", device)
     scale = torch.rand(ceil_div(n, FP8_BLOCK), ceil_div(k, FP8_BLOCK), device=device) * 0.02 + 0.005
     return [lambda w=w, y=y: launcher.linear(ops.x, w, w_format="fp8", w_scale=scale, out=y)
@@ -51,7 +52,6 @@ def block_fp8_calls(m: int, n: int, k: int, device) -> list:
 
 def ogs_cases(m: int, n: int, k: int, device, log) -> list[tuple[str, object, list]]:
     """(variant label, variant, calls) of every matmul_ogs variant that computes the right answer."""
-    from . import ogs_peer
     ops = make_operands(m, n, k, "mxfp4", device)
     ref = linear_ref(ops.x.float(), ops.ws[0][0], w_format="mxfp4", w_scale=ops.ws[0][1])
     out = []
@@ -102,7 +102,6 @@ def _cases(m: int, n: int, k: int, fmt: str, device, log) -> list[tuple[str, str
 def gemm_point(m: int, n: int, k: int, fmt: str, rnd: int, keep, ceilings: Ceilings, device_name: str,
                log) -> tuple[list, list[Timed]]:
     """Rows of every provider (``keep``: the (provider, config) pairs to time; None = all) at one point."""
-    from . import ogs_peer
     device = torch.device("cuda")
     results = []
     for prov, cfg, calls, variant in _cases(m, n, k, fmt, device, log):

@@ -11,13 +11,13 @@ import time
 
 import typer
 
+from m3lab.analysis.shapes import shape_histograms
+from m3lab.spec.serving import make_deployment
+
 
 def measure(model: str = "minimax-m3", tp: int = 4, isl: int = 8192, osl: int = 1024, concurrency: int = 128,
             repeats: int = 3) -> dict:
     """Seconds to build every histogram (schedule included), per repetition."""
-    from m3lab.spec.serving import make_deployment
-    from m3lab.analysis.shapes import shape_histograms
-
     dep = make_deployment(None, model=model, tp=tp, quant="bf16", isl=isl, osl=osl, concurrency=concurrency)
     times, report = [], None
     for _ in range(repeats):
