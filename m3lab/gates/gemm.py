@@ -12,6 +12,7 @@ import triton
 from ..kernels.gemm import launcher, layout_launcher
 from ..kernels.gemm.tables import GemmConfig, regime_of
 from ..kernels.gemm.reference import linear_ref, quantize_weight
+from ..kernels.mx.decode_layout import pack
 from ..optable.kernel_shapes import model_gemm_shapes
 from .checks import poison_
 from .inputs import act_dtype
@@ -77,7 +78,6 @@ def _layout_case(fmt: str, m: int, n: int, k: int, device: torch.device, label: 
     """MX weights packed once into the decode layout (kernels/mx/decode_layout) through linear_layout, against the
     reference of the kernel it launches (the auto case included: a table may pick the fp8-MMA kernel, whose
     reference quantises x; layout_launcher.layout_linear_ref)."""
-    from ..kernels.mx.decode_layout import pack
     dtype = act_dtype(device)
 
     def run():

@@ -17,9 +17,12 @@ from functools import lru_cache
 import torch
 
 from ..kernels.moe import launcher
+from ..kernels.moe.align import align
 from ..kernels.moe.reference import fused_moe_ref
 from ..kernels.moe.tables import MoeConfig
 from ..optable.kernel_shapes import moe_problem
+from ..spec.model import load_model
+from ..vllm_src.imports import m3_module, vllm_module
 from .checks import poison_
 from .inputs import act_dtype, make_routing, make_weights
 from .registry import Case, Gate, register
@@ -28,7 +31,6 @@ from .registry import Case, Gate, register
 @lru_cache(maxsize=1)
 def m3_act() -> dict:
     """MiniMax M3's SwiGLU-OAI constants (alpha, limit, beta), read from its ModelSpec."""
-    from m3lab.spec.model import load_model
     return load_model("minimax-m3").swiglu
 
 
@@ -102,8 +104,6 @@ def vllm_fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights
     """
     import triton.language as tl
 
-    from ..kernels.moe.align import align
-    from ..vllm_src.imports import m3_module, vllm_module
     fm = vllm_module("vllm.model_executor.layers.fused_moe.fused_moe", "vLLM's fused_moe_kernel")
     act_mod = m3_module("amd.ops.swiglu_oai", "vLLM's SwiGLU-OAI")
     t, h = x.shape

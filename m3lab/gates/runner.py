@@ -13,8 +13,10 @@ import pandas as pd
 import torch
 
 from ..errors import M3LabError
+from ..kernels.gemm.tables import device_name
 from ..provenance import TRACES_DIR
 from . import checks
+from .registry import all_gates
 
 TRACES_GATES = TRACES_DIR / "gates"   # recorded gate results, perf baselines
 RESULT_COLUMNS = ("gate", "case", "kind", "device", "dtype", "metric", "value", "limit", "passed", "detail")
@@ -36,7 +38,7 @@ def prepare(device: str) -> torch.device:
             raise M3LabError("device: cuda with TRITON_INTERPRET=1 set (unset it)", field="device")
         return torch.device("cuda")
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from ..kernels.gemm import gemm_tiled
+    from ..kernels.gemm import gemm_tiled  # local: pulls in triton (its kernels need TRITON_INTERPRET set first)
     if type(gemm_tiled.gemm_tiled_kernel).__name__ != "InterpretedFunction":
         raise M3LabError("device: cpu gates need the Triton interpreter, but the kernels were imported "
                          "without it (set TRITON_INTERPRET=1 before starting)", field="device")
@@ -45,7 +47,6 @@ def prepare(device: str) -> torch.device:
 
 def correctness_results(device: torch.device, names: list[str] | None = None, progress=None) -> list[dict]:
     """``progress(done, total, gate_name)``, when given, is called before each gate runs."""
-    from .registry import all_gates
     out = []
     gates = [g for g in all_gates().values() if not names or any(fnmatch.fnmatch(g.name, p) for p in names)]
     for done, gate in enumerate(gates):
@@ -76,7 +77,6 @@ def run_gates(device: str = "cpu", names: list[str] | None = None, perf: bool = 
     if perf:
         raise M3LabError("perf: the performance gates run through m3lab.bench.perf_gate.run_gates", field="perf")
     dev = prepare(device)
-    from ..kernels.gemm.tables import device_name   # after prepare: the interpreter must be on first
     rows = correctness_results(dev, names, progress)
     df = pd.DataFrame(rows, columns=[c for c in RESULT_COLUMNS if c != "device"])
     df.insert(3, "device", device_name(dev))      # "cpu" or the GPU's name, e.g. NVIDIA_H200

@@ -21,7 +21,12 @@ import contextlib
 
 import torch
 
+from ..kernels.moe.reference import swiglu_oai
+from ..kernels.mx import reference as mx
+from ..kernels.mx.reference import pow2
+from ..model.layers import gemma_rms_norm
 from ..optable.kernel_shapes import rank_dims
+from ..vllm_src.imports import m3_module
 from .checks import poison_
 from .moe import m3_act
 from .registry import Case, Gate, register
@@ -33,7 +38,6 @@ CPU_DTYPES = (torch.float32, torch.float16)
 
 
 def _mod(name: str):
-    from ..vllm_src.imports import m3_module
     return m3_module(name, f"the vllm.* gates ({name})")
 
 
@@ -78,7 +82,6 @@ def _gate_up(m: int, inter: int, dtype, device) -> torch.Tensor:
 
 def _swiglu_case(m: int, inter: int, dtype, device) -> Case:
     def run():
-        from ..kernels.moe.reference import swiglu_oai
         mod = _mod("amd.ops.swiglu_oai")
         g = _gate_up(m, inter, dtype, device)
         with poisoned_outputs(mod):
@@ -102,18 +105,15 @@ def ceil_rule_scale(act: torch.Tensor) -> torch.Tensor:
 
 def _scaled(act: torch.Tensor, byte: torch.Tensor) -> torch.Tensor:
     """act / 2^(byte-127) per 32 (exact power-of-two scaling), fp32 [M, I]."""
-    from ..kernels.mx.reference import pow2
     e = byte.to(torch.int32) - 127
     return (act.reshape(*act.shape[:-1], -1, 32) * pow2(-e)[..., None]).reshape(act.shape)
 
 
 def _quant_cases(m: int, inter: int, dtype, device):
-    from ..kernels.mx import reference as mx
     state: dict = {}
 
     def run_vllm():
         if "q" not in state:
-            from ..kernels.moe.reference import swiglu_oai
             mod = _mod("amd.ops.swiglu_oai")
             g = _gate_up(m, inter, dtype, device)
             with poisoned_outputs(mod):
@@ -164,7 +164,6 @@ def _quant_cases(m: int, inter: int, dtype, device):
 # --- Gemma RMSNorm ------------------------------------------------------------------------------------
 def _norm_case(m: int, n: int, dtype, device, fused: bool, part: int = 0, strided: bool = False) -> Case:
     def run():
-        from ..model.layers import gemma_rms_norm
         mod = _mod("amd.ops.gemma_rmsnorm")
         x = torch.randn(m, 2 * n if strided else n, device=device).to(dtype)
         x = x[:, ::2] if strided else x                    # a non-contiguous view, as vLLM's q/k slices

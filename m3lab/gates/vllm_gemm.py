@@ -19,6 +19,7 @@ import torch
 from ..kernels.gemm.reference import linear_ref, quantize_weight
 from ..kernels.mx.reference import dequantize_mxfp8, quantize_mxfp8
 from ..optable.kernel_shapes import model_gemm_shapes
+from ..vllm_src.imports import vllm_module
 from .inputs import act_dtype
 from .registry import Case, Gate, register
 from .vllm_act import poisoned_outputs
@@ -29,7 +30,6 @@ LINEAR = "vllm.model_executor.kernels.linear.mxfp8.rocm_native"
 
 
 def _linear_module():
-    from ..vllm_src.imports import vllm_module
     return vllm_module(LINEAR, "the vllm.mxfp8_linear gate")
 
 

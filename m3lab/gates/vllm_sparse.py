@@ -24,6 +24,8 @@ import torch
 
 from m3lab.arith import ceil_div
 from ..kernels.sparse_attn import reference as attn_ref
+from ..vllm_src.imports import m3_module
+from . import interpreter_compat
 from .checks import poison_
 from .registry import Case, Gate, register
 from .sparse import FP8, PagedProblem, attention_ref, block_scores_ref, paged_problem, selection_ref, sorted_ids
@@ -33,8 +35,6 @@ TOPK = 16
 
 
 def _module(name: str):
-    from . import interpreter_compat
-    from ..vllm_src.imports import m3_module
     interpreter_compat.apply()
     mod = m3_module(name, "the vLLM sparse-attention gates")
     if os.environ.get("TRITON_INTERPRET") == "1":
