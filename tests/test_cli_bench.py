@@ -5,7 +5,7 @@ from typer.testing import CliRunner
 
 from m3lab.cli.main import app
 
-BENCH_OPS = ("gemm", "moe", "sparse", "collectives", "cache")
+BENCH_OPS = ("gemm", "moe", "sparse", "collectives", "cache", "probe", "shapes", "targets")
 TUNE_OPS = ("gemm", "moe")
 
 
@@ -28,6 +28,9 @@ def test_help_lists_every_op(group, ops):
     (["bench", "collectives", "--hardware", "h900"], "hardware"),
     (["bench", "cache", "--requests", "0"], "requests"),
     (["bench", "targets", "--path", "no/such/peers.csv"], "path"),
+    (["bench", "probe", "--rounds", "0"], "rounds"),
+    (["bench", "probe"], "device"),
+    (["bench", "shapes", "--concurrency", "0"], "concurrency"),
     (["tune", "gemm", "--ms", "8,-1"], "ms"),
     (["tune", "moe", "--ts", "1,,8"], "ts"),
     (["tune", "moe", "--budget-s", "0"], "budget-s"),

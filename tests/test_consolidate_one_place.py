@@ -2,6 +2,7 @@
 kernels/), and everything else imports it. Definitions are found by spelling (FACTS) and, for M3's dimensions
 and the H200 ceilings, by value: constants are evaluated and compared with the spec, the plan and the hardware
 profile (tests/one_place_values.py), so ``H, I = 6144, 768`` or ``3 * 2048`` is found however it is named."""
+import ast
 import json
 import re
 import shutil
@@ -67,12 +68,22 @@ def test_the_patterns_find_a_second_definition(tmp_path):
 
 
 # ---------------------------------------------------------------- by value: M3 dimensions and H200 ceilings
-# Numbers that equal an M3 value of their kind but are another model's: path:line prefix -> why
-NOT_M3 = {"m3lab/spec/model.py:240": "the reduced CPU test model's config (8 heads)"}
+# Numbers that equal an M3 value of their kind but are another model's: (path, module-level name) -> why
+NOT_M3 = {("m3lab/spec/model.py", "MINI_M3_CONFIG"): "the reduced CPU test model's config (8 heads)"}
+
+
+def _lines_of(path: str, name: str) -> range:
+    """The source lines of the module-level assignment to ``name`` in ``path`` (repository-relative)."""
+    tree = ast.parse((opv.ROOT / path).read_text())
+    node = next(n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                and name in [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                             if isinstance(t, ast.Name)])
+    return range(node.lineno, node.end_lineno + 1)
 
 
 def _not_m3(finding: str) -> bool:
-    return any(finding.startswith(k + ":") for k in NOT_M3)
+    path, line = finding.split(":")[:2]
+    return any(path == p and int(line) in _lines_of(p, name) for p, name in NOT_M3)
 
 
 def test_m3_dims_and_ceilings_only_in_their_owners():
@@ -120,3 +131,10 @@ def test_numbers_that_are_not_m3_facts_pass(tmp_path, innocent):
     (tmp_path / "m3lab").mkdir()
     (tmp_path / "m3lab" / "x.py").write_text(innocent)
     assert opv.scan(tmp_path) == []
+
+
+def test_an_exemption_covers_only_its_own_assignment():
+    """The reduced model's config is exempt by name, wherever it moves; the same number one line outside is not."""
+    lines = _lines_of("m3lab/spec/model.py", "MINI_M3_CONFIG")
+    assert _not_m3(f"m3lab/spec/model.py:{lines.start}: num_attention_heads = 8 is M3's heads")
+    assert not _not_m3(f"m3lab/spec/model.py:{lines.start - 1}: num_attention_heads = 8 is M3's heads")

@@ -142,14 +142,20 @@ def test_committed_gpu_gate_results(repo_dir):
     assert recheck["passed"].all()                  # the perf gates alone, right after, on the same commit
     session = df[df["phase"] == "gemm_session"]     # the GEMM session that re-tuned the tables
     assert len(session) >= 400 and session["passed"].all() and session["gate"].str.endswith("_layout").sum() >= 70
-    # the peers session (m3lab.sessions.peers): what `m3lab gate --device cuda` runs, in three groups, at its
+    # the newest peers session (m3lab.sessions.peers): what `m3lab gate --device cuda` runs, in three groups, at its
     # commit, against the baseline it re-recorded minutes before; three compute-bound perf points ran 11-13% over
-    peers = df[df["phase"] == "peers_session_b"]
+    peers = df[df["phase"] == "peers_session_c"]
     correct = peers[~peers["gate"].str.startswith("perf.")]
     assert len(correct) >= 470 and correct["passed"].all()
     assert {"gemm", "mx", "moe", "sparse", "vllm"} <= {g.split(".")[0] for g in correct["gate"]}
     timed = peers[peers["gate"].str.startswith("perf.")]
     assert len(timed) == 112 and timed["passed"].sum() >= 109
+    # the final kernels commit, gated against that baseline: every correctness case; four prefill points at the
+    # card's power limit over their baseline (kernels/gemm/README.md)
+    final = df[df["phase"] == "gates_final"]
+    assert len(final[~final["gate"].str.startswith("perf.")]) >= 470
+    assert final[~final["gate"].str.startswith("perf.")]["passed"].all()
+    assert final[final["gate"].str.startswith("perf.")]["passed"].sum() >= 108
     base = perf.load_baseline(repo_dir / "traces" / "gates" / "baseline_NVIDIA_H200.csv")
     first = df.loc[df["phase"] == "peers_session_a", "commit"]
     assert set(base["provider"]) == {"triton"} and len(base) == 112

@@ -1,6 +1,7 @@
 """ModelSpec loading: M3 (nested + transformers>=5 flat names), other families, bad configs."""
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,12 @@ def test_shipped_configs_are_the_shared_copies(shared_dir):
     for name, fname in pairs.items():
         assert json.loads((CONFIG_DIR / f"{name}.json").read_text()) == \
             json.loads((shared_dir / "data/hf_configs" / fname).read_text())
+
+
+def test_a_shipped_models_record_names_no_checkout_path():
+    """The deployment key hashes the model's fields: a shipped config is named relative to m3lab/spec/configs, so
+    two clones in different folders key the same deployment the same (raw_config still finds the file)."""
+    from m3lab.spec.model import CONFIG_DIR, raw_config
+    m = load_model("minimax-m3")
+    assert not Path(m.extra["config_file"]).is_absolute() and (CONFIG_DIR / m.extra["config_file"]).is_file()
+    assert raw_config(m)["text_config"]["hidden_size"] == m.hidden

@@ -1,5 +1,5 @@
 """Shape histograms over a workload: consistency with the step-by-step schedule (their speed is printed by
-``python -m m3lab.bench.shapes_speed``, not timed here)."""
+``m3lab bench shapes``, not timed here)."""
 import csv
 
 import numpy as np

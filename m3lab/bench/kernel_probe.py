@@ -1,7 +1,7 @@
 """Launch-configuration sweep of the sparse-attention and indexer kernels against vLLM's in the same run, and
 the two MX decodes of kernels/ timed on the MoE kernel's weight-tile path (GPU only).
 
-``python -m m3lab.bench.kernel_probe --out DIR [--rounds 4]`` writes ``DIR/probe.csv`` (one row per point,
+``m3lab bench probe --out DIR [--rounds 4]`` writes ``DIR/probe.csv`` (one row per point,
 op, variant and round: µs p20/p50/p80 of the graph24 harness, SM clock note) and prints the median over rounds
 of each variant with its ratio to vLLM (vLLM µs / ours) and the spread of that ratio over the rounds.
 
@@ -192,7 +192,3 @@ def main(out: str = "out", rounds: int = 4, until_s: float = 400.0, mx: bool = T
     with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(summary(pd.DataFrame(rows)).to_string(index=False))
 
-
-if __name__ == "__main__":
-    import typer
-    typer.run(main)

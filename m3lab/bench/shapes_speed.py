@@ -1,15 +1,12 @@
-"""Time the shape histograms of a long workload (acceptance: 8K in / 1K out at concurrency 128, ~10k steps,
-under 2 s on a 2-core CPU). Imports are excluded; each repetition schedules the workload from scratch.
+"""Time the shape histograms of a long workload (8K in / 1K out at concurrency 128: ~10k steps; the command's
+limit defaults to 2 s on a 2-core CPU). Imports are excluded; each repetition schedules the workload from scratch.
 
-    python -m m3lab.bench.shapes_speed [--isl 8192 --osl 1024 --concurrency 128 --tp 4 --limit 2.0]
+    m3lab bench shapes [--isl 8192 --osl 1024 --concurrency 128 --tp 4 --limit 2.0]
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-
-import typer
 
 from m3lab.analysis.shapes import shape_histograms
 from m3lab.spec.serving import make_deployment
@@ -27,20 +24,3 @@ def measure(model: str = "minimax-m3", tp: int = 4, isl: int = 8192, osl: int = 
     return {"model": model, "tp": tp, "isl": isl, "osl": osl, "concurrency": concurrency,
             "steps": report.num_steps, "runs": report.meta["num_runs"], "seconds": times,
             "first_s": times[0], "median_s": sorted(times)[len(times) // 2], "cpus": os.cpu_count()}
-
-
-def main(model: str = "minimax-m3", tp: int = 4, isl: int = 8192, osl: int = 1024, concurrency: int = 128,
-         repeats: int = 3, limit: float = typer.Option(2.0, help="Fail (exit 1) if the first run exceeds this.")):
-    """Print the timing as one JSON object."""
-    import pandas  # noqa: F401  (import cost is not part of the measurement)
-
-    result = measure(model, tp, isl, osl, concurrency, repeats)
-    result["limit_s"] = limit
-    result["ok"] = result["first_s"] < limit
-    typer.echo(json.dumps(result))
-    if not result["ok"]:
-        raise typer.Exit(1)
-
-
-if __name__ == "__main__":
-    typer.run(main)

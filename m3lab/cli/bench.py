@@ -5,6 +5,8 @@
     m3lab bench sparse [--batches 1,32,128] [--contexts 8192,65536] [--q-rows 1,4] [--out DIR]   sparse attn + indexer (GPU)
     m3lab bench collectives [--world 2] [--tokens ...] [--blocks ...] [--out CSV]      NCCL all-reduce, KV transfer (GPUs)
     m3lab bench cache [--requests 1000] [--repeats 3] [--no-vllm] [--no-append]        prefix cache vs vLLM's (CPU)
+    m3lab bench probe [--rounds 4] [--out DIR]                                          launch choices vs vLLM (GPU)
+    m3lab bench shapes [--isl 8192 --concurrency 128 --limit 2.0]                      shape histograms' speed (CPU)
     m3lab bench targets [--path CSV]                                                     peers' targets, recorded rows (CPU)
 
 Every option is checked before any work starts (bad input: one line naming the option, exit 2). The GPU sessions
@@ -12,6 +14,8 @@ that also gate and tune are ``python -m m3lab.sessions.<gemm|moe|sparse|peers>``
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -134,10 +138,42 @@ def cache_cmd(requests: int = typer.Option(1000, help="trace prefix used (Moonca
         typer.echo(f"appended to {cb.append(rows)}")
 
 
+@bench_app.command("probe")
+def probe_cmd(out: str = typer.Option("out", help="folder: OUT/probe.csv, rewritten after each round"),
+              rounds: int = typer.Option(4, help="interleaved rounds (each point timed once per round)"),
+              until_s: float = typer.Option(400.0, help="stop starting new points after this many seconds"),
+              mx: bool = typer.Option(True, help="also compare the two MX decodes on the MoE weight-tile path")) -> None:
+    """Sparse-attention and indexer launch configurations against vLLM's kernels, and the MX decodes (GPU)."""
+    if rounds <= 0 or until_s <= 0:
+        field = "rounds" if rounds <= 0 else "until_s"
+        raise M3LabError(f"{field}: must be positive", field=field)
+    need_gpus(1, "bench probe")
+    from m3lab.bench import kernel_probe  # local: pulls in pandas, torch, triton
+    kernel_probe.main(out, rounds, until_s, mx)
+
+
+@bench_app.command("shapes")
+def shapes_cmd(model: str = typer.Option("minimax-m3", help="model name"), tp: int = typer.Option(4, help="TP"),
+               isl: int = typer.Option(8192, help="input tokens"), osl: int = typer.Option(1024, help="output tokens"),
+               concurrency: int = typer.Option(128, help="requests in flight"),
+               repeats: int = typer.Option(3, help="repetitions (each schedules from scratch)"),
+               limit: float = typer.Option(2.0, help="exit 1 if the first run takes longer (seconds)")) -> None:
+    """Seconds to build a workload's shape histograms, schedule included (CPU); one JSON object."""
+    for field, value in (("tp", tp), ("isl", isl), ("osl", osl), ("concurrency", concurrency), ("repeats", repeats),
+                         ("limit", limit)):
+        if value <= 0:
+            raise M3LabError(f"{field}: {value} must be positive", field=field)
+    from m3lab.bench.shapes_speed import measure  # local: pulls in pandas (the scheduler's tables)
+    result = measure(model, tp, isl, osl, concurrency, repeats)
+    result.update(limit_s=limit, ok=result["first_s"] < limit)
+    typer.echo(json.dumps(result))
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("targets")
 def targets_cmd(path: Optional[str] = typer.Option(None, help="peers table (default traces/bench/peers.csv)")) -> None:
     """The kernels' targets against their peers at their best, from the newest commit's rows of the peers run."""
-    from pathlib import Path
     if path and not Path(path).is_file():
         raise M3LabError(f"path: {path} is not a file", field="path", hint="give a peers CSV")
     from m3lab.bench_analysis.peers import print_targets  # local: pulls in pandas, torch

@@ -673,7 +673,7 @@ def _load_named(key: str) -> ModelSpec:
     entry = _index()[key]
     path = CONFIG_DIR / entry["file"]
     spec = parse_hf_config(json.loads(path.read_text()), name=key, source=entry["source"])
-    spec.extra["config_file"] = str(path)
+    spec.extra["config_file"] = entry["file"]   # relative to CONFIG_DIR: the record's key is the same in every clone
     return spec
 
 
@@ -685,7 +685,7 @@ def raw_config(model: ModelSpec) -> dict:
     if not path:
         raise M3LabError(f"model {model.name!r} was not loaded from a config.json", field="model",
                          hint="load it by name or from a config.json path")
-    return json.loads(Path(path).read_text())
+    return json.loads((CONFIG_DIR / path).read_text())   # a shipped config's name; an absolute path stays as is
 
 
 def _resolve_name(name: str) -> str | None:
