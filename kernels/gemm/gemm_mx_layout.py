@@ -172,6 +172,7 @@ def gemm_mx_layout_kernel(
     splitk_store(acc, p_y, p_part, p_lock, o_n, o_m, M, N, s_ym, s_yn, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
+# long: one Triton program (scale fold, K loop, split-K store); its steps are already jit helpers
 @triton.jit(do_not_specialize=["M"])
 def gemm_mx_fold_kernel(
         # as gemm_mx_layout_kernel, plus p_r: uint8 [N], each row's largest E8M0 byte (DecodeWeights.row_exp)
