@@ -83,7 +83,10 @@ def test_kv_capacity_and_bad_inputs():
                          concurrency=cap.max_concurrency + 2, num_requests=cap.max_concurrency + 2,
                          gpu_memory_utilization=0.9), calibration=None)
     assert any("KV cache" in n and "admission waits" in n for n in over.notes)   # queued, not refused
-    with pytest.raises(M3LabError, match="one request"):
+    with pytest.raises(M3LabError, match="one request"):      # within the model's context, beyond the KV cache
+        estimate(_dep("minimax-m3", "mi355x", tp=4, quant="bf16", isl=1_000_000, osl=1000, concurrency=1,
+                      gpu_memory_utilization=0.8))
+    with pytest.raises(M3LabError, match="context of 1,048,576 tokens"):   # beyond the model's context
         estimate(_dep("minimax-m3", "mi355x", tp=4, quant="bf16", isl=5_000_000, osl=1000, concurrency=1))
     with pytest.raises(M3LabError, match="unknown hardware"):
         estimate(_dep("minimax-m3", "mi999", tp=4, isl=10, osl=10, concurrency=1))
