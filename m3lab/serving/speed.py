@@ -3,7 +3,7 @@
     python -m m3lab.serving.speed [--vllm]
 
 Runs, in one process after the imports, the fixed 8K/1K estimate at concurrency 128 of the default preset (twice:
-the first call also builds the cost model's tables), the agentic estimate (MXFP4 TP4, EAGLE3 with 3 drafts,
+the first call also builds the cost model's tables), the agentic estimate (MXFP4 TP4 with AITER, EAGLE3 with 3 drafts,
 AgentX-like sessions at concurrency 28) and, with ``--vllm``, the 8K/1K c=128 schedule through vLLM's own
 Scheduler against m3lab's generator. Each line gives wall time and this process's CPU time (what the machine's
 other work does not change) with the load average at the start: on a shared machine the wall time is the CPU time
@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from m3lab.serving.estimate import estimate  # local: pulls in pandas
 
     fixed = make_deployment(concurrency=128)
+    # vLLM serves MXFP4 experts on MI355X only through AITER (its other backends refuse the device or need amd-quark)
     agentic = make_deployment(model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp4", spec_method="eagle3",
-                              spec_tokens=3, workload="agentx", concurrency=28)
+                              spec_tokens=3, workload="agentx", concurrency=28).with_settings({"aiter": "1"})
     rows = [_timed("fixed 8K/1K c=128, first call", lambda: estimate(fixed, progress=True)),
             _timed("fixed 8K/1K c=128, again", lambda: estimate(fixed, progress=True)),
             _timed("agentic c=28 (MXFP4 TP4, EAGLE3 k=3)", lambda: estimate_workload(agentic, progress=True))]
