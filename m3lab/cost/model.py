@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from m3lab.arith import finite
 from m3lab.cost.calibration import UNCALIBRATED, Calibration, default_calibration, load_calibration
 from m3lab.cost.overrides import apply, replaced_paths, select
 from m3lab.cost.roofline import bound_times_us, compute_dtype, peak_flops
@@ -73,9 +74,9 @@ def cost_columns(cols, hw, calibration: Calibration | None, overrides=None, op_o
             pairs[key] = compute_dtype(key[0], ad, hw)
         peak_dtype[i] = pairs[key]
     peak = np.array([peak_flops(hw, d) for d in peak_dtype], dtype=float)
-    mem = sum(np.nan_to_num(_col(cols, c, n, 0.0).astype(float)) for c in MEMORY_COLUMNS)
-    comm = np.nan_to_num(_col(cols, "bytes_comm", n, 0.0).astype(float))
-    flops = np.nan_to_num(_col(cols, "flops", n, 0.0).astype(float))
+    mem = sum(finite(_col(cols, c, n, 0.0)) for c in MEMORY_COLUMNS)
+    comm = finite(_col(cols, "bytes_comm", n, 0.0))
+    flops = finite(_col(cols, "flops", n, 0.0))
     t_c, t_m, t_x, t_b, bound = bound_times_us(flops, mem, comm, peak, hw.hbm_bw, hw.link_bw)
     out = {"peak_dtype": peak_dtype, "t_compute_us": t_c, "t_memory_us": t_m, "t_comm_us": t_x,
            "t_bound_us": t_b, "bound": bound}

@@ -142,15 +142,28 @@ def efficiency(family: str, requests=None, context=None, rows_per_req=1.0, rpe=N
     reqs = np.atleast_1d(np.asarray(requests, float))
     ctx = np.broadcast_to(np.asarray(context, float), reqs.shape)
     rpr = np.broadcast_to(np.asarray(rows_per_req, float), reqs.shape)
-    grids = _grids(family)
-    qs = np.array(sorted(grids))
     out = np.empty(reqs.shape)
     for i, (b, c, r) in enumerate(zip(reqs, ctx, rpr)):
-        lb, lc, le = grids[qs[np.argmin(np.abs(np.log(qs) - np.log(max(r, 1.0))))]]
-        x, y = np.clip(np.log(max(b, 1.0)), lb[0], lb[-1]), np.clip(np.log(max(c, 1.0)), lc[0], lc[-1])
-        along_b = [np.interp(x, lb, le[:, j]) for j in range(len(lc))]
-        out[i] = np.exp(np.interp(y, lc, along_b))
+        key = (family, float(b), float(c), float(r))
+        if key not in _POINTS:
+            if len(_POINTS) > 100_000:
+                _POINTS.clear()
+            _POINTS[key] = _point(family, *key[1:])
+        out[i] = _POINTS[key]
     return out
+
+
+_POINTS: dict = {}   # (family, requests, context, rows per request) -> efficiency: steps repeat their regimes
+
+
+def _point(family: str, b: float, c: float, r: float) -> float:
+    """:func:`efficiency` of an attention / indexer family at one regime point."""
+    grids = _grids(family)
+    qs = np.array(sorted(grids))
+    lb, lc, le = grids[qs[np.argmin(np.abs(np.log(qs) - np.log(max(r, 1.0))))]]
+    x, y = np.clip(np.log(max(b, 1.0)), lb[0], lb[-1]), np.clip(np.log(max(c, 1.0)), lc[0], lc[-1])
+    along_b = [np.interp(x, lb, le[:, j]) for j in range(len(lc))]
+    return float(np.exp(np.interp(y, lc, along_b)))
 
 
 @lru_cache(maxsize=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from m3lab.arith import finite
 from m3lab.errors import M3LabError
 from m3lab.spec.hardware import FP32_NOTE
 
@@ -47,7 +48,7 @@ def bound_times_us(flops, mem_bytes, comm_bytes, peak: float | np.ndarray, hbm_b
     t_c = np.asarray(flops, dtype=float) / np.asarray(peak, dtype=float) * 1e6
     t_m = np.asarray(mem_bytes, dtype=float) / hbm_bw * 1e6
     t_x = np.asarray(comm_bytes, dtype=float) / link_bw * 1e6
-    stack = np.stack(np.broadcast_arrays(np.nan_to_num(t_c), np.nan_to_num(t_m), np.nan_to_num(t_x)))
+    stack = np.stack(np.broadcast_arrays(finite(t_c), finite(t_m), finite(t_x)))
     t_bound = stack.max(axis=0)
     bound = np.asarray(BOUNDS, dtype=object)[stack.argmax(axis=0)]
     return t_c, t_m, t_x, t_bound, bound

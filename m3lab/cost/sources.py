@@ -33,6 +33,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from m3lab.arith import finite
 from m3lab.cost import peers
 from m3lab.cost.assumptions import value
 from m3lab.cost.collective_time import allreduce_us, load_table
@@ -56,7 +57,7 @@ class Rows:
         return np.asarray(v)[self.idx]
 
     def f(self, name: str) -> np.ndarray:
-        return np.nan_to_num(self(name).astype(float), nan=0.0)
+        return finite(self(name))
 
     def a(self, name: str) -> float:
         return value(name, self.ov)
@@ -102,6 +103,11 @@ def _table_fit(r: Rows, family: str, m, n, k) -> np.ndarray | None:
     fit = r.cal.fits.get(family) if r.cal is not None else None
     if fit is None:
         return None
+    return _fit_efficiency(fit, np.asarray(m, float), np.asarray(n, float), np.asarray(k, float))
+
+
+def _fit_efficiency(fit, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``fit.efficiency`` at each (m, n, k) [rows], memoised per point (the fit is evaluated point by point)."""
     _PINNED.setdefault(id(fit), fit)   # keep the fit alive while its id keys the memo
     keys = [(id(fit), float(a), float(b), float(c)) for a, b, c in zip(m, n, k)]
     todo = [i for i, key in enumerate(keys) if key not in _FIT_MEMO]
@@ -145,8 +151,17 @@ def _tuned(r: Rows, family: str) -> np.ndarray:
     fit = r.cal.fits.get(family) if r.cal is not None else None
     if fit is None:
         return np.zeros(_n(r), bool)
-    have = set(zip(fit.points["n"].astype(int), fit.points["k"].astype(int)))
+    have = _tuned_shapes(fit)
     return np.array([(int(n), int(k)) in have for n, k in zip(r.f("n"), r.f("k"))], dtype=bool)
+
+
+def _tuned_shapes(fit) -> frozenset:
+    """The (N, K) pairs of a fit's measured points (read once per fit)."""
+    key = ("tuned", id(fit))
+    if key not in _FIT_MEMO:
+        _PINNED.setdefault(id(fit), fit)   # keep the fit alive while its id keys the memo
+        _FIT_MEMO[key] = frozenset(zip(fit.points["n"].astype(int), fit.points["k"].astype(int)))
+    return _FIT_MEMO[key]
 
 
 @_source("bf16_untuned")
@@ -217,7 +232,7 @@ def _aiter_moe(r: Rows) -> Result:
     fit = r.cal.fits.get("fp8_grouped") if r.cal is not None else None
     if fit is None:
         return _generic_moe(r)
-    eff = fit.efficiency(m_eq, side, side) * r.a("aiter_moe_untuned")
+    eff = _fit_efficiency(fit, m_eq, side, side) * r.a("aiter_moe_untuned")
     note = "aiter_moe (untuned shape: AITER's default config, costed at its tuned MiniMax-M2.5 regime)"
     return eff, np.full(_n(r), _cal_floor(r, "grouped_gemm")), np.zeros(_n(r), bool), ("aiter_moe_untuned",), "", \
         np.full(_n(r), note, dtype=object)
@@ -230,7 +245,7 @@ def _generic_moe(r: Rows) -> Result:
     w = str(r("w_dtype", "bf16")[0]) if _n(r) else "bf16"
     fit = r.cal.fits.get(f"{w}_grouped") if r.cal is not None else None
     if fit is not None:
-        return fit.efficiency(m_eq, side, side), np.full(_n(r), _cal_floor(r, "grouped_gemm")), \
+        return _fit_efficiency(fit, m_eq, side, side), np.full(_n(r), _cal_floor(r, "grouped_gemm")), \
             np.zeros(_n(r), bool), (), ""
     return _const(r, r.a("generic_gemm_eff"), r.a("gemm_floor_us"), ("generic_gemm_eff",), "gemm_floor_us")
 

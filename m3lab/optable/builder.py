@@ -267,34 +267,26 @@ def _edge_rows(c: StepContext) -> tuple[list[dict], list[dict]]:
 _TEXT_COLUMNS = ("op", "kind", "act_dtype", "w_dtype", "comm_algo", "fused_into", "phase", "decision", "path", "kernel")
 
 
-def _frame(templates: list[dict], index, layers):
-    """DataFrame whose row i is ``templates[index[i]]`` with ``layer = layers[i]`` (column-wise, no per-row dicts)."""
+def _columns(templates: list[dict], index) -> dict:
+    """Numpy columns of :data:`COLUMNS` but ``layer`` whose row i is ``templates[index[i]]`` (text: object arrays;
+    numbers: float, NaN where a template lacks the column)."""
     import numpy as np
-    import pandas as pd
 
     data = {}
     for col in COLUMNS:
         if col == "layer":
-            data[col] = np.asarray(layers, dtype=np.int64)
-        elif col in _TEXT_COLUMNS:
-            data[col] = pd.Series(np.array([t.get(col) for t in templates], dtype=object)[index], dtype=object)
+            continue
+        if col in _TEXT_COLUMNS:
+            data[col] = np.array([t.get(col) for t in templates], dtype=object)[index]
         else:
-            vals = np.array([t.get(col, np.nan) for t in templates], dtype=float)
-            data[col] = vals[index]
-    return pd.DataFrame(data)
+            data[col] = np.array([t.get(col, np.nan) for t in templates], dtype=float)[index]
+    return data
 
 
-def build_optable(model, plan: ParallelPlan | None = None, quant="bf16", step: EngineStep | None = None,
-                  routing=None, dispatch: Dispatch | None = None):
-    """OpTable of one engine step on one GPU: a pandas DataFrame with the columns of :data:`COLUMNS`.
-
-    ``model``: ModelSpec or name; ``plan``: ParallelPlan (default TP1); ``quant``: QuantScheme or name;
-    ``step``: EngineStep (default one decode at context 1); ``routing``: see ``routing.make_routing``;
-    ``dispatch``: what vLLM runs for the deployment (:mod:`m3lab.optable.dispatch`; None: the spec's structure,
-    no decision columns). Each layer structure class is built once and repeated column-wise.
-    """
-    import numpy as np
-
+def _templates(model, plan, quant, step, routing, dispatch) -> tuple[list[dict], int, list[tuple[int, int]], int]:
+    """The step's row templates: (templates, head rows, [(first template, row count) of each layer's structure
+    class, per layer], tail rows). The head rows (layer -1) come first, then each class's rows once, in the order
+    the classes first appear, then the tail rows (layer -1). See :func:`build_optable` for the arguments."""
     model = load_model(model)
     plan = (plan or ParallelPlan()).validate(model)
     if dispatch is not None:  # local widths and fusion as vLLM runs the deployment
@@ -312,17 +304,54 @@ def build_optable(model, plan: ParallelPlan | None = None, quant="bf16", step: E
     head, tail = _edge_rows(c)
     templates = list(head)
     spans: dict = {}  # class key -> (first template index, row count)
-    index, layers = [np.arange(len(head))], [np.full(len(head), -1)]
+    per_layer = []
     for layer in range(model.layers):
         key = _layer_key(model, c.topk_source, layer)
         if key not in spans:
             rows = _class_rows(c, key)
             spans[key] = (len(templates), len(rows))
             templates += rows
-        first, n = spans[key]
-        index.append(np.arange(first, first + n))
-        layers.append(np.full(n, layer))
-    index.append(np.arange(len(templates), len(templates) + len(tail)))
-    layers.append(np.full(len(tail), -1))
-    templates += tail
-    return _frame(templates, np.concatenate(index), np.concatenate(layers))
+        per_layer.append(spans[key])
+    return templates + tail, len(head), per_layer, len(tail)
+
+
+def build_optable(model, plan: ParallelPlan | None = None, quant="bf16", step: EngineStep | None = None,
+                  routing=None, dispatch: Dispatch | None = None):
+    """OpTable of one engine step on one GPU: a pandas DataFrame with the columns of :data:`COLUMNS`.
+
+    ``model``: ModelSpec or name; ``plan``: ParallelPlan (default TP1); ``quant``: QuantScheme or name;
+    ``step``: EngineStep (default one decode at context 1); ``routing``: see ``routing.make_routing``;
+    ``dispatch``: what vLLM runs for the deployment (:mod:`m3lab.optable.dispatch`; None: the spec's structure,
+    no decision columns). Each layer structure class is built once and repeated column-wise.
+    """
+    import numpy as np
+    import pandas as pd
+
+    templates, n_head, per_layer, n_tail = _templates(model, plan, quant, step, routing, dispatch)
+    index = [np.arange(n_head)] + [np.arange(first, first + n) for first, n in per_layer] \
+        + [np.arange(len(templates) - n_tail, len(templates))]
+    layers = [np.full(n_head, -1)] + [np.full(n, layer) for layer, (_, n) in enumerate(per_layer)] \
+        + [np.full(n_tail, -1)]
+    data = {"layer": np.concatenate(layers).astype(np.int64)} | _columns(templates, np.concatenate(index))
+    return pd.DataFrame({col: pd.Series(data[col], dtype=object) if col in _TEXT_COLUMNS else data[col]
+                         for col in COLUMNS})
+
+
+def class_columns(model, plan: ParallelPlan | None = None, quant="bf16", step: EngineStep | None = None,
+                  routing=None, dispatch: Dispatch | None = None) -> dict:
+    """The OpTable of :func:`build_optable` reduced to one layer per structure class, as numpy columns (what the
+    cost model consumes; no DataFrame): the rows of the first layer of each class, in OpTable order, and a
+    ``calls`` column (float [rows]) = the layers of the row's class (1 for the embedding and head rows)."""
+    import numpy as np
+
+    templates, n_head, per_layer, n_tail = _templates(model, plan, quant, step, routing, dispatch)
+    first_layer: dict = {}
+    for layer, span in enumerate(per_layer):
+        first_layer.setdefault(span, layer)
+    uses = {span: sum(1 for s in per_layer if s == span) for span in first_layer}
+    layer = np.full(len(templates), -1, dtype=np.int64)
+    calls = np.ones(len(templates))
+    for (first, n), lay in first_layer.items():
+        layer[first:first + n], calls[first:first + n] = lay, uses[(first, n)]
+    data = {"layer": layer} | _columns(templates, np.arange(len(templates)))
+    return {col: data[col] for col in COLUMNS} | {"calls": calls}

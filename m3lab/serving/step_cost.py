@@ -37,11 +37,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from m3lab.arith import finite
 from m3lab.cost.model import cost_columns, cost_optable
 from m3lab.cost.overrides import OVERRIDE_COLUMNS, overrides_key
 from m3lab.errors import M3LabError
 from m3lab.optable import build_optable
-from m3lab.optable.builder import topk_sources
+from m3lab.optable.builder import class_columns
 from m3lab.serving.dispatch import dispatch_for
 from m3lab.spec.quant import load_quant
 from m3lab.spec.record_key import stable_key
@@ -61,16 +62,6 @@ def _bucket(x: float, quantum: float = QUANTUM) -> int:
 
 def _unbucket(b: int, quantum: float = QUANTUM) -> int:
     return max(1, int(round(quantum ** b)))
-
-
-def _layer_classes(model, dispatch=None) -> dict[int, int]:
-    """Representative layer -> number of layers with the same rows (attention kind, own top-k, MLP kind)."""
-    src = topk_sources(model, dispatch)
-    groups: dict[tuple, list[int]] = {}
-    for layer in range(model.layers):
-        key = (model.attn_types[layer], src.get(layer) == layer, model.mlp_types[layer])
-        groups.setdefault(key, []).append(layer)
-    return {layers[0]: len(layers) for layers in groups.values()}
 
 
 @dataclass
@@ -97,7 +88,6 @@ class StepCoster:
         if self.dispatch is not None:
             self.dispatch.check_serves()
             self.plan = self.dispatch.plan(d.plan)   # local widths as vLLM runs the deployment
-        self._classes = _layer_classes(self.model, self.dispatch)
         # every field of model, plan and quant (KV / index dtypes, index sharing, ...) and every decision of
         # what vLLM runs for them keys the shared OpTables
         self._spec_key = stable_key(self.model, self.plan, load_quant(self.quant),
@@ -150,10 +140,7 @@ class StepCoster:
         key = (self._spec_key, self.routing, step.signature(), step.num_decodes) if shared else None
         if key is not None and key in _OPTABLE_CACHE:
             return _OPTABLE_CACHE[key]
-        ot = build_optable(self.model, self.plan, self.quant, step, self.routing, self.dispatch)
-        keep = (ot["layer"].isin(list(self._classes)) | (ot["layer"] < 0)).to_numpy()
-        cols = {c: ot[c].to_numpy()[keep] for c in ot.columns}
-        cols["calls"] = np.array([self._classes.get(int(x), 1) for x in cols["layer"]], dtype=float)
+        cols = class_columns(self.model, self.plan, self.quant, step, self.routing, self.dispatch)
         if key is not None:
             if len(_OPTABLE_CACHE) >= OPTABLE_CACHE_SIZE:
                 _OPTABLE_CACHE.pop(next(iter(_OPTABLE_CACHE)))
@@ -166,7 +153,7 @@ class StepCoster:
         res = cost_columns(cols, self.hw, cal, op_overrides=self.op_overrides if cal is not None else ())
         calls = cols["calls"].astype(float)
         mat = np.column_stack([res["t_us"], res["t_bound_us"]]
-                              + [np.nan_to_num(cols[c].astype(float)) for c in AGG_COLUMNS[2:]]) * calls[:, None]
+                              + [finite(cols[c]) for c in AGG_COLUMNS[2:]]) * calls[:, None]
         mat = np.column_stack([mat, calls])
         labels = list(zip(cols["op"], cols["kind"]))
         per_op: dict = {}
