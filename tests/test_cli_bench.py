@@ -5,7 +5,7 @@ from typer.testing import CliRunner
 
 from m3lab.cli.main import app
 
-BENCH_OPS = ("gemm", "moe", "sparse", "collectives", "cache", "probe", "shapes", "targets")
+BENCH_OPS = ("gemm", "moe", "sparse", "collectives", "cache", "probe", "shapes", "estimate", "targets")
 TUNE_OPS = ("gemm", "moe")
 
 
@@ -31,6 +31,7 @@ def test_help_lists_every_op(group, ops):
     (["bench", "probe", "--rounds", "0"], "rounds"),
     (["bench", "probe"], "device"),
     (["bench", "shapes", "--concurrency", "0"], "concurrency"),
+    (["bench", "estimate", "--only", "fixed,agentx"], "only"),
     (["tune", "gemm", "--ms", "8,-1"], "ms"),
     (["tune", "moe", "--ts", "1,,8"], "ts"),
     (["tune", "moe", "--budget-s", "0"], "budget-s"),

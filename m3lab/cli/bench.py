@@ -7,6 +7,7 @@
     m3lab bench cache [--requests 1000] [--repeats 3] [--no-vllm] [--no-append]        prefix cache vs vLLM's (CPU)
     m3lab bench probe [--rounds 4] [--out DIR]                                          launch choices vs vLLM (GPU)
     m3lab bench shapes [--isl 8192 --concurrency 128 --limit 2.0]                      shape histograms' speed (CPU)
+    m3lab bench estimate [--only fixed,agentic] [--vllm] [--json]                      serving estimates' speed (CPU)
     m3lab bench targets [--path CSV]                                                     peers' targets, recorded rows (CPU)
 
 Every option is checked before any work starts (bad input: one line naming the option, exit 2). The GPU sessions
@@ -168,6 +169,21 @@ def shapes_cmd(model: str = typer.Option("minimax-m3", help="model name"), tp: i
     result.update(limit_s=limit, ok=result["first_s"] < limit)
     typer.echo(json.dumps(result))
     if not result["ok"]:
+        raise typer.Exit(1)
+
+
+@bench_app.command("estimate")
+def estimate_cmd(only: str = typer.Option("fixed,agentic", help="which estimates: fixed (8K/1K c=128), agentic (c=28)"),
+                 vllm: bool = typer.Option(False, "--vllm", help="also run the 8K/1K c=128 schedule through vLLM's "
+                                                                 "own Scheduler (slower; needs vLLM)"),
+                 as_json: bool = typer.Option(False, "--json", help="the rows as JSON after the lines")) -> None:
+    """Seconds each serving estimate takes on this machine (CPU), against its target; exit 1 if one misses it."""
+    from m3lab.bench.estimate_speed import CASES, measure  # local: pulls in pandas and the cost model
+    cases = one_of(only, CASES, "only")
+    rows = measure(cases, vllm=vllm, echo=typer.echo)
+    if as_json:
+        typer.echo(json.dumps(rows))
+    if any(r["met"] is False for r in rows):
         raise typer.Exit(1)
 
 
