@@ -4,8 +4,8 @@ A serving run has thousands of steps whose shapes barely differ (a decode batch 
 each step). :class:`StepCoster` maps each :class:`~m3lab.workload.step.EngineStep` to a
 representative step — decode contexts replaced by their mean, context and chunk lengths rounded to
 ``QUANTUM`` relative steps; in steps with a prefill chunk the decode count and chunks under a tenth
-of the step's tokens to ``MIXED_QUANTUM`` — builds and costs that step's OpTable once under both the ceiling and
-the calibration, and reuses it. Layers of the same structure (attention kind, own top-k, MLP kind)
+of the step's tokens to ``MIXED_QUANTUM`` — builds that step's OpTable once, costs it once under each mode asked for (the ceiling, the
+calibration), and reuses both. Layers of the same structure (attention kind, own top-k, MLP kind)
 have identical rows, so each is costed once with ``calls`` = its layer count.
 
 The OpTable is built with the deployment's :class:`~m3lab.optable.dispatch.Dispatch` (what vLLM runs for it,
@@ -165,39 +165,47 @@ class StepCoster:
         terms = {c: res[c] for c in TERM_COLUMNS + OVERRIDE_COLUMNS if c in res} | {"calls": calls}
         return float(mat[:, 0].sum()), per_op, {lab: b for lab, (_, b) in bounds.items()}, terms
 
-    def _cost_entry(self, key: tuple) -> dict:
+    def _cost_entry(self, key: tuple, mode: str) -> tuple:
+        """(step µs, per-op totals, bounds, row terms) of the step ``key`` under ``mode``."""
+        cal = None if mode == "ceiling" else self.calibration
         spec = self.spec_tokens > 0 and key[0] > 0
-        ot = self._compact_columns(self.representative(key, spec))
-        plain = self._compact_columns(self.representative(key, False)) if spec else None
-        entry = {}
-        for mode, cal in (("ceiling", None), ("calibrated", self.calibration)):
-            if mode == "calibrated" and cal is None:
-                continue
-            t, per_op, bounds, terms = self._per_op(ot, cal)
-            rows = {"step": terms}
-            if spec:
-                t_plain, _, _, plain_terms = self._per_op(plain, cal)
-                draft = self.spec_tokens * self.draft_cost * t_plain
-                rows["draft"] = plain_terms
-                vec = np.zeros(len(AGG_COLUMNS) + 1)
-                vec[0], vec[-1] = draft, self.spec_tokens
-                per_op[("draft_model", "draft")] = vec
-                bounds[("draft_model", "draft")] = "memory"
-                t += draft
-            entry[mode] = (t, per_op, bounds, rows)
-        return entry
+        t, per_op, bounds, terms = self._per_op(self._compact_columns(self.representative(key, spec)), cal)
+        rows = {"step": terms}
+        if spec:
+            plain = self._compact_columns(self.representative(key, False))
+            t_plain, _, _, plain_terms = self._per_op(plain, cal)
+            draft = self.spec_tokens * self.draft_cost * t_plain
+            rows["draft"] = plain_terms
+            vec = np.zeros(len(AGG_COLUMNS) + 1)
+            vec[0], vec[-1] = draft, self.spec_tokens
+            per_op[("draft_model", "draft")] = vec
+            bounds[("draft_model", "draft")] = "memory"
+            t += draft
+        return t, per_op, bounds, rows
 
-    def entry(self, step: EngineStep) -> dict:
-        key = self.key(step)
-        if key not in self._memo:
-            self._memo[key] = self._cost_entry(key)
-        return self._memo[key]
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The cost modes this coster has: ``ceiling``, and ``calibrated`` with a calibration."""
+        return ("ceiling",) + (("calibrated",) if self.calibration is not None else ())
+
+    def entry(self, step: EngineStep, mode: str | None = None) -> dict:
+        """{mode: (step µs, per-op totals, bounds, row terms)} of ``step``'s key, costed under ``mode`` (None: every
+        mode of :attr:`modes`) on first use; a mode not costed yet for the key is absent."""
+        return self._entry(self.key(step), mode)
+
+    def _entry(self, key: tuple, mode: str | None) -> dict:
+        e = self._memo.setdefault(key, {})
+        for m in (self.modes if mode is None else (mode,)):
+            if m not in e and m in self.modes:
+                e[m] = self._cost_entry(key, m)
+        return e
 
     def time_us(self, step: EngineStep, mode: str = "ceiling", weight: float = 1.0) -> float:
         """Step time in µs under ``mode`` (+ the host time in the calibrated mode); ``weight`` (steps it stands
         for) accumulates the op totals."""
-        e = self.entry(step)
-        self._uses[(self.key(step), mode)] += weight
+        key = self.key(step)
+        e = self._entry(key, mode)
+        self._uses[(key, mode)] += weight
         host = self._host_us(step, mode, weight)
         return e[mode][0] + host
 
