@@ -92,3 +92,24 @@ def test_estimate_engine_vllm_schedules_with_vllms_own_scheduler():
     assert bad.exit_code == 2 and "engine" in bad.output
     pd = runner.invoke(app, ["estimate", "--hardware", "mi355x", *SMALL, "--pd", "1:1", "--engine", "vllm"])
     assert pd.exit_code == 2 and "--engine vllm" in pd.output
+
+
+def test_a_first_resolution_says_vllm_is_starting(tmp_path, monkeypatch, capsys):
+    """Before vLLM is started to decide a deployment's kernels (seconds), one stderr line says so; a deployment
+    already resolved (process or disk cache) prints nothing; --json off a terminal stays quiet."""
+    from m3lab.cli.estimate import _announce_vllm_start
+    from m3lab.serving import dispatch
+    from m3lab.spec.serving import make_deployment
+
+    monkeypatch.setenv(dispatch.CACHE_ENV, str(tmp_path))
+    d = make_deployment(concurrency=3)          # a batch no other test resolves: neither cache holds it
+    assert not dispatch.resolved_before(d)
+    _announce_vllm_start(d, as_json=False)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "starting it on the CPU" in err and str(tmp_path) in err
+    _announce_vllm_start(d, as_json=True)
+    assert capsys.readouterr().err == ""
+    dispatch.dispatch_for(d)
+    assert dispatch.resolved_before(d)
+    _announce_vllm_start(d, as_json=False)
+    assert capsys.readouterr().err == ""

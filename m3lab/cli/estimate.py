@@ -86,6 +86,7 @@ def estimate_cmd(  # long: typer declares every option in the signature
     if breakdown and (d.workload.kind != "fixed" or d.pd.enabled):
         raise M3LabError("--breakdown applies to the colocated fixed-length estimate", field="breakdown",
                          hint="drop --pd / --workload, or --breakdown")
+    _announce_vllm_start(d, as_json)
     if d.workload.kind != "fixed":
         from m3lab.serving.cached import estimate_workload  # local: pulls in pandas
         print_estimate(add_accuracy(estimate_workload(d, calibration=cal, progress=True), as_json), as_json)
@@ -111,6 +112,15 @@ def estimate_cmd(  # long: typer declares every option in the signature
         p = s["decode_step_point"]
         typer.echo(format_breakdown(table, f"decode step at batch {p['batch']}, context {p['context']} "
                                            f"({s['kind']}): where the time goes"))
+
+
+def _announce_vllm_start(d, as_json: bool) -> None:
+    """One line on stderr before vLLM is started to decide the deployment's kernels (10-15 s, once per answer)."""
+    from m3lab.serving.dispatch import cache_location, resolved_before  # local: pulls in the resolver's modules
+
+    if progress_wanted(as_json) and not resolved_before(d):
+        typer.echo(f"vLLM decides this deployment's kernels: starting it on the CPU (10-15 s; the answer is then "
+                   f"cached under {cache_location()})", err=True)
 
 
 def _sensitivity(est, summary: dict):

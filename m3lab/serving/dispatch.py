@@ -77,6 +77,23 @@ def dispatch_for(deployment, tokens: dict[str, int] | None = None) -> Dispatch |
     return _CACHE[key]
 
 
+def resolved_before(deployment) -> bool:
+    """True when :func:`dispatch_for` answers ``deployment`` without running vLLM (from this process's or the disk
+    cache, or because the resolver does not build it); False when it will start vLLM (seconds)."""
+    if not resolvable(deployment):
+        return True
+    tokens = resolved_tokens(deployment)
+    key = dispatch_key(deployment, tokens["decode"], tokens["prefill"])
+    path = _disk_path(key)
+    return key in _CACHE or (path is not None and path.is_file())
+
+
+def cache_location() -> str:
+    """Where resolutions are kept on disk (or that the disk cache is off)."""
+    root = _cache_dir()
+    return f"{CACHE_ENV}=off: this process only" if root is None else str(root)
+
+
 def _resolve(deployment, tokens: dict[str, int]) -> Dispatch:
     # heavy dependency: the resolver imports vLLM (seconds); only resolvable deployments reach it
     choices, res = {}, None
