@@ -204,11 +204,11 @@ def _serve(su: _Setup, open_loop: bool, progress: bool) -> tuple:
                          step_host_us(su.d.model.layers) if su.cal is not None else None, observe=observer)
     sessions = Sessions(tr, su.d.workload.concurrency, open_loop=open_loop)
     sessions.start(engine)
-    first, finish = np.full(len(tr), np.nan), np.full(len(tr), np.nan)
+    first, finish = [math.nan] * len(tr), np.full(len(tr), np.nan)
 
     def on_output(e, out) -> None:
         for rid, _, t in out.chunks:
-            if np.isnan(first[rid]):
+            if math.isnan(first[rid]):
                 first[rid] = t
         for rid, t in out.finished:
             finish[rid] = t
@@ -216,7 +216,7 @@ def _serve(su: _Setup, open_loop: bool, progress: bool) -> tuple:
 
     with late_progress("agentic sessions (m3lab)", len(tr), progress) as bar:
         run_engines([engine], on_output, lambda: sessions.done, progress=lambda: bar.update(sessions.finished))
-    return engine, observer, sessions, first, finish
+    return engine, observer, sessions, np.asarray(first, float), finish
 
 
 def _requests(su: _Setup, engine, sessions: Sessions, first: np.ndarray, finish: np.ndarray) -> pd.DataFrame:

@@ -49,12 +49,13 @@ class Req:
     """One request's scheduling state (the fields of vLLM's ``Request`` that scheduling reads)."""
 
     __slots__ = ("rid", "P", "M", "O", "C", "spec", "ph", "inflight", "stale", "prefill_chunk", "status",
-                 "preemptions", "verifies", "keys", "first_step", "external")
+                 "preemptions", "verifies", "keys", "first_step", "external", "draws")
 
     def __init__(self, rid: int, prompt: int, max_tokens: int, keys: list, external: int = 0):
         self.rid, self.P, self.M, self.keys, self.external = rid, prompt, max_tokens, keys, external
         self.O = self.C = self.spec = self.ph = self.inflight = self.stale = self.preemptions = self.verifies = 0
         self.prefill_chunk, self.status, self.first_step = True, WAITING, -1
+        self.draws: list = []          # the fake model's accepted drafts (of k) per verify number, drawn ahead
 
 
 class Batch:
@@ -239,7 +240,7 @@ class EngineCore(DecodeStretch):
 
     def _after_schedule(self, sched: list) -> list[int]:
         """Advance computed tokens; async placeholders; the fake model's token count per request."""
-        asy, k, outputs = self.cfg.async_scheduling, self.k, self.outputs
+        asy, k = self.cfg.async_scheduling, self.k
         counts = []
         for r, n, spec in sched:
             r.C += n
@@ -253,10 +254,21 @@ class EngineCore(DecodeStretch):
                 r.spec = k
             a = 0
             if spec:
-                a = outputs.accepted(r.rid, r.verifies, spec)
-                r.verifies += 1
+                a = self._accepted(r, spec)
             counts.append(1 + a)
         return counts
+
+    def _accepted(self, r: Req, spec: int) -> int:
+        """Drafts accepted of ``spec`` in ``r``'s next verification (``FakeOutputs.accepted``, drawn ahead for
+        the request's ``max_tokens`` verifications at a time)."""
+        n, draws = r.verifies, r.draws
+        r.verifies += 1
+        if spec > self.k:
+            return self.outputs.accepted(r.rid, n, spec)
+        if n >= len(draws):
+            draws.extend(self.outputs.accepted_run(r.rid, len(draws), r.M, self.k))
+        a = draws[n]
+        return a if a < spec else spec
 
     def schedule(self) -> Batch:
         """One ``schedule()`` call."""

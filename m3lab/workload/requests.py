@@ -36,6 +36,14 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _mix_array(x: np.ndarray) -> np.ndarray:
+    """:func:`_mix` of each element of a uint64 array (numpy's uint64 arithmetic wraps modulo 2^64)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
 class RequestContents:
     """N requests: ``prompt`` [N] and ``max_tokens`` [N] (int64), token ids on demand, block keys.
     ``unique_outputs``: every block holding an output token is the request's own (no other block has its key)."""
@@ -118,6 +126,7 @@ class KeyContents(RequestContents):
     def __init__(self, keys, prompt, max_tokens, block_size: int):
         self._keys, self.block_size = keys, block_size
         self.prompt, self.max_tokens = _lengths(prompt, max_tokens)
+        self._chains: dict = {}        # (lookahead, first key) -> (keys, chained keys) of the last request chained
 
     def keys(self, rid: int):
         return self._keys(rid) if callable(self._keys) else self._keys[rid]
@@ -131,12 +140,37 @@ class KeyContents(RequestContents):
             raise M3LabError(f"keys are per {self.block_size}-token block, not {block_size}", field="block_size")
         n = (int(self.prompt[rid]) + int(self.max_tokens[rid]) - lookahead) // block_size
         k = [int(x) for x in self.keys(rid)[:n + 1]]
-        keys, parent = [], 0
-        for i in range(n):
+        if not k:
+            return self._chain(k, n, lookahead, rid, [])
+        last = self._chains.get((lookahead, k[0]))
+        same = _common_prefix(k, last[0]) if last is not None else 0
+        if lookahead:                  # key i also covers key i + 1 (the last request's may be its own tail)
+            same -= 1
+        keys = self._chain(k, n, lookahead, rid, last[1][:min(same, n)] if same > 0 else [])
+        self._chains[(lookahead, k[0])] = (k, keys)
+        return keys
+
+    @staticmethod
+    def _chain(k: list, n: int, lookahead: int, rid: int, keys: list) -> list:
+        """``keys`` (the first chained keys, already known) extended to ``n``."""
+        parent = keys[-1] if keys else 0
+        for i in range(len(keys), n):
             nxt = () if not lookahead else (k[i + 1] if i + 1 < len(k) else -1 - rid,) * lookahead
             parent = hash((parent, k[i], nxt))
             keys.append(parent)
         return keys
+
+
+def _common_prefix(a: list, b: list) -> int:
+    """Length of the longest common prefix of two lists (a bisection over C-speed slice comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True)
@@ -161,6 +195,19 @@ class FakeOutputs:
             if (_mix(base ^ j) >> 11) >= limit:
                 return j
         return k
+
+    def accepted_run(self, rid: int, start: int, count: int, k: int) -> list[int]:
+        """:meth:`accepted` of verify numbers ``start .. start + count - 1`` of request ``rid`` (``k`` drafts each),
+        drawn at once; the drafts accepted of fewer drafts ``k' < k`` are ``min(accepted, k')``."""
+        if self.p >= 1.0:
+            return [k] * count
+        limit = np.uint64(int(self.p * 2.0**53))
+        head = _mix(_mix(self.seed & _M64) ^ (rid & _M64))
+        base = _mix_array(np.uint64(head) ^ np.arange(start, start + count, dtype=np.uint64))
+        out = np.full(count, k, np.int64)
+        for j in range(k - 1, -1, -1):          # the first rejection wins: walk the drafts from the last one
+            out[(_mix_array(base ^ np.uint64(j)) >> np.uint64(11)) >= limit] = j
+        return out.tolist()
 
     def mean_accepted(self, k: int) -> float:
         return float(sum(self.p ** j for j in range(1, k + 1)))
