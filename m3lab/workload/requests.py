@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from m3lab.errors import M3LabError
+from m3lab.workload.chains import ChainedKeys
 from m3lab.workload.step import EngineStep
 
 _M64 = (1 << 64) - 1
@@ -126,7 +127,7 @@ class KeyContents(RequestContents):
     def __init__(self, keys, prompt, max_tokens, block_size: int):
         self._keys, self.block_size = keys, block_size
         self.prompt, self.max_tokens = _lengths(prompt, max_tokens)
-        self._chains: dict = {}        # (lookahead, first key) -> (keys, chained keys) of the last request chained
+        self._chains: dict = {}        # lookahead -> ChainedKeys (each shared prefix chained once)
 
     def keys(self, rid: int):
         return self._keys(rid) if callable(self._keys) else self._keys[rid]
@@ -140,37 +141,10 @@ class KeyContents(RequestContents):
             raise M3LabError(f"keys are per {self.block_size}-token block, not {block_size}", field="block_size")
         n = (int(self.prompt[rid]) + int(self.max_tokens[rid]) - lookahead) // block_size
         k = [int(x) for x in self.keys(rid)[:n + 1]]
-        if not k:
-            return self._chain(k, n, lookahead, rid, [])
-        last = self._chains.get((lookahead, k[0]))
-        same = _common_prefix(k, last[0]) if last is not None else 0
-        if lookahead:                  # key i also covers key i + 1 (the last request's may be its own tail)
-            same -= 1
-        keys = self._chain(k, n, lookahead, rid, last[1][:min(same, n)] if same > 0 else [])
-        self._chains[(lookahead, k[0])] = (k, keys)
-        return keys
-
-    @staticmethod
-    def _chain(k: list, n: int, lookahead: int, rid: int, keys: list) -> list:
-        """``keys`` (the first chained keys, already known) extended to ``n``."""
-        parent = keys[-1] if keys else 0
-        for i in range(len(keys), n):
-            nxt = () if not lookahead else (k[i + 1] if i + 1 < len(k) else -1 - rid,) * lookahead
-            parent = hash((parent, k[i], nxt))
-            keys.append(parent)
-        return keys
-
-
-def _common_prefix(a: list, b: list) -> int:
-    """Length of the longest common prefix of two lists (a bisection over C-speed slice comparisons)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+        chains = self._chains.get(lookahead)
+        if chains is None:
+            chains = self._chains[lookahead] = ChainedKeys(lookahead)
+        return chains.keys(k, n, -1 - rid)
 
 
 @dataclass(frozen=True)
