@@ -1,10 +1,14 @@
-"""The fake model's draws and the chained block keys, drawn or chained ahead, equal the one-at-a-time definitions."""
+"""What the step generator computes ahead or once (the fake model's draws, chained block keys, a record's rows)
+equals the one-at-a-time definitions."""
 import random
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from m3lab.workload import chains
-from m3lab.workload.requests import FakeOutputs, KeyContents
+from m3lab.workload.requests import FakeOutputs, KeyContents, UniqueContents
+from m3lab.workload.scheduler import Scheduler, SchedulerConfig
 
 
 @pytest.mark.parametrize("p", [0.0, 0.35, 0.8, 0.999, 1.0])
@@ -50,3 +54,21 @@ def test_a_planted_reuse_of_a_longer_prefix_is_caught(monkeypatch):
     contents = KeyContents([[1, 2, 3, 4], [1, 2, 9, 9]], [16, 16], [1, 1], 4)
     contents.block_keys(0, 4)
     assert contents.block_keys(1, 4) != _direct([1, 2, 9, 9], 4, 0, 1)
+
+
+@pytest.mark.parametrize("method,asy", [(None, False), ("mtp", False), ("mtp", True), ("ngram", True)])
+def test_record_rows_equal_the_dicts(method, asy):
+    """The generator's rows give the arrays the record's dicts give (prefill chunks, decodes with drafts,
+    recomputes after preemption)."""
+    rng = np.random.default_rng(5)
+    contents = UniqueContents(rng.integers(20, 300, 40), rng.integers(1, 60, 40))
+    cfg = SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=128, block_size=16, num_kv_blocks=90,
+                          spec_method=method, spec_tokens=3 if method else 0, async_scheduling=asy)
+    recs = Scheduler(cfg, outputs=FakeOutputs(p=0.6, seed=2), collapse=False).records(contents, concurrency=12)
+    assert any(r.preempted for r in recs) and all(r.rows is not None for r in recs)
+    kinds = set()
+    for r in recs:
+        ours, dicts = r.arrays(contents.prompt), replace(r, rows=None).arrays(contents.prompt)
+        assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(ours, dicts))
+        kinds.update(zip(ours[3].tolist(), (ours[1] > 1).tolist()))
+    assert kinds >= {(False, True), (True, bool(method))}             # prefill chunks; decodes of 1 + drafts

@@ -270,6 +270,19 @@ class EngineCore(DecodeStretch):
         a = draws[n]
         return a if a < spec else spec
 
+    @staticmethod
+    def _rows(sched: list) -> tuple[list, list, list, list]:
+        """A step's rows after scheduling (``StepRecord.rows``): request ids, new tokens, computed before, and
+        whether each decodes (past its prompt, ``1 + drafts`` tokens)."""
+        ids, new, comp, dec = [], [], [], []
+        for r, n, s in sched:
+            c = r.C - n
+            ids.append(r.rid)
+            new.append(n)
+            comp.append(c)
+            dec.append(c >= r.P and n == 1 + s)
+        return ids, new, comp, dec
+
     def schedule(self) -> Batch:
         """One ``schedule()`` call."""
         self.calls += 1
@@ -286,12 +299,12 @@ class EngineCore(DecodeStretch):
         if sched or preempted:
             pool = self.pool
             finite = pool is not None and pool.num_blocks is not None
-            record = StepRecord(call=self.calls - 1, scheduled={r.rid: n for r, n, _ in sched},
-                                computed={r.rid: r.C - n for r, n, _ in sched},
+            rows = ids, new, comp, _ = self._rows(sched)
+            record = StepRecord(call=self.calls - 1, scheduled=dict(zip(ids, new)), computed=dict(zip(ids, comp)),
                                 spec={r.rid: s for r, n, s in sched if s}, admitted=tuple(sorted(admitted)),
                                 preempted=tuple(sorted(v.rid for v in preempted)), running=len(self.running),
                                 waiting=len(self.waiting), kv_usage=pool.usage if finite else None,
-                                free_blocks=pool.num_free if finite else None)
+                                free_blocks=pool.num_free if finite else None, rows=rows)
         if sched:
             for (r, _, _), c in zip(sched, counts):
                 if c and r.first_step < 0:

@@ -238,6 +238,9 @@ class StepRecord:
     #: a decode stretch's step j: (request ids [R], computed before its first step [R], j), so :meth:`arrays`
     #: need not read the dicts (not part of the record's identity)
     stretch: tuple | None = field(default=None, compare=False, repr=False)
+    #: the step generator's rows: (request ids, new tokens, computed before, decode flags) lists [R] in scheduling
+    #: order, the decode flags by its requests' prompts, so :meth:`arrays` need not read the dicts (not identity)
+    rows: tuple | None = field(default=None, compare=False, repr=False)
 
     FIELDS = ("call", "scheduled", "computed", "spec", "admitted", "preempted", "emitted", "finished", "applied",
               "running", "waiting", "free_blocks")
@@ -255,7 +258,11 @@ class StepRecord:
     def arrays(self, prompt) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(request ids, new tokens, computed before, decode flags) [R] in scheduling order. A request decodes when
         it is past its prompt and scheduled ``1 + drafts`` tokens (else a prefill chunk, or a recompute after
-        preemption). ``prompt``: prompt lengths indexed by request id."""
+        preemption). ``prompt``: prompt lengths indexed by request id (the prompts the schedule was made with)."""
+        if self.rows is not None:
+            ids, new, comp, dec = self.rows
+            return (np.array(ids, np.int64), np.array(new, np.int64), np.array(comp, np.int64),
+                    np.array(dec, bool))
         if self.stretch is not None:
             ids, c0, j = self.stretch
             comp = c0 + j
@@ -270,8 +277,9 @@ class StepRecord:
     def engine_step(self, prompt, index: int = 0, time_s: float = 0.0) -> EngineStep:
         """The step as the cost model takes it (requests in scheduling order; context = computed + new)."""
         ids, new, comp, dec = self.arrays(prompt)
-        return EngineStep(new, comp + new, req_ids=ids, index=index, time_s=time_s, finished=self.finished,
-                          decode_mask=dec)
+        make = EngineStep if self.rows is None and self.stretch is None else EngineStep.unchecked
+        return make(new, comp + new, req_ids=ids, index=index, time_s=time_s, finished=self.finished,
+                    decode_mask=dec)
 
     def row(self) -> dict:
         return {f: getattr(self, f) for f in self.FIELDS}
