@@ -123,12 +123,15 @@ class EngineCore(DecodeStretch):
 
     def _hashed(self, r: Req) -> int:
         """Blocks of ``r`` vLLM has hashed so far (``request.block_hashes``)."""
-        return max(0, r.P + r.O - self.hash_lookahead) // self.cfg.block_size
+        hashable = r.P + r.O - self.hash_lookahead
+        return hashable // self.cfg.block_size if hashable > 0 else 0
 
     def _alloc(self, r: Req, n: int, hit=(), admit: bool = False, external: int = 0) -> bool:
         pool = self.pool
         if pool is None:
             return True
+        if not hit and not admit and not external:
+            return pool.allocate_running(r.rid, r.keys, r.P + r.O, r.C, n, self.lookahead, self._hashed(r))
         return pool.allocate_slots(r.rid, r.keys, r.P + r.O, r.C + external, n, hit, lookahead=self.lookahead,
                                    full_sequence_must_fit=admit, num_hashed=self._hashed(r))
 
