@@ -57,7 +57,7 @@ class TimedEngine:
         self.blocked = False               # nothing can run until KV is released elsewhere
         self.was_blocked = False
         self.records: list = []            # StepRecords of executed steps, in call order
-        self.rows: list = []               # per record: start_s, end_s, device_us, output_s (set when applied)
+        self.rows: list = []               # per record: (start_s, end_s, device_us, output_s (set when applied))
         self.first_scheduled: dict = {}    # request -> start s of the first step that scheduled it
 
     # ---- arrivals and release ------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class TimedEngine:
         start, end = self.tl.step(dev, ready, issue)
         self.inflight.append((rec, end, after, len(self.records)))
         self.records.append(rec)
-        self.rows.append([start, end, dev, np.nan])
+        self.rows.append((start, end, dev, np.nan))
         for rid in rec.scheduled:
             if rid not in self.first_scheduled:
                 self.first_scheduled[rid] = start
@@ -140,7 +140,7 @@ class TimedEngine:
         while self.inflight and self.inflight[0][0].applied is not None and self.inflight[0][0].applied <= call + 1:
             rec, end, after, row = self.inflight.popleft()
             t = self.tl.output(end, after)
-            self.rows[row][3] = t
+            self.rows[row] = (*self.rows[row][:3], t)
             out.chunks.extend((rid, n, t) for rid, n in rec.emitted.items())
             out.finished.extend((rid, t) for rid in rec.finished)
 

@@ -238,7 +238,7 @@ class StepRecord:
     #: a decode stretch's step j: (request ids [R], computed before its first step [R], j), so :meth:`arrays`
     #: need not read the dicts (not part of the record's identity)
     stretch: tuple | None = field(default=None, compare=False, repr=False)
-    #: the step generator's rows: (request ids, new tokens, computed before, decode flags) lists [R] in scheduling
+    #: the step generator's rows: (request ids, new tokens, computed before, decode flags) tuples [R] in scheduling
     #: order, the decode flags by its requests' prompts, so :meth:`arrays` need not read the dicts (not identity)
     rows: tuple | None = field(default=None, compare=False, repr=False)
 
