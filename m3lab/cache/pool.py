@@ -331,8 +331,9 @@ class PrefixCache:
     def cache_blocks(self, rid, hashes: list, num_tokens: int, num_hashed: int | None = None) -> None:
         """Cache request ``rid``'s blocks that are full within its first ``num_tokens`` tokens and have a key
         (``KVCacheManager.cache_blocks``; ``num_hashed`` as for :meth:`allocate_slots`)."""
-        n_hashed = len(hashes) if num_hashed is None else min(num_hashed, len(hashes))
-        n_full = min(num_tokens, n_hashed * self.block_size) // self.block_size
+        n_hashed = len(hashes) if num_hashed is None or num_hashed > len(hashes) else num_hashed
+        hashed_tokens = n_hashed * self.block_size
+        n_full = (num_tokens if num_tokens < hashed_tokens else hashed_tokens) // self.block_size
         if self._req_cached.get(rid, 0) < n_full:
             self._cache(rid, hashes, n_full)
 

@@ -140,7 +140,7 @@ class KeyContents(RequestContents):
         if block_size != self.block_size:
             raise M3LabError(f"keys are per {self.block_size}-token block, not {block_size}", field="block_size")
         n = (int(self.prompt[rid]) + int(self.max_tokens[rid]) - lookahead) // block_size
-        k = [int(x) for x in self.keys(rid)[:n + 1]]
+        k = list(map(int, self.keys(rid)[:n + 1]))
         chains = self._chains.get(lookahead)
         if chains is None:
             chains = self._chains[lookahead] = ChainedKeys(lookahead)
