@@ -68,11 +68,14 @@ class CoarseStepTime:
         return max(int(round(STEP_QUANTUM ** b)), 1)
 
     def __call__(self, step) -> float:
-        dec = step.is_decode.tolist()
-        new, ctx = step.new_tokens.tolist(), step.context_lens.tolist()
-        dctx = [c for c, d in zip(ctx, dec) if d]
+        dec, ctx = step.is_decode.tolist(), step.context_lens.tolist()
+        if all(dec):                # decodes only (the common step)
+            dctx, pre = ctx, []
+        else:
+            new = step.new_tokens.tolist()
+            dctx = [c for c, d in zip(ctx, dec) if d]
+            pre = [(n, c) for n, c, d in zip(new, ctx, dec) if not d]
         nd = len(dctx)
-        pre = [(n, c) for n, c, d in zip(new, ctx, dec) if not d]
         b = self._b
         key = (nd if nd <= 8 else -b(nd), b(sum(dctx) / nd) if nd else 0,
                (b(sum(n for n, _ in pre)), b(sum(n * c for n, c in pre))) if pre else None)
