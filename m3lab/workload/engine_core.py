@@ -145,7 +145,7 @@ class EngineCore(DecodeStretch):
             if n == 0:
                 i += 1
                 continue
-            if pool is not None and not pool.allocate_running(r.rid, r.keys, PO, C, n, la,
+            if pool is not None and not pool.allocate_running(r.rid, r.keys, PO, C, n, la,       # _alloc, inline
                                                               (PO - hl) // bs if PO > hl else 0):
                 i, budget, ok = self._make_room(r, n, i, budget, sched, preempted)
                 if not ok:
@@ -331,7 +331,7 @@ class EngineCore(DecodeStretch):
                 if r.ph > 0:
                     r.ph -= g
                 if cache is not None and running and (had_ph or k):
-                    cache(r.rid, r.keys, r.C - r.inflight, (PO - hl) // bs if PO > hl else 0)
+                    cache(r.rid, r.keys, r.C - r.inflight, (PO - hl) // bs if PO > hl else 0)   # _hashed(r)
             if stopped:
                 self._finish(r, running, finished)
         rec = batch.record
