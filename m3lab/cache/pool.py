@@ -309,20 +309,43 @@ class PrefixCache:
         self.cache_blocks(rid, hashes, min(total_computed + num_new_tokens, num_tokens), num_hashed)
         return True
 
+    def allocate_running(self, rid, hashes: list, num_tokens: int, num_computed: int, num_new_tokens: int,
+                         lookahead: int, num_hashed: int) -> bool:
+        """:meth:`allocate_slots` of a running request (no new hit, no admission check, no watermark), done at
+        once when its blocks already hold the new slots (the common decode step)."""
+        blocks = self.req_blocks.get(rid)
+        bs, mml = self.block_size, self.max_model_len
+        slots = num_computed + num_new_tokens + lookahead
+        if blocks is None or len(blocks) * bs < (slots if slots < mml else mml):
+            return self.allocate_slots(rid, hashes, num_tokens, num_computed, num_new_tokens, lookahead=lookahead,
+                                       num_hashed=num_hashed)
+        tokens = (num_computed if num_computed < mml else mml) + num_new_tokens
+        if tokens > num_tokens:
+            tokens = num_tokens
+        n_hashed = len(hashes) if num_hashed > len(hashes) else num_hashed
+        n_full = (tokens if tokens < n_hashed * bs else n_hashed * bs) // bs
+        if self._req_cached.get(rid, 0) < n_full:
+            self._cache(rid, hashes, n_full)
+        return True
+
     def cache_blocks(self, rid, hashes: list, num_tokens: int, num_hashed: int | None = None) -> None:
         """Cache request ``rid``'s blocks that are full within its first ``num_tokens`` tokens and have a key
         (``KVCacheManager.cache_blocks``; ``num_hashed`` as for :meth:`allocate_slots`)."""
-        n_hashed = len(hashes) if num_hashed is None else min(num_hashed, len(hashes))
-        n_full = min(num_tokens, n_hashed * self.block_size) // self.block_size
-        done = self._req_cached.get(rid, 0)
-        if done < n_full:
-            blocks = self.req_blocks[rid]
-            insert = self._insert
-            for i in range(done, n_full):
-                insert(hashes[i], blocks[i])
-                if self._tracks_tree:
-                    self.policy.on_cached(blocks[i], blocks[i - 1] if i else None)
-            self._req_cached[rid] = n_full
+        n_hashed = len(hashes) if num_hashed is None or num_hashed > len(hashes) else num_hashed
+        hashed_tokens = n_hashed * self.block_size
+        n_full = (num_tokens if num_tokens < hashed_tokens else hashed_tokens) // self.block_size
+        if self._req_cached.get(rid, 0) < n_full:
+            self._cache(rid, hashes, n_full)
+
+    def _cache(self, rid, hashes: list, n_full: int) -> None:
+        """Give keys to request ``rid``'s blocks from the first uncached one up to block ``n_full``."""
+        blocks = self.req_blocks[rid]
+        insert = self._insert
+        for i in range(self._req_cached.get(rid, 0), n_full):
+            insert(hashes[i], blocks[i])
+            if self._tracks_tree:
+                self.policy.on_cached(blocks[i], blocks[i - 1] if i else None)
+        self._req_cached[rid] = n_full
 
     def free(self, rid) -> None:
         """Release a finished or preempted request's blocks, last block first."""

@@ -68,11 +68,14 @@ class CoarseStepTime:
         return max(int(round(STEP_QUANTUM ** b)), 1)
 
     def __call__(self, step) -> float:
-        dec = step.is_decode.tolist()
-        new, ctx = step.new_tokens.tolist(), step.context_lens.tolist()
-        dctx = [c for c, d in zip(ctx, dec) if d]
+        dec, ctx = step.is_decode.tolist(), step.context_lens.tolist()
+        if all(dec):                # decodes only (the common step)
+            dctx, pre = ctx, []
+        else:
+            new = step.new_tokens.tolist()
+            dctx = [c for c, d in zip(ctx, dec) if d]
+            pre = [(n, c) for n, c, d in zip(new, ctx, dec) if not d]
         nd = len(dctx)
-        pre = [(n, c) for n, c, d in zip(new, ctx, dec) if not d]
         b = self._b
         key = (nd if nd <= 8 else -b(nd), b(sum(dctx) / nd) if nd else 0,
                (b(sum(n for n, _ in pre)), b(sum(n * c for n, c in pre))) if pre else None)
@@ -204,11 +207,11 @@ def _serve(su: _Setup, open_loop: bool, progress: bool) -> tuple:
                          step_host_us(su.d.model.layers) if su.cal is not None else None, observe=observer)
     sessions = Sessions(tr, su.d.workload.concurrency, open_loop=open_loop)
     sessions.start(engine)
-    first, finish = np.full(len(tr), np.nan), np.full(len(tr), np.nan)
+    first, finish = [math.nan] * len(tr), np.full(len(tr), np.nan)
 
     def on_output(e, out) -> None:
         for rid, _, t in out.chunks:
-            if np.isnan(first[rid]):
+            if math.isnan(first[rid]):
                 first[rid] = t
         for rid, t in out.finished:
             finish[rid] = t
@@ -216,7 +219,7 @@ def _serve(su: _Setup, open_loop: bool, progress: bool) -> tuple:
 
     with late_progress("agentic sessions (m3lab)", len(tr), progress) as bar:
         run_engines([engine], on_output, lambda: sessions.done, progress=lambda: bar.update(sessions.finished))
-    return engine, observer, sessions, first, finish
+    return engine, observer, sessions, np.asarray(first, float), finish
 
 
 def _requests(su: _Setup, engine, sessions: Sessions, first: np.ndarray, finish: np.ndarray) -> pd.DataFrame:

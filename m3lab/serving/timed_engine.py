@@ -15,8 +15,10 @@ it (``horizon_s``: the earliest time another engine could send one), with the sa
 """
 from __future__ import annotations
 
+import gc
 import heapq
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -57,7 +59,7 @@ class TimedEngine:
         self.blocked = False               # nothing can run until KV is released elsewhere
         self.was_blocked = False
         self.records: list = []            # StepRecords of executed steps, in call order
-        self.rows: list = []               # per record: start_s, end_s, device_us, output_s (set when applied)
+        self.rows: list = []               # per record: (start_s, end_s, device_us, output_s (set when applied))
         self.first_scheduled: dict = {}    # request -> start s of the first step that scheduled it
 
     # ---- arrivals and release ------------------------------------------------------------------------
@@ -127,7 +129,7 @@ class TimedEngine:
         start, end = self.tl.step(dev, ready, issue)
         self.inflight.append((rec, end, after, len(self.records)))
         self.records.append(rec)
-        self.rows.append([start, end, dev, np.nan])
+        self.rows.append((start, end, dev, np.nan))
         for rid in rec.scheduled:
             if rid not in self.first_scheduled:
                 self.first_scheduled[rid] = start
@@ -140,9 +142,9 @@ class TimedEngine:
         while self.inflight and self.inflight[0][0].applied is not None and self.inflight[0][0].applied <= call + 1:
             rec, end, after, row = self.inflight.popleft()
             t = self.tl.output(end, after)
-            self.rows[row][3] = t
-            out.chunks.extend((rid, n, t) for rid, n in rec.emitted.items())
-            out.finished.extend((rid, t) for rid in rec.finished)
+            self.rows[row] = (*self.rows[row][:3], t)
+            out.chunks += [(rid, n, t) for rid, n in rec.emitted.items()]
+            out.finished += [(rid, t) for rid in rec.finished]
 
     def _stretch(self, horizon_s: float, out: Output) -> bool:
         """A pure-decode stretch whose calls all start before the horizon and the next pending arrival; its steps
@@ -176,10 +178,29 @@ class TimedEngine:
         return True
 
 
+@contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off inside (on again after, if it was): a run allocates millions of
+    short-lived containers and keeps one record per step, so the collector's full passes over the whole heap,
+    triggered by that growth, cost seconds and find no cycles (reference counting frees the rest)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def run_engines(engines: list, on_output: Callable, done: Callable[[], bool], *, progress=None) -> float:
     """Advance ``engines`` (:class:`TimedEngine`) in time order until ``done()``: each call's :class:`Output`
     goes to ``on_output(engine, output)``, which may push requests or release KV on any engine (at times no
     earlier than the call's). Returns the last call's time. Raises when every engine waits on the others."""
+    with collector_paused():
+        return _run(engines, on_output, done, progress)
+
+
+def _run(engines: list, on_output: Callable, done: Callable[[], bool], progress) -> float:
     now = 0.0
     while not done():
         times = [(e.next_time(), i) for i, e in enumerate(engines)]

@@ -39,35 +39,9 @@ from collections import deque
 
 import numpy as np
 
+from m3lab.workload.engine_state import FINISHED, PREEMPTED, RUNNING, Batch, Req
 from m3lab.workload.requests import FakeOutputs, RequestContents, StepRecord
 from m3lab.workload.stretch import DecodeStretch
-
-WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
-
-
-class Req:
-    """One request's scheduling state (the fields of vLLM's ``Request`` that scheduling reads)."""
-
-    __slots__ = ("rid", "P", "M", "O", "C", "spec", "ph", "inflight", "stale", "prefill_chunk", "status",
-                 "preemptions", "verifies", "keys", "first_step", "external")
-
-    def __init__(self, rid: int, prompt: int, max_tokens: int, keys: list, external: int = 0):
-        self.rid, self.P, self.M, self.keys, self.external = rid, prompt, max_tokens, keys, external
-        self.O = self.C = self.spec = self.ph = self.inflight = self.stale = self.preemptions = self.verifies = 0
-        self.prefill_chunk, self.status, self.first_step = True, WAITING, -1
-
-
-class Batch:
-    """One ``schedule()`` call: ``reqs`` [(request, tokens, drafts verified)] in vLLM's order and the fake
-    model's token counts (0 for a partial prefill chunk), its :class:`StepRecord` (None when it neither
-    scheduled nor preempted anything); ``executed``: it scheduled tokens; ``done``: its outputs are applied."""
-
-    __slots__ = ("reqs", "counts", "record", "executed", "done")
-
-    def __init__(self, reqs, counts, record):
-        self.reqs, self.counts, self.record, self.done = reqs, counts, record, False
-        self.executed = bool(reqs)
-
 
 class EngineCore(DecodeStretch):
     """One engine: the scheduler state, its KV cache (``pool``, or None) and the batch queue (async).
@@ -122,12 +96,15 @@ class EngineCore(DecodeStretch):
 
     def _hashed(self, r: Req) -> int:
         """Blocks of ``r`` vLLM has hashed so far (``request.block_hashes``)."""
-        return max(0, r.P + r.O - self.hash_lookahead) // self.cfg.block_size
+        hashable = r.P + r.O - self.hash_lookahead
+        return hashable // self.cfg.block_size if hashable > 0 else 0
 
     def _alloc(self, r: Req, n: int, hit=(), admit: bool = False, external: int = 0) -> bool:
         pool = self.pool
         if pool is None:
             return True
+        if not hit and not admit and not external:
+            return pool.allocate_running(r.rid, r.keys, r.P + r.O, r.C, n, self.lookahead, self._hashed(r))
         return pool.allocate_slots(r.rid, r.keys, r.P + r.O, r.C + external, n, hit, lookahead=self.lookahead,
                                    full_sequence_must_fit=admit, num_hashed=self._hashed(r))
 
@@ -148,44 +125,58 @@ class EngineCore(DecodeStretch):
     def _schedule_running(self, budget: int, sched: list, preempted: list) -> tuple[int, bool]:
         """The running loop; returns (budget left, whether a running prefill chunk was scheduled)."""
         asy, running, mml, pl = self.cfg.async_scheduling, self.running, self.max_model_len, self.prefill_lookahead
+        pool, la, hl, bs = self.pool, self.lookahead, self.hash_lookahead, self.cfg.block_size
         prefill = False
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            if asy and r.ph > 0 and r.C + 2 - r.ph >= r.P + r.M:
+            C, PO = r.C, r.P + r.O
+            if asy and r.ph > 0 and C + 2 - r.ph >= r.P + r.M:
                 i += 1
                 continue
-            n = min(r.P + r.O + r.spec + r.ph - r.C, budget, mml - r.C - 1)
-            rem = r.P + r.O - r.C - n
+            n = PO + r.spec + r.ph - C                  # min(that, budget, mml - C - 1)
+            if budget < n:
+                n = budget
+            if mml - C - 1 < n:
+                n = mml - C - 1
+            rem = PO - C - n
             if 0 < rem < pl:
                 n = max(n - (pl - rem), 0)
             if n == 0:
                 i += 1
                 continue
-            ok = True
-            while not self._alloc(r, n):
-                victim = self._victim(running)
-                v = running.pop(victim)
-                if victim < i:                   # a custom victim already scheduled in this step: unschedule it
-                    i -= 1
-                    j = next(j for j, s in enumerate(sched) if s[0] is v)
-                    budget += sched.pop(j)[1]
-                self._preempt(v)
-                preempted.append(v)
-                if v is r:
-                    ok = False
+            if pool is not None and not pool.allocate_running(r.rid, r.keys, PO, C, n, la,       # _alloc, inline
+                                                              (PO - hl) // bs if PO > hl else 0):
+                i, budget, ok = self._make_room(r, n, i, budget, sched, preempted)
+                if not ok:
                     break
-            if not ok:
-                break
             prefill |= r.prefill_chunk
             spec = 0
             if r.spec:
-                spec = min(n + r.C - (r.P + r.O) - r.ph, r.spec)
+                spec = min(n + C - PO - r.ph, r.spec)
                 r.spec = 0
-            sched.append((r, n, max(spec, 0)))
+            sched.append((r, n, spec if spec > 0 else 0))
             budget -= n
             i += 1
         return budget, prefill
+
+    def _make_room(self, r: Req, n: int, i: int, budget: int, sched: list, preempted: list) -> tuple[int, int, bool]:
+        """Preempt running requests until ``r`` (at ``running[i]``) gets ``n`` slots; returns (its new position,
+        budget, whether it got them: False when ``r`` itself was preempted)."""
+        running = self.running
+        while True:
+            victim = self._victim(running)
+            v = running.pop(victim)
+            if victim < i:                   # a custom victim already scheduled in this step: unschedule it
+                i -= 1
+                j = next(j for j, s in enumerate(sched) if s[0] is v)
+                budget += sched.pop(j)[1]
+            self._preempt(v)
+            preempted.append(v)
+            if v is r:
+                return i, budget, False
+            if self._alloc(r, n):
+                return i, budget, True
 
     def _schedule_waiting(self, budget: int, sched: list, prefill: bool, admitted: list) -> None:
         cfg, pool, k, bs = self.cfg, self.pool, self.k, self.cfg.block_size
@@ -237,26 +228,44 @@ class EngineCore(DecodeStretch):
         if skipped:
             self.waiting.extendleft(reversed(skipped))
 
-    def _after_schedule(self, sched: list) -> list[int]:
-        """Advance computed tokens; async placeholders; the fake model's token count per request."""
-        asy, k, outputs = self.cfg.async_scheduling, self.k, self.outputs
-        counts = []
+    def _after_schedule(self, sched: list) -> tuple[list[int], tuple]:
+        """Advance computed tokens; async placeholders; the fake model's token count per request; the step's rows
+        (``StepRecord.rows``: request ids, new tokens, computed before, whether each decodes: past its prompt with
+        ``1 + drafts`` tokens); the first step that samples each request."""
+        asy, k, step = self.cfg.async_scheduling, self.k, self.steps
+        counts, ids, new, comp, dec = [], [], [], [], []
         for r, n, spec in sched:
-            r.C += n
+            c = r.C
+            ids.append(r.rid)
+            new.append(n)
+            comp.append(c)
+            dec.append(c >= r.P and n == 1 + spec)
+            c = r.C = c + n
             r.inflight += n
-            r.prefill_chunk = r.C < r.P + r.O + r.ph
-            if r.prefill_chunk:
+            if c < r.P + r.O + r.ph:
+                r.prefill_chunk = True
                 counts.append(0)
                 continue
+            r.prefill_chunk = False
             if asy:
                 r.ph += 1 + spec
                 r.spec = k
-            a = 0
-            if spec:
-                a = outputs.accepted(r.rid, r.verifies, spec)
-                r.verifies += 1
-            counts.append(1 + a)
-        return counts
+            counts.append(1 + self._accepted(r, spec) if spec else 1)
+            if r.first_step < 0:
+                r.first_step = step
+        return counts, (tuple(ids), tuple(new), tuple(comp), tuple(dec))   # tuples of ints: the collector skips them
+
+    def _accepted(self, r: Req, spec: int) -> int:
+        """Drafts accepted of ``spec`` in ``r``'s next verification (``FakeOutputs.accepted``, drawn ahead for
+        the request's ``max_tokens`` verifications at a time)."""
+        n, draws = r.verifies, r.draws
+        r.verifies += 1
+        if spec > self.k:
+            return self.outputs.accepted(r.rid, n, spec)
+        if n >= len(draws):
+            draws.extend(self.outputs.accepted_run(r.rid, len(draws), r.M, self.k))
+        a = draws[n]
+        return a if a < spec else spec
 
     def schedule(self) -> Batch:
         """One ``schedule()`` call."""
@@ -268,22 +277,19 @@ class EngineCore(DecodeStretch):
         budget, prefill = self._schedule_running(budget, sched, preempted)
         if not preempted or self.ADMIT_IN_PREEMPTING_STEP:
             self._schedule_waiting(budget, sched, prefill, admitted)
-        counts = self._after_schedule(sched)
+        counts, rows = self._after_schedule(sched)
         self.finished_pending = False
         record = None
         if sched or preempted:
             pool = self.pool
             finite = pool is not None and pool.num_blocks is not None
-            record = StepRecord(call=self.calls - 1, scheduled={r.rid: n for r, n, _ in sched},
-                                computed={r.rid: r.C - n for r, n, _ in sched},
+            ids, new, comp, _ = rows
+            record = StepRecord(call=self.calls - 1, scheduled=dict(zip(ids, new)), computed=dict(zip(ids, comp)),
                                 spec={r.rid: s for r, n, s in sched if s}, admitted=tuple(sorted(admitted)),
                                 preempted=tuple(sorted(v.rid for v in preempted)), running=len(self.running),
                                 waiting=len(self.waiting), kv_usage=pool.usage if finite else None,
-                                free_blocks=pool.num_free if finite else None)
+                                free_blocks=pool.num_free if finite else None, rows=rows)
         if sched:
-            for (r, _, _), c in zip(sched, counts):
-                if c and r.first_step < 0:
-                    r.first_step = self.steps
             self.steps += 1
         return Batch(sched, counts, record)
 
@@ -291,51 +297,61 @@ class EngineCore(DecodeStretch):
     def update(self, batch: Batch) -> list[int]:
         """Apply a batch's outputs; return the ids of the requests that finished (in vLLM's order)."""
         finished, emitted = [], {}
-        k, mml, pool = self.k, self.max_model_len, self.pool
+        k, mml, hl, bs = self.k, self.max_model_len, self.hash_lookahead, self.cfg.block_size
+        cache = self.pool.cache_blocks if self.caching else None
         for (r, n, spec), g in zip(batch.reqs, batch.counts):
             r.inflight -= n
             stale = r.stale > 0
             if stale:
                 r.stale -= n
-            if r.status == FINISHED:
+            if not g or r.status == FINISHED:
                 continue
-            if not g:
-                continue
-            if spec:
+            if spec and not stale:
                 rejected = spec - (g - 1)
-                if not stale:
-                    if r.C > 0:
-                        r.C -= rejected
-                    if r.ph > 0:
-                        r.ph -= rejected
+                if r.C > 0:
+                    r.C -= rejected
+                if r.ph > 0:
+                    r.ph -= rejected
             had_ph = r.ph > 0
             running = r.status == RUNNING
-            take = min(g, r.M - r.O, max(mml - r.P - r.O, 1))
+            PO = r.P + r.O
+            take = r.M - r.O                         # min(g, M - O, max(mml - P - O, 1))
+            if g < take:
+                take = g
+            cap = mml - PO if mml - PO > 1 else 1
+            if cap < take:
+                take = cap
             r.O += take
+            PO += take
             emitted[r.rid] = take
-            stopped = r.O >= r.M or r.P + r.O >= mml
-            if stopped and not stale:
-                r.C -= g - take
-            if not stale and r.ph > 0:
-                r.ph -= g
-            if self.caching and not stale and running and (had_ph or k):
-                pool.cache_blocks(r.rid, r.keys, r.C - r.inflight, self._hashed(r))
+            stopped = r.O >= r.M or PO >= mml
+            if not stale:
+                if stopped:
+                    r.C -= g - take
+                if r.ph > 0:
+                    r.ph -= g
+                if cache is not None and running and (had_ph or k):
+                    cache(r.rid, r.keys, r.C - r.inflight, (PO - hl) // bs if PO > hl else 0)   # _hashed(r)
             if stopped:
-                r.status = FINISHED
-                finished.append(r.rid)
-                if pool is not None and not self.hold_finished_kv:
-                    pool.free(r.rid)
-                del self.requests[r.rid]
-                self.finished_pending = True
-                if running:
-                    self.running.remove(r)
-                else:
-                    self.waiting.remove(r)
+                self._finish(r, running, finished)
         rec = batch.record
         if rec is not None:
             rec.finished, rec.emitted, rec.applied = tuple(sorted(finished)), emitted, self.calls
         batch.done = True
         return finished
+
+    def _finish(self, r: Req, running: bool, finished: list) -> None:
+        """``r`` emitted its last token: it leaves the queues and frees its blocks (unless ``hold_finished_kv``)."""
+        r.status = FINISHED
+        finished.append(r.rid)
+        if self.pool is not None and not self.hold_finished_kv:
+            self.pool.free(r.rid)
+        del self.requests[r.rid]
+        self.finished_pending = True
+        if running:
+            self.running.remove(r)
+        else:
+            self.waiting.remove(r)
 
     def drafts(self, batch: Batch) -> None:
         """Sync scheduling, ``post_step``: every request that sampled and runs on gets ``k`` drafts."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from m3lab.errors import M3LabError
+from m3lab.workload.chains import ChainedKeys
 from m3lab.workload.step import EngineStep
 
 _M64 = (1 << 64) - 1
@@ -34,6 +35,14 @@ def _mix(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
     return x ^ (x >> 31)
+
+
+def _mix_array(x: np.ndarray) -> np.ndarray:
+    """:func:`_mix` of each element of a uint64 array (numpy's uint64 arithmetic wraps modulo 2^64)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 class RequestContents:
@@ -118,6 +127,7 @@ class KeyContents(RequestContents):
     def __init__(self, keys, prompt, max_tokens, block_size: int):
         self._keys, self.block_size = keys, block_size
         self.prompt, self.max_tokens = _lengths(prompt, max_tokens)
+        self._chains: dict = {}        # lookahead -> ChainedKeys (each shared prefix chained once)
 
     def keys(self, rid: int):
         return self._keys(rid) if callable(self._keys) else self._keys[rid]
@@ -130,13 +140,11 @@ class KeyContents(RequestContents):
         if block_size != self.block_size:
             raise M3LabError(f"keys are per {self.block_size}-token block, not {block_size}", field="block_size")
         n = (int(self.prompt[rid]) + int(self.max_tokens[rid]) - lookahead) // block_size
-        k = [int(x) for x in self.keys(rid)[:n + 1]]
-        keys, parent = [], 0
-        for i in range(n):
-            nxt = () if not lookahead else (k[i + 1] if i + 1 < len(k) else -1 - rid,) * lookahead
-            parent = hash((parent, k[i], nxt))
-            keys.append(parent)
-        return keys
+        k = list(map(int, self.keys(rid)[:n + 1]))
+        chains = self._chains.get(lookahead)
+        if chains is None:
+            chains = self._chains[lookahead] = ChainedKeys(lookahead)
+        return chains.keys(k, n, -1 - rid)
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,19 @@ class FakeOutputs:
             if (_mix(base ^ j) >> 11) >= limit:
                 return j
         return k
+
+    def accepted_run(self, rid: int, start: int, count: int, k: int) -> list[int]:
+        """:meth:`accepted` of verify numbers ``start .. start + count - 1`` of request ``rid`` (``k`` drafts each),
+        drawn at once; the drafts accepted of fewer drafts ``k' < k`` are ``min(accepted, k')``."""
+        if self.p >= 1.0:
+            return [k] * count
+        limit = np.uint64(int(self.p * 2.0**53))
+        head = _mix(_mix(self.seed & _M64) ^ (rid & _M64))
+        base = _mix_array(np.uint64(head) ^ np.arange(start, start + count, dtype=np.uint64))
+        out = np.full(count, k, np.int64)
+        for j in range(k - 1, -1, -1):          # the first rejection wins: walk the drafts from the last one
+            out[(_mix_array(base ^ np.uint64(j)) >> np.uint64(11)) >= limit] = j
+        return out.tolist()
 
     def mean_accepted(self, k: int) -> float:
         return float(sum(self.p ** j for j in range(1, k + 1)))
@@ -217,6 +238,9 @@ class StepRecord:
     #: a decode stretch's step j: (request ids [R], computed before its first step [R], j), so :meth:`arrays`
     #: need not read the dicts (not part of the record's identity)
     stretch: tuple | None = field(default=None, compare=False, repr=False)
+    #: the step generator's rows: (request ids, new tokens, computed before, decode flags) tuples [R] in scheduling
+    #: order, the decode flags by its requests' prompts, so :meth:`arrays` need not read the dicts (not identity)
+    rows: tuple | None = field(default=None, compare=False, repr=False)
 
     FIELDS = ("call", "scheduled", "computed", "spec", "admitted", "preempted", "emitted", "finished", "applied",
               "running", "waiting", "free_blocks")
@@ -234,7 +258,11 @@ class StepRecord:
     def arrays(self, prompt) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(request ids, new tokens, computed before, decode flags) [R] in scheduling order. A request decodes when
         it is past its prompt and scheduled ``1 + drafts`` tokens (else a prefill chunk, or a recompute after
-        preemption). ``prompt``: prompt lengths indexed by request id."""
+        preemption). ``prompt``: prompt lengths indexed by request id (the prompts the schedule was made with)."""
+        if self.rows is not None:
+            ids, new, comp, dec = self.rows
+            return (np.array(ids, np.int64), np.array(new, np.int64), np.array(comp, np.int64),
+                    np.array(dec, bool))
         if self.stretch is not None:
             ids, c0, j = self.stretch
             comp = c0 + j
@@ -249,8 +277,9 @@ class StepRecord:
     def engine_step(self, prompt, index: int = 0, time_s: float = 0.0) -> EngineStep:
         """The step as the cost model takes it (requests in scheduling order; context = computed + new)."""
         ids, new, comp, dec = self.arrays(prompt)
-        return EngineStep(new, comp + new, req_ids=ids, index=index, time_s=time_s, finished=self.finished,
-                          decode_mask=dec)
+        make = EngineStep if self.rows is None and self.stretch is None else EngineStep.unchecked
+        return make(new, comp + new, req_ids=ids, index=index, time_s=time_s, finished=self.finished,
+                    decode_mask=dec)
 
     def row(self) -> dict:
         return {f: getattr(self, f) for f in self.FIELDS}

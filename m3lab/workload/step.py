@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
 
@@ -43,6 +43,14 @@ class EngineStep:
             object.__setattr__(self, "decode_mask", d)
 
     # ---- constructors ----------------------------------------------------------------------------
+    @classmethod
+    def unchecked(cls, new_tokens: np.ndarray, context_lens: np.ndarray, **kw) -> EngineStep:
+        """A step from arrays a scheduler made: int64 [R] with ``new_tokens >= 1`` and ``context_lens >=
+        new_tokens``, ``decode_mask`` bool [R] or None (taken as they are, not checked or copied)."""
+        step = object.__new__(cls)
+        step.__dict__.update(_DEFAULTS, new_tokens=new_tokens, context_lens=context_lens, **kw)
+        return step
+
     @classmethod
     def decode(cls, batch: int, context: int) -> EngineStep:
         """``batch`` decodes, each at KV length ``context`` (after the step)."""
@@ -93,3 +101,6 @@ class EngineStep:
     def __repr__(self) -> str:
         return (f"EngineStep(index={self.index}, tokens={self.num_tokens}, reqs={self.num_reqs}, "
                 f"decodes={self.num_decodes}, max_ctx={int(self.context_lens.max()) if self.num_reqs else 0})")
+
+
+_DEFAULTS = {f.name: f.default for f in fields(EngineStep) if f.default is not MISSING}
