@@ -31,7 +31,7 @@ import pandas as pd
 from m3lab.arith import ceil_div
 from m3lab.errors import M3LabError
 from m3lab.serving.progress import late_progress
-from m3lab.serving.timeline import host_columns, step_timeline
+from m3lab.serving.timeline import call_order, host_columns, step_timeline
 from m3lab.spec.traffic import VLLM_BENCH_NUM_PROMPTS
 from m3lab.vllm.scheduler_judge import Judge, warm_up
 from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
@@ -53,9 +53,10 @@ def _stats(values: list | np.ndarray, name: str, scale: float, percentiles) -> d
     v = np.asarray(values, float) if len(values) else np.zeros(1)
     out = {f"mean_{name}_ms": float(np.mean(v)) * scale, f"median_{name}_ms": float(np.median(v)) * scale,
            f"std_{name}_ms": float(np.std(v)) * scale}
-    for p in percentiles:
+    values_at = np.percentile(v, list(percentiles)) if len(percentiles) else []   # one partition for all of them
+    for p, at in zip(percentiles, values_at):
         word = str(int(p)) if int(p) == p else str(p)
-        out[f"p{word}_{name}_ms"] = float(np.percentile(v, p)) * scale
+        out[f"p{word}_{name}_ms"] = float(at) * scale
     return out
 
 
@@ -170,14 +171,14 @@ def _burst_note(req: pd.DataFrame, concurrency: int, percentiles) -> list[str]:
 def chunk_index(records: list) -> dict:
     """Which request each streamed chunk and each scheduled entry belongs to, in record order, and the order
     that sorts the chunks by request then time (outputs reach the client in record order), computed once per
-    schedule."""
+    schedule (and the records' :func:`~m3lab.serving.timeline.call_order`)."""
     counts = np.fromiter((len(r.emitted) for r in records), np.int64, len(records))
     chunk_rid = np.fromiter(chain.from_iterable(r.emitted for r in records), np.int64, int(counts.sum()))
     order = np.argsort(chunk_rid, kind="stable")
     scount = np.fromiter((len(r.scheduled) for r in records), np.int64, len(records))
     sched_rid = np.fromiter(chain.from_iterable(r.scheduled for r in records), np.int64, int(scount.sum()))
     return {"counts": counts, "order": order, "chunk_rid": chunk_rid[order], "scount": scount,
-            "sched_rid": sched_rid}
+            "sched_rid": sched_rid, "call_order": call_order(records)}
 
 
 def _per_request(index: dict, tl: pd.DataFrame, n: int, concurrency: int) -> dict:
@@ -219,7 +220,7 @@ def simulate_records(cfg: SchedulerConfig, contents: RequestContents, concurrenc
 def _assemble(records: list, device: np.ndarray, host: np.ndarray, contents: RequestContents, config: dict,
               notes: list, seconds: float, columns: dict, index: dict) -> BenchRun:
     """The timeline (plus ``columns`` per step), per-request times and vllm bench's metrics of timed records."""
-    tl = step_timeline(records, device, host)
+    tl = step_timeline(records, device, host, index.get("call_order"))
     for name, values in columns.items():
         tl[name] = values
     tl["t_ms"] = (tl["end_s"] - tl["start_s"]) * 1e3

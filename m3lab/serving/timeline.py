@@ -59,29 +59,42 @@ def host_columns(host_us: np.ndarray) -> np.ndarray:
     return h
 
 
-def step_timeline(records: list, device_us: np.ndarray, host_us: np.ndarray) -> pd.DataFrame:
+def call_order(records: list) -> tuple[list[int], list[int]]:
+    """The records' indices in call order, and those whose outputs were applied in (applied, call) order: what
+    :func:`step_timeline` walks (computed once per schedule, kept for re-timing it)."""
+    n = len(records)
+    by_call = sorted(range(n), key=lambda i: records[i].call)
+    applied = [i for i in range(n) if records[i].applied is not None]
+    return by_call, sorted(applied, key=lambda i: (records[i].applied, records[i].call))
+
+
+def step_timeline(records: list, device_us: np.ndarray, host_us: np.ndarray,
+                  order: tuple[list[int], list[int]] | None = None) -> pd.DataFrame:
     """Start, end and output time (s) of each record (:class:`~m3lab.workload.requests.StepRecord`) from its
-    device time [R] and host times [R, 3] (ready, issue, after) or [R, 2] (before, after) in µs.
+    device time [R] and host times [R, 3] (ready, issue, after) or [R, 2] (before, after) in µs; ``order``:
+    :func:`call_order` of the records, when at hand.
 
     Outputs applied after call c (``record.applied == c + 1``) are processed before call c + 1 schedules. A step
     whose outputs were never applied (in flight when the last request finished) has ``output_s`` NaN."""
     host = host_columns(host_us)
     n = len(records)
-    start, end, out = np.zeros(n), np.zeros(n), np.full(n, np.nan)
-    by_call = sorted(range(n), key=lambda i: records[i].call)
-    applied = [i for i in range(n) if records[i].applied is not None]
-    by_applied = sorted(applied, key=lambda i: (records[i].applied, records[i].call))
+    by_call, by_applied = order if order is not None else call_order(records)
+    device = np.asarray(device_us, float)
+    dev, (ready, issue, after) = device.tolist(), host.T.tolist()
+    calls = [r.call for r in records]
+    applied_at = [records[k].applied for k in by_applied]
+    start, end, out = [0.0] * n, [0.0] * n, [np.nan] * n
     tl = Timeline()
     j, m = 0, len(by_applied)
     for i in by_call + [None]:
-        c = records[i].call if i is not None else None
-        while j < m and (c is None or records[by_applied[j]].applied <= c):
+        c = calls[i] if i is not None else None
+        while j < m and (c is None or applied_at[j] <= c):
             k = by_applied[j]
-            out[k] = tl.output(end[k], host[k, 2])
+            out[k] = tl.output(end[k], after[k])
             j += 1
         if i is None:
             break
-        start[i], end[i] = tl.step(device_us[i], host[i, 0], host[i, 1])
-    return pd.DataFrame({"call": [r.call for r in records], "start_s": start, "end_s": end, "output_s": out,
-                         "device_us": np.asarray(device_us, float), "host_ready_us": host[:, 0],
+        start[i], end[i] = tl.step(dev[i], ready[i], issue[i])
+    return pd.DataFrame({"call": calls, "start_s": np.array(start), "end_s": np.array(end),
+                         "output_s": np.array(out, float), "device_us": device, "host_ready_us": host[:, 0],
                          "host_issue_us": host[:, 1], "host_after_us": host[:, 2]})
