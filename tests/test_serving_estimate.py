@@ -194,3 +194,17 @@ def test_retimed_with_the_same_step_times_is_the_estimate():
     assert same.raw == est.runs["calibrated"].raw
     slower = est.retimed(lambda key: 2 * memo[key]["calibrated"][0]).summary()
     assert slower["output_tokens_per_s_per_gpu"] < est.results["calibrated"]["output_tokens_per_s_per_gpu"]
+
+
+def test_output_rate_is_the_retimed_runs_figure():
+    """The sensitivity table's fast re-timing gives exactly the figure a whole re-timed run reports."""
+    est = estimate(_dep("minimax-m3", "mi355x", tp=4, quant="mxfp8", isl=2048, osl=40, concurrency=4,
+                        num_requests=12))
+    memo = est.coster._memo
+    for scale in (1.0, 0.5, 3.0):
+        def key_us(key, scale=scale):
+            return scale * memo[key]["calibrated"][0]
+        whole = est.retimed(key_us).summary()["output_tokens_per_s_per_gpu"]
+        assert est.retimed_rate(key_us) == whole
+    assert est.retimed_rate(lambda key: memo[key]["calibrated"][0]) == \
+        est.results["calibrated"]["output_tokens_per_s_per_gpu"]

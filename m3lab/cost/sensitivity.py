@@ -6,8 +6,8 @@ The scheduler's steps do not depend on their times (closed loop, fixed lengths),
 is the same schedule with other device µs per step: each distinct step the coster costed
 (:meth:`~m3lab.serving.step_cost.StepCoster.costed_rows`) kept its rows' bound, efficiency, floor and the names
 its efficiency and floor depend on, so its µs under the moved value is a vectorised recomputation, and
-:meth:`~m3lab.serving.estimate.ServingEstimate.retimed` runs those µs through the same timeline (host time,
-async overlap) and vllm bench's metrics. The table is therefore exactly what a re-run would report.
+:meth:`~m3lab.serving.estimate.ServingEstimate.retimed_rate` runs those µs through the same timeline (host time,
+async overlap) to the run's output tokens/s per GPU. The table is therefore exactly what a re-run would report.
 
 Columns: ``assumption, value, low, high, unit, tok_s_at_low, tok_s_at_high, change_low_pct, change_high_pct,
 swing_pct, source``; sorted by ``swing_pct`` (the larger |change|), assumptions that touch no costed row last.
@@ -70,7 +70,7 @@ def retimed(est, adjust, mode: str = "calibrated") -> float:
     if np.array_equal(us, base):
         return tok
     index = {k: i for i, k in enumerate(keys)}
-    return est.retimed(lambda k: us[index[k]], mode).summary()[FIGURE]
+    return est.retimed_rate(lambda k: us[index[k]], mode)
 
 
 def at_value(est, name: str, v: float, mode: str = "calibrated") -> float:
@@ -94,7 +94,7 @@ def sensitivity(est, mode: str = "calibrated") -> pd.DataFrame:
         for v in (a.low, a.high):
             us = _per_key(rows, *_moved(rows, a, v, terms), len(keys))
             same = np.array_equal(us, base)   # the assumption touches no costed row: the estimate itself
-            at.append(tok if same else est.retimed(lambda k, us=us: us[index[k]], mode).summary()[FIGURE])
+            at.append(tok if same else est.retimed_rate(lambda k, us=us: us[index[k]], mode))
         changes = [x / tok - 1.0 for x in at]
         out.append({"assumption": a.name, "value": a.value, "low": a.low, "high": a.high, "unit": a.unit,
                     "tok_s_at_low": at[0], "tok_s_at_high": at[1],

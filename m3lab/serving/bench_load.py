@@ -31,7 +31,7 @@ import pandas as pd
 from m3lab.arith import ceil_div
 from m3lab.errors import M3LabError
 from m3lab.serving.progress import late_progress
-from m3lab.serving.timeline import call_order, host_columns, step_timeline
+from m3lab.serving.timeline import call_order, host_columns, step_timeline, timeline_arrays
 from m3lab.spec.traffic import VLLM_BENCH_NUM_PROMPTS
 from m3lab.vllm.scheduler_judge import Judge, warm_up
 from m3lab.workload.requests import ClosedLoop, FakeOutputs, RequestContents, StepRecord, UniqueContents
@@ -128,6 +128,16 @@ class BenchRun:
         return _assemble(self.records, device, host, self.contents, self.config, notes, self.seconds,
                          self.columns, self.index)
 
+    def output_rate(self, device_us: np.ndarray) -> float:
+        """Output tokens/s per GPU of :meth:`retime` ``(1.0, device_us)``, the same figure of its summary, without
+        the run's other metrics and tables (what a sensitivity table re-times many times)."""
+        st = self.steps
+        host = np.column_stack([st["host_ready_us"], st["host_issue_us"], st["host_after_us"]])
+        start, _, out = timeline_arrays(self.records, device_us, host, self.index.get("call_order"))
+        finish = _per_request(self.index, out, start, len(self.contents), self.config["max_concurrency"])["finish"]
+        n_out = int(np.asarray(self.contents.max_tokens, np.int64).sum())
+        return n_out / float(finish.max()) / self.config["gpus"]
+
 
 #: A run whose start-up burst (the C requests sent at once) is more than this share of its N requests never
 #: reaches steady state: its median request is one of the burst.
@@ -181,10 +191,9 @@ def chunk_index(records: list) -> dict:
             "sched_rid": sched_rid, "call_order": call_order(records)}
 
 
-def _per_request(index: dict, tl: pd.DataFrame, n: int, concurrency: int) -> dict:
+def _per_request(index: dict, out_s: np.ndarray, start_s: np.ndarray, n: int, concurrency: int) -> dict:
     """Send, first-token, finish and first-scheduled times of the ``n`` requests, and every streamed chunk as flat
-    arrays (``chunk_rid``, ``chunk_s``) sorted by request then time."""
-    out_s, start_s = tl["output_s"].to_numpy(), tl["start_s"].to_numpy()
+    arrays (``chunk_rid``, ``chunk_s``) sorted by request then time, from each step's output and start time [R]."""
     chunk_rid = index["chunk_rid"]
     chunk_s = np.repeat(out_s, index["counts"])[index["order"]]
     first_at = np.searchsorted(chunk_rid, np.arange(n))
@@ -225,7 +234,7 @@ def _assemble(records: list, device: np.ndarray, host: np.ndarray, contents: Req
         tl[name] = values
     tl["t_ms"] = (tl["end_s"] - tl["start_s"]) * 1e3
     conc = config["max_concurrency"]
-    req = _per_request(index, tl, len(contents), conc)
+    req = _per_request(index, tl["output_s"].to_numpy(), tl["start_s"].to_numpy(), len(contents), conc)
     duration = float(req["finish"].max())
     raw = bench_metrics(contents.prompt, contents.max_tokens, req["send"], req["chunk_rid"], req["chunk_s"],
                         duration, config["percentiles"])

@@ -74,8 +74,14 @@ class ServingEstimate:
         """The same schedule under ``mode`` with each step's device µs from ``key_us(key)`` (a key of
         ``step_keys``: e.g. the cost model with an assumption moved), through the same timeline and metrics: what
         an estimate with that cost model would report, exactly."""
-        device = np.array([float(key_us(k)) if k is not None else 0.0 for k in self.step_keys])
-        return self.runs[mode].retime(1.0, device)
+        return self.runs[mode].retime(1.0, self._device(key_us))
+
+    def retimed_rate(self, key_us, mode: str = "calibrated") -> float:
+        """Output tokens/s per GPU of :meth:`retimed` (the same figure of its summary, without the other metrics)."""
+        return self.runs[mode].output_rate(self._device(key_us))
+
+    def _device(self, key_us) -> np.ndarray:
+        return np.array([float(key_us(k)) if k is not None else 0.0 for k in self.step_keys])
 
     @property
     def kind(self) -> str:

@@ -77,10 +77,18 @@ def step_timeline(records: list, device_us: np.ndarray, host_us: np.ndarray,
     Outputs applied after call c (``record.applied == c + 1``) are processed before call c + 1 schedules. A step
     whose outputs were never applied (in flight when the last request finished) has ``output_s`` NaN."""
     host = host_columns(host_us)
+    start, end, out = timeline_arrays(records, device_us, host, order)
+    return pd.DataFrame({"call": [r.call for r in records], "start_s": start, "end_s": end, "output_s": out,
+                         "device_us": np.asarray(device_us, float), "host_ready_us": host[:, 0],
+                         "host_issue_us": host[:, 1], "host_after_us": host[:, 2]})
+
+
+def timeline_arrays(records: list, device_us: np.ndarray, host: np.ndarray,
+                    order: tuple[list[int], list[int]] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`step_timeline`'s ``start_s``, ``end_s`` and ``output_s`` [R] from host times already [R, 3]."""
     n = len(records)
     by_call, by_applied = order if order is not None else call_order(records)
-    device = np.asarray(device_us, float)
-    dev, (ready, issue, after) = device.tolist(), host.T.tolist()
+    dev, (ready, issue, after) = np.asarray(device_us, float).tolist(), np.asarray(host, float).T.tolist()
     calls = [r.call for r in records]
     applied_at = [records[k].applied for k in by_applied]
     start, end, out = [0.0] * n, [0.0] * n, [np.nan] * n
@@ -95,6 +103,4 @@ def step_timeline(records: list, device_us: np.ndarray, host_us: np.ndarray,
         if i is None:
             break
         start[i], end[i] = tl.step(dev[i], ready[i], issue[i])
-    return pd.DataFrame({"call": calls, "start_s": np.array(start), "end_s": np.array(end),
-                         "output_s": np.array(out, float), "device_us": device, "host_ready_us": host[:, 0],
-                         "host_issue_us": host[:, 1], "host_after_us": host[:, 2]})
+    return np.array(start), np.array(end), np.array(out, float)
