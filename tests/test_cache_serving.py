@@ -15,7 +15,7 @@ from m3lab.cli.main import app
 from m3lab.errors import M3LabError
 from m3lab.spec.serving import make_deployment
 
-# MXFP4 experts run with AITER on (vLLM has no MXFP4 MoE backend with it off in the target image)
+# MXFP4 experts with AITER on: AITER's MXFP4 MoE (with it off vLLM emulates them: tests/test_experts_emulation.py)
 DEP = make_deployment(None, model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp4", aiter=1, concurrency=3,
                       workload="agentx")
 

@@ -3,8 +3,8 @@
     m3lab bench estimate [--only fixed,agentic] [--vllm] [--json]
 
 Runs, in one process after the imports, the fixed 8K/1K estimate at concurrency 128 of the default preset (twice:
-the first call also builds the cost model's tables), the agentic estimate (MXFP4 TP4 with AITER, EAGLE3 with 3 drafts,
-AgentX-like sessions at concurrency 28) and, with ``vllm``, the 8K/1K c=128 schedule through vLLM's own
+the first call also builds the cost model's tables), the agentic estimate (MXFP4 TP4 with vLLM's defaults, EAGLE3 with
+3 drafts, AgentX-like sessions at concurrency 28) and, with ``vllm``, the 8K/1K c=128 schedule through vLLM's own
 Scheduler against m3lab's generator. Each line gives wall time and this process's CPU time (what the machine's
 other work does not change) with the load average at the start: on a shared machine the wall time is the CPU time
 stretched by the load. A run is within its target when its CPU time is (:data:`TARGETS_S`).
@@ -44,10 +44,10 @@ def fixed_deployment():
 
 
 def agentic_deployment():
-    """MXFP4 TP4 on MI355X with AITER (vLLM serves MXFP4 experts on MI355X only through it), EAGLE3 with 3 drafts,
+    """MXFP4 TP4 on MI355X with vLLM's defaults (AITER off: vLLM emulates the MXFP4 experts), EAGLE3 with 3 drafts,
     AgentX-like sessions at concurrency 28."""
     return make_deployment(model="minimax-m3", hardware="mi355x", tp=4, quant="mxfp4", spec_method="eagle3",
-                           spec_tokens=3, workload="agentx", concurrency=28).with_settings({"aiter": "1"})
+                           spec_tokens=3, workload="agentx", concurrency=28)
 
 
 def measure(cases=CASES, vllm: bool = False, progress: bool = True, echo: Callable[[str], None] = print) -> list[dict]:

@@ -48,6 +48,8 @@ PATH_COST: Mapping[str, object] = {
     "aiter_mxfp4_mxfp4": {**_MOE_INSIDE, "*": "aiter_moe"},
     "triton_mxfp8_native": {**_MOE_INSIDE, "*": "triton_moe"}, "triton_fused_moe": {**_MOE_INSIDE, "*": "triton_moe"},
     "mxfp8_emulation": {**_MOE_INSIDE, "*": "triton_moe"}, "marlin": {**_MOE_INSIDE, "*": "triton_moe"},
+    # the OCP MX emulation: every local expert's weights dequantised to BF16 (its own launch), then the BF16 fused MoE
+    "mxfp4_emulation": {**_MOE_INSIDE, "quant": "elementwise", "*": "triton_moe"},
     # M3: the monokernel: one persistent launch runs the rows of the ops it replaces (the stock-layer case has no
     # rows of its own)
     "mono_ffn": "monokernel", "stock_layers": NO_ROWS,

@@ -122,6 +122,17 @@ def _page_table_row(m: ModelSpec, cnt: AttentionCounts, T: int, R: int, hkv: int
                    bytes_compute_written=writes, bytes_kv_written=0.0)
 
 
+EMULATED_EXPERTS = "mxfp4_emulation"   # the resolver's path id of vLLM's OCP MX emulation of the experts
+
+
+def _experts_emulated(c: StepContext) -> bool:
+    """True when vLLM runs the step's experts through its OCP MX emulation (the Dispatch's experts path)."""
+    if c.dispatch is None:
+        return False
+    return any(op == "experts" and ch.runs and ch.path == EMULATED_EXPERTS
+               for (op, _), ch in c.dispatch.choices[c.phase].items())
+
+
 def _ffn_rows(c: StepContext, moe: bool) -> list[dict]:
     m, p, q, T = c.model, c.plan, c.quant, c.T
     H = m.hidden
@@ -162,14 +173,22 @@ def _ffn_rows(c: StepContext, moe: bool) -> list[dict]:
         topk += m.n_shared
     g = dict(experts=n_rows, topk=topk, hidden=H, inter=inter, active_experts=active, max_load=hot)
     quant = ops.needs_act_quant(w_routed)
+    # vLLM's OCP MX emulation of the experts dequantises every local expert's weights to BF16 each forward, then
+    # runs its BF16 fused MoE on them (vllm/model_executor/layers/fused_moe/experts/ocp_mx_emulation_moe.py)
+    emulated = _experts_emulated(c)
+    w_gemm = ops.ACT if emulated else w_routed
     rows.append(ops.moe_align(routed, T, topk, n_rows))
     if quant:  # the tokens are quantised once, before the gather into expert rows
         rows.append(ops.act_quant("moe_gate_up", T, H, w_routed))
-    rows += [ops.grouped_gemm("moe_gate_up", routed, 2 * inter, H, w_routed, **g),
+    if emulated:
+        rows.append(ops.dequant("moe_gate_up", n_rows, 2 * inter, H, w_routed))
+    rows += [ops.grouped_gemm("moe_gate_up", routed, 2 * inter, H, w_gemm, **g),
              ops.elementwise("moe_act", "activation", routed * inter, reads=2, writes=1, flops_per=8, m=routed)]
     if quant:
         rows.append(ops.act_quant("moe_down", routed, inter, w_routed))
-    rows += [ops.grouped_gemm("moe_down", routed, H, inter, w_routed, **g), ops.moe_sum(routed, T, H, topk)]
+    if emulated:
+        rows.append(ops.dequant("moe_down", n_rows, H, inter, w_routed))
+    rows += [ops.grouped_gemm("moe_down", routed, H, inter, w_gemm, **g), ops.moe_sum(routed, T, H, topk)]
     if m.n_shared and not fused:
         si = p.shared_inter_local(m)
         rows += [*gemm_rows("shared_gate_up", T, 2 * si, H, w_shared),

@@ -38,6 +38,7 @@ OP_DECISION: Mapping[str, str] = {
     "router": "router", "routing": "routing",
     "moe_align": "experts", "moe_gate_up_quant": "experts", "moe_gate_up": "experts", "moe_act": "experts",
     "moe_down_quant": "experts", "moe_down": "experts", "moe_sum": "experts",
+    "moe_gate_up_dequant": "experts", "moe_down_dequant": "experts",
     "shared_gate_up_quant": "shared_gate_up", "shared_gate_up": "shared_gate_up", "shared_act": "activation",
     "shared_down_quant": "shared_down", "shared_down": "shared_down",
     "lm_head": "lm_head",

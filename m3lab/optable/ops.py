@@ -58,6 +58,15 @@ def act_quant(op: str, m: float, k: int, w_dtype: str) -> dict:
                bytes_comm=0.0, bytes_compute_written=m * k * dtype_bytes(a) + scales, bytes_kv_written=0.0)
 
 
+def dequant(op: str, experts: int, n: int, k: int, w_dtype: str) -> dict:
+    """Dequantise ``experts`` local experts' weights w [experts, n, k] of GEMM ``op`` from ``w_dtype`` (+ its MX
+    scales) to BF16, the whole tensor at once (what vLLM's OCP MX emulation of the experts does every forward)."""
+    elems = float(experts) * n * k
+    return row(f"{op}_dequant", "quant", m=experts, n=n, k=k, act_dtype=ACT, w_dtype=w_dtype, flops=elems,
+               bytes_compute=elems * OUT_BYTES, bytes_weight=elems * (dtype_bytes(w_dtype) + scale_bytes(w_dtype)),
+               bytes_kv=0.0, bytes_comm=0.0, bytes_compute_written=elems * OUT_BYTES, bytes_kv_written=0.0)
+
+
 def gemm(op: str, m: float, n: int, k: int, w_dtype: str, kind: str = "gemm") -> dict:
     """A GEMM y[m, n] = x[m, k] w[n, k]^T as vLLM runs it: activations in :func:`gemm_act_dtype` of the weights."""
     a_dtype = gemm_act_dtype(w_dtype)

@@ -31,6 +31,8 @@ EXPERTS = {
     "AiterMxfp4Experts": ("aiter_mxfp4_mxfp4", ("aiter fused_moe (CK W4A4, BLOCK_1X32)",)),
     "AiterUnquantizedExperts": ("aiter_ck_fused_moe", ("aiter fused_moe (CK 2-stage, BF16)",)),
     "TritonExperts": ("triton_fused_moe", ("fused_moe_kernel",)),
+    "OCP_MXQuantizationEmulationTritonExperts": ("mxfp4_emulation", ("dequant_mxfp4 (every local expert, each forward)",
+                                                                     "fused_moe_kernel")),
     "MarlinExperts": ("marlin", ("Marlin MoE GEMM (weight-only)",)),
 }
 

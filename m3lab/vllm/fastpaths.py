@@ -34,8 +34,8 @@ key on ``(op, path)``):
 - ``router``: ``rocm_fp32_router_gemm``, ``rocm_bf16x3``, ``fp32_router_gemm``, ``fp32_linear``;
 - ``routing``: ``aiter_biased_grouped_topk_fse``, ``aiter_biased_grouped_topk``, ``topk_bias_router_cat_shared``,
   ``topk_bias_router``; ``shared_expert_fusion``: ``fse_off``;
-- ``experts``: ``aiter_mxfp8_flydsl``, ``triton_mxfp8_native``, ``mxfp8_emulation``, ``aiter_mxfp4_mxfp4``,
-  ``aiter_ck_fused_moe``, ``triton_fused_moe``, ``marlin`` (else the expert class in snake case);
+- ``experts``: ``aiter_mxfp8_flydsl``, ``triton_mxfp8_native``, ``mxfp8_emulation``, ``mxfp4_emulation``,
+  ``aiter_mxfp4_mxfp4``, ``aiter_ck_fused_moe``, ``triton_fused_moe``, ``marlin`` (else the expert class in snake case);
 - ``activation``: ``triton_swiglu_oai``, ``silu_and_mul_with_clamp``; ``norm``: ``triton_gemma_rmsnorm``,
   ``flashinfer_gemma_rmsnorm``; ``cuda_graphs``: ``full``, ``piecewise``, ``eager``;
 - ``monokernel``: ``mono_ffn``, ``stock_layers`` (when ``--monokernel`` is on);

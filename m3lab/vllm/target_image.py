@@ -77,7 +77,7 @@ class TargetImage:
 
 ROCM_IMAGE = TargetImage(
     name="vLLM 0.33.0 ROCm image (MI300X / MI355X)",
-    packages=("aiter",),   # amd-quark: vLLM's metadata does not require it; assumed absent
+    packages=("aiter", "quark"),   # amd-quark: vLLM's requirements/rocm.txt pins amd-quark==0.12.post1
     aiter_modules=(
         "aiter", "aiter.fused_moe", "aiter.ops", "aiter.ops.shuffle", "aiter.ops.triton",
         "aiter.ops.triton.quant", "aiter.ops.triton.gemm_a16w16", "aiter.ops.triton.unified_attention",
@@ -97,7 +97,8 @@ ROCM_IMAGE = TargetImage(
                                       "aiter.ops.msa_block_select.topk_cp_candidate_numel": _numel}),
     fully_connected=True,
     source="public AITER source (github.com/ROCm/aiter) for signatures, constants and the custom-AR size "
-           "rule; package set assumed (vLLM's ROCm image ships AITER; amd-quark is not a vLLM requirement)")
+           "rule; package set: the image ships AITER, and amd-quark (vLLM's requirements/rocm.txt pins "
+           "amd-quark==0.12.post1; the image installs that file)")
 
 def _buffer_bytes(*args, **kwargs) -> int:
     """A buffer size (any positive size serves: nothing reads the buffer here)."""
