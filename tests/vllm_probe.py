@@ -13,7 +13,8 @@ import torch
 
 EXPERT_PATHS = {"AiterMxfp8Experts": "aiter_mxfp8_flydsl", "Mxfp8NativeTritonExperts": "triton_mxfp8_native",
                 "Mxfp8EmulationTritonExperts": "mxfp8_emulation", "AiterMxfp4Experts": "aiter_mxfp4_mxfp4",
-                "AiterUnquantizedExperts": "aiter_ck_fused_moe", "TritonExperts": "triton_fused_moe", "MarlinExperts": "marlin"}
+                "AiterUnquantizedExperts": "aiter_ck_fused_moe", "TritonExperts": "triton_fused_moe", "MarlinExperts": "marlin",
+                "OCP_MXQuantizationEmulationTritonExperts": "mxfp4_emulation"}
 ATTEND_PATHS = {"MiniMaxM3SparseAiterPAImpl": "aiter_sparse_pa", "MiniMaxM3SparseTritonImpl": "triton_sparse",
                 "MiniMaxM3SparseMSAImpl": "msa_sm100"}
 
